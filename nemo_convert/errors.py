@@ -1,0 +1,63 @@
+"""The error types nemo-convert raises.
+
+Every failure that is the input's or the user's fault is a :class:`NemoConvertError`
+subclass. The CLI prints such errors as one line and exits non-zero; anything else is a
+bug in nemo-convert and is shown with a traceback under ``--debug``.
+"""
+
+from __future__ import annotations
+
+
+class NemoConvertError(Exception):
+    """Base class of every error nemo-convert reports to the user."""
+
+    exit_code: int = 2
+
+
+class InputError(NemoConvertError):
+    """The input checkpoint is missing, unreadable, corrupted or of an unknown kind."""
+
+
+class ConfigError(NemoConvertError):
+    """A model config is missing a field, or contradicts the tensors."""
+
+
+class MappingError(NemoConvertError):
+    """A source tensor was not consumed or a target tensor not produced."""
+
+    def __init__(self, message: str, *, unconsumed: list[str] | None = None,
+                 unproduced: list[str] | None = None) -> None:
+        self.unconsumed = sorted(unconsumed or [])
+        self.unproduced = sorted(unproduced or [])
+        parts = [message]
+        if self.unconsumed:
+            parts.append(f"source tensors not consumed: {_short_list(self.unconsumed)}")
+        if self.unproduced:
+            parts.append(f"target tensors not produced: {_short_list(self.unproduced)}")
+        super().__init__("; ".join(parts))
+
+
+class ShapeError(ConfigError):
+    """A tensor's shape contradicts the shape the config implies."""
+
+
+class OutputExistsError(NemoConvertError):
+    """The output path exists and ``overwrite`` was not given."""
+
+
+class PluginError(NemoConvertError):
+    """Two plugins claim one name, or no plugin handles a model."""
+
+
+class UnsafePickleError(InputError):
+    """A pickle asked for a global outside the allow-list."""
+
+
+class UnsupportedError(NemoConvertError):
+    """A valid request this version does not support (e.g. a geometry TP cannot split)."""
+
+
+def _short_list(keys: list[str], limit: int = 12) -> str:
+    if len(keys) <= limit:
+        return ", ".join(keys)
+    return ", ".join(keys[:limit]) + f", … ({len(keys) - limit} more)"

@@ -1,0 +1,1 @@
+"""On-disk formats: one module per format, each with its readers and streaming writers."""
