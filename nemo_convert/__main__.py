@@ -1,0 +1,5 @@
+import sys
+
+from nemo_convert.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The ``nemo-convert`` command line: one module per command."""

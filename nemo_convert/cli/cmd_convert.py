@@ -1,0 +1,88 @@
+"""``nemo-convert import`` and ``nemo-convert export``."""
+
+from __future__ import annotations
+
+import argparse
+
+from nemo_convert.cli.common import common_flags, report
+from nemo_convert.cli.progress import make_progress
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("import", help="convert a Hugging Face model folder into a .nemo",
+                       description="Convert a Hugging Face model folder (config.json + safetensors or "
+                                   "pytorch_model*.bin + tokenizer) into a NeMo .nemo archive.")
+    p.add_argument("src", help="Hugging Face model folder")
+    p.add_argument("-o", "--output", required=True, help="the .nemo file to write")
+    p.add_argument("--family", help="model family (default: detected from config.json)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating tensors (default: keep)")
+    p.add_argument("--layout", choices=["dist", "legacy"],
+                   help="weights layout: Megatron-Core distributed checkpoint (dist, default for GPT) or "
+                        "one model_weights.ckpt (legacy)")
+    p.add_argument("--unpacked", action="store_true", help="write the unpacked folder form instead of a tar")
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--allow-unmapped", action="append", default=[], metavar="GLOB",
+                   help="drop source tensors matching GLOB instead of failing (repeatable)")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="allow arbitrary code in pickled .bin files (DANGEROUS; only for files you trust)")
+    common_flags(p)
+    p.set_defaults(func=run_import)
+
+    e = sub.add_parser("export", help="convert a .nemo into a Hugging Face model folder",
+                       description="Convert a .nemo (any layout; tar, gzip or unpacked folder) into a "
+                                   "Hugging Face folder that transformers loads.")
+    e.add_argument("src", help=".nemo file or unpacked .nemo folder")
+    e.add_argument("-o", "--output", required=True, help="the folder to write")
+    e.add_argument("--family", help="model family (default: from the .nemo config)")
+    e.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating tensors (default: keep)")
+    e.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
+    e.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    e.add_argument("--trust-pickle", action="store_true",
+                   help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
+    common_flags(e)
+    e.set_defaults(func=run_export)
+
+
+def parse_size(text: str) -> int:
+    from nemo_convert.errors import NemoConvertError
+
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "B": 1}
+    t = text.strip().upper()
+    for u in sorted(units, key=len, reverse=True):
+        if t.endswith(u):
+            try:
+                return int(float(t[: -len(u)]) * units[u])
+            except ValueError:
+                break
+    if t.isdigit():
+        return int(t)
+    raise NemoConvertError(f"cannot read size {text!r} (e.g. 5GB, 500MB)")
+
+
+def _warn_trust(args: argparse.Namespace) -> None:
+    if args.trust_pickle:
+        from nemo_convert.cli.common import warn
+
+        warn(args, "--trust-pickle: pickled files may now run arbitrary code on this machine")
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from nemo_convert import api
+
+    _warn_trust(args)
+    rep = api.import_hf(args.src, args.output, family=args.family, dtype=args.dtype, layout=args.layout,
+                        overwrite=args.overwrite, packed=not args.unpacked, progress=make_progress(args),
+                        allow_unmapped=tuple(args.allow_unmapped), trust_pickle=args.trust_pickle)
+    report(args, rep, "wrote")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from nemo_convert import api
+
+    _warn_trust(args)
+    rep = api.export_hf(args.src, args.output, dtype=args.dtype, overwrite=args.overwrite, family=args.family,
+                        max_shard_bytes=parse_size(args.max_shard_size), progress=make_progress(args),
+                        trust_pickle=args.trust_pickle)
+    report(args, rep, "wrote")
+    return 0

@@ -1,0 +1,42 @@
+"""``nemo-convert inspect``: format, config summary and tensor table of any checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from nemo_convert.cli.common import common_flags, human_bytes, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("inspect", help="show format, config summary and tensors of a checkpoint",
+                       description="Show a checkpoint's format, config summary and tensor table (name, "
+                                   "shape, dtype, bytes) without reading tensor data. Works on HF folders "
+                                   "and .nemo files alike.")
+    p.add_argument("path", help="HF folder, .nemo file or unpacked .nemo folder")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="allow arbitrary code in pickled files (DANGEROUS)")
+    common_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from nemo_convert import api
+
+    info = api.inspect_checkpoint(args.path, trust_pickle=args.trust_pickle)
+    if args.json:
+        print_json(info)
+        return 0
+    console = Console()
+    layout = f" ({info['layout']} layout)" if info["layout"] else ""
+    console.print(f"[bold]{info['path']}[/]: {info['format']}{layout}, family {info['family'] or 'unknown'}, "
+                  f"{info['num_tensors']} tensors, {human_bytes(info['total_bytes'])}", highlight=False)
+    for k, v in info["config"].items():
+        console.print(f"  {k}: {v}", highlight=False)
+    table = Table("name", "shape", "dtype", "bytes")
+    for t in info["tensors"]:
+        table.add_row(t["name"], "×".join(map(str, t["shape"])) or "scalar", t["dtype"], human_bytes(t["bytes"]))
+    console.print(table)
+    return 0

@@ -1,0 +1,49 @@
+"""``nemo-convert plugins``: what is installed, and which distribution provides it."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from nemo_convert.cli.common import common_flags, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("plugins", help="list model families, tokenizer patchers and sharding strategies",
+                       description="List the model families, tokenizer patchers and sharding strategies "
+                                   "provided by installed plugins, with the distribution of each.")
+    common_flags(p)
+    p.set_defaults(func=run)
+
+
+def collect() -> dict[str, list[dict[str, object]]]:
+    from nemo_convert.plugins.manager import get_registry
+
+    reg = get_registry()
+    fams = [{"name": n, "plugin": p.plugin, "distribution": p.distribution,
+             "hf_architectures": list(p.record.hf_architectures), "description": p.record.description}
+            for n, p in sorted(reg.families.items())]
+    toks = [{"name": n, "plugin": p.plugin, "distribution": p.distribution, "description": p.record.description}
+            for n, p in sorted(reg.tokenizer_patchers.items())]
+    shard = [{"name": n, "axis": p.record.axis, "plugin": p.plugin, "distribution": p.distribution,
+              "description": p.record.description} for n, p in sorted(reg.sharding_strategies.items())]
+    return {"model_families": fams, "tokenizer_patchers": toks, "sharding_strategies": shard}
+
+
+def run(args: argparse.Namespace) -> int:
+    data = collect()
+    if args.json:
+        print_json(data)
+        return 0
+    console = Console()
+    for title, rows in data.items():
+        table = Table(title=title.replace("_", " "), title_justify="left")
+        cols = [c for c in (rows[0].keys() if rows else ["name", "distribution"])]
+        for c in cols:
+            table.add_column(c)
+        for r in rows:
+            table.add_row(*[", ".join(v) if isinstance(v, list) else str(v) for v in r.values()])
+        console.print(table)
+    return 0

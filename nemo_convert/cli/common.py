@@ -1,0 +1,50 @@
+"""Flags and output helpers shared by the commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+
+def common_flags(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print a machine-readable JSON result on stdout")
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def warn(args: argparse.Namespace, message: str) -> None:
+    if not getattr(args, "quiet", False):
+        Console(stderr=True).print(f"[yellow]warning:[/] {message}", highlight=False)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def report(args: argparse.Namespace, rep: Any, verb: str) -> None:
+    """Print a conversion report: JSON with ``--json``, a summary line otherwise."""
+    for w in rep.warnings:
+        warn(args, w)
+    if getattr(args, "json", False):
+        print_json(rep.as_dict())
+    elif not getattr(args, "quiet", False):
+        rate = rep.bytes / rep.seconds / 1024**2 if rep.seconds > 0 else 0.0
+        layout = f", layout {rep.layout}" if rep.layout else ""
+        Console(stderr=True).print(
+            f"{verb} {rep.output}: {rep.tensors} tensors, {human_bytes(rep.bytes)} in {rep.seconds:.2f} s "
+            f"({rate:.0f} MiB/s), family {rep.family}{layout}"
+            + (f"; dropped {len(rep.dropped)} non-weight tensor(s)" if rep.dropped else ""), highlight=False)

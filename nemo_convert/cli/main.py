@@ -1,0 +1,68 @@
+"""Entry point: parses the command line and turns errors into one line and an exit code.
+
+Exit codes: 0 success; 2 bad input or a refused operation (one-line message);
+130 interrupted; 1 an unexpected internal error (traceback with ``--debug``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Sequence
+
+from nemo_convert import __version__
+from nemo_convert.cli import cmd_convert, cmd_inspect, cmd_plugins  # noqa: I001
+from nemo_convert.errors import NemoConvertError
+
+COMMANDS = (cmd_convert, cmd_inspect, cmd_plugins)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nemo-convert",
+        description="Convert model checkpoints into and out of NVIDIA NeMo formats — streaming, "
+                    "bounded memory, bit-exact, no NeMo or GPU needed.")
+    parser.add_argument("--version", action="version", version=f"nemo-convert {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False)
+    from nemo_convert.formats.staging import install_signal_handlers
+
+    install_signal_handlers()
+    warnings.simplefilter("default")
+    try:
+        return int(args.func(args) or 0)
+    except NemoConvertError as exc:
+        if debug:
+            raise
+        print(f"nemo-convert: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("nemo-convert: interrupted; no output was written", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        if debug:
+            raise
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        print(f"nemo-convert: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # an internal error: say so, briefly
+        if debug:
+            raise
+        print(f"nemo-convert: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a "
+              "traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""A rich progress bar (tensors and bytes, with throughput) on stderr."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
+
+
+class RichProgress:
+    """Implements :class:`nemo_convert.engine.Progress`: one bar of bytes, with the
+    tensor count, throughput, elapsed and remaining time."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self._console = console or Console(stderr=True)
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+        self._done = 0
+        self._total = 0
+
+    def start(self, description: str, total_bytes: int, total_tensors: int) -> None:
+        self._done, self._total = 0, total_tensors
+        self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                             TextColumn("{task.fields[tensors]} tensors"), DownloadColumn(),
+                             TransferSpeedColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                             console=self._console)
+        self._bar.start()
+        self._task = self._bar.add_task(description, total=max(total_bytes, 1),
+                                        tensors=f"0/{total_tensors}")
+
+    def advance(self, nbytes: int, ntensors: int) -> None:
+        if self._bar is not None and self._task is not None:
+            self._done += ntensors
+            self._bar.update(self._task, advance=nbytes, tensors=f"{self._done}/{self._total}")
+
+    def finish(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def make_progress(args: Any) -> RichProgress | None:
+    return None if getattr(args, "quiet", False) or getattr(args, "json", False) else RichProgress()

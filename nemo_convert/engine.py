@@ -1,0 +1,107 @@
+"""Executes a checked plan: streams tasks one at a time, frees each group after use.
+
+Memory: at any moment only the inputs and outputs of the task in flight are alive (the
+inputs are memory-mapped views; the outputs are the fused tensors, if any). Outputs go
+to a ``sink(name, tensor)`` callback — a format writer — that writes them out before the
+next task starts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Protocol
+
+import torch
+
+from nemo_convert.dtypes import SHORT, cast_for_output, lossy_cast
+from nemo_convert.errors import InputError
+from nemo_convert.mapping.planner import Plan
+from nemo_convert.tensors.base import TensorInfo, TensorSource
+
+Sink = Callable[[str, torch.Tensor], None]
+
+
+class Progress(Protocol):
+    """Receives progress; the CLI shows it as a rich progress bar."""
+
+    def start(self, description: str, total_bytes: int, total_tensors: int) -> None: ...
+
+    def advance(self, nbytes: int, ntensors: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class NoProgress:
+    def start(self, description: str, total_bytes: int, total_tensors: int) -> None:
+        pass
+
+    def advance(self, nbytes: int, ntensors: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+@dataclass
+class RunStats:
+    tensors: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+def apply_dtype(plan: Plan, dtype: torch.dtype | None) -> list[str]:
+    """Re-type the plan's floating outputs to ``dtype``; returns warnings about lossy casts."""
+    if dtype is None:
+        return []
+    lossy: dict[tuple[torch.dtype, str], int] = {}
+    for task in plan.tasks:
+        new = []
+        for info in task.infos:
+            if info.dtype.is_floating_point and info.dtype != dtype:
+                why = lossy_cast(info.dtype, dtype)
+                if why:
+                    lossy[(info.dtype, why)] = lossy.get((info.dtype, why), 0) + 1
+                info = replace(info, dtype=dtype)
+            new.append(info)
+        task.infos = tuple(new)
+    return [f"casting {n} tensor(s) from {SHORT.get(src, str(src))} to {SHORT.get(dtype, str(dtype))} "
+            f"loses {why}" for (src, why), n in lossy.items()]
+
+
+def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress | None = None,
+             description: str = "converting") -> RunStats:
+    """Stream every task of ``plan`` from ``source`` into ``sink``."""
+    progress = progress or NoProgress()
+    stats = RunStats()
+    t0 = time.perf_counter()
+    progress.start(description, plan.total_bytes, sum(len(t.outputs) for t in plan.tasks))
+    try:
+        for task in plan.tasks:
+            inputs = [source.load(k) for k in task.inputs]
+            if task.check_equal:
+                a, b = inputs
+                if not torch.equal(a, b):
+                    raise InputError(f"{task.inputs[0]} differs from {task.inputs[1]}, but the config says "
+                                     "the embeddings are tied")
+                continue
+            outputs = task.fn(inputs)
+            for info, out in zip(task.infos, outputs):
+                out = cast_for_output(out, info.dtype)
+                if tuple(out.shape) != info.shape or out.dtype != info.dtype:
+                    raise InputError(f"internal error: {info.name} came out as {list(out.shape)} {out.dtype}, "
+                                     f"planned {list(info.shape)} {info.dtype}")
+                sink(info.name, out)
+                stats.tensors += 1
+                stats.bytes += info.nbytes
+            progress.advance(task.out_bytes, len(task.outputs))
+            del inputs, outputs
+    finally:
+        progress.finish()
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+def planned_infos(plan: Plan) -> list[TensorInfo]:
+    return plan.outputs()

@@ -1,0 +1,390 @@
+"""A lazy :class:`~nemo_convert.tensors.base.TensorSource` over a ``torch_dist`` checkpoint.
+
+Works on any member accessor (a folder, or the members of an uncompressed ``.nemo`` tar
+read in place). Stacked keys (``…decoder.layers.<module>…`` with a leading ``[L]`` axis)
+are presented per layer (``…decoder.layers.<i>.<module>…``) and each layer reads only the
+chunks that overlap it. Megatron ≥ 0.15's per-layer layout passes through, with its gated
+``weight_w``/``weight_v`` halves presented as one ``weight`` (``cat([w, v], 0)``).
+
+A chunk's bytes are the ``torch.save`` of one tensor. We parse only its small headers
+(with ``torch.load(..., map_location="meta", weights_only=True)``) and then memory-map
+the storage bytes in place when they are aligned, or read just the needed rows
+otherwise; anything unusual falls back to a plain ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import metadata as _dcp_md
+
+from nemo_convert.errors import InputError
+from nemo_convert.formats.distckpt import DCP_METADATA, METADATA_JSON, load_metadata
+from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, dtype_size
+
+_STACKED = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    path: str  # relative data file name
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class _Part:
+    raw: str
+    layer: int | None  # None: the whole raw tensor
+
+
+@dataclass(frozen=True)
+class _View:
+    parts: tuple[_Part, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a chunk's storage bytes lie and how the saved tensor views them."""
+
+    data_offset: int  # absolute, in the region's file
+    storage_bytes: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    dtype: torch.dtype
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+class DistCheckpointSource:
+    """The tensors of a ``torch_dist`` checkpoint, read lazily.
+
+    ``open_region(name)`` returns the :class:`ByteRegion` of member ``name`` of the
+    checkpoint folder (``metadata.json``, ``.metadata``, ``__0_0.distcp``, …) and raises
+    ``FileNotFoundError`` or ``KeyError`` when there is none. ``strip_prefix`` (e.g.
+    ``"model."`` or ``"module."``) is removed from names that start with it. With
+    ``unstack=False`` stacked tensors keep their ``[L, …]`` shape (and load whole).
+    """
+
+    def __init__(self, open_region: Callable[[str], ByteRegion], *, strip_prefix: str | None = None,
+                 unstack: bool = True, name: str = "dist checkpoint", mmap: bool = True) -> None:
+        self._open_region = open_region
+        self._where = name
+        self._mmap = mmap
+        self._regions: dict[str, ByteRegion] = {}
+        self._maps: dict[str, FileMap] = {}
+        self._layouts: dict[_Chunk, _Layout | None] = {}
+        self.config = self._read_config()
+        self.metadata = load_metadata(self._member(DCP_METADATA, required=True).read(), self._where)
+        self._raw: dict[str, tuple[tuple[int, ...], torch.dtype, list[_Chunk]]] = {}
+        self._objects: dict[str, _Chunk] = {}
+        self._index_storage()
+        self._views = self._build_views(strip_prefix, unstack)
+        self.object_keys: list[str] = list(self._objects)
+        self.extra_state_keys: list[str] = [k for k in self._objects if "_extra_state" in k]
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike[str], **kwargs: Any) -> DistCheckpointSource:
+        """A source over an unpacked checkpoint folder."""
+        root = os.fspath(path)
+
+        def open_region(name: str) -> ByteRegion:
+            full = os.path.join(root, name)
+            return ByteRegion(full, 0, os.path.getsize(full))
+
+        kwargs.setdefault("name", root)
+        return cls(open_region, **kwargs)
+
+    # ------------------------------------------------------------------ TensorSource
+
+    def keys(self) -> list[str]:
+        return list(self._views)
+
+    def info(self, key: str) -> TensorInfo:
+        view = self._views[key]
+        return TensorInfo(key, view.shape, view.dtype)
+
+    def group(self, key: str) -> str:
+        part = self._views[key].parts[0]
+        chunks = self._overlapping(part)
+        return chunks[0].path if chunks else self._where
+
+    def load(self, key: str) -> torch.Tensor:
+        view = self._views[key]
+        tensors = [self._load_part(p) for p in view.parts]
+        return tensors[0] if len(tensors) == 1 else torch.cat(tensors, 0)
+
+    def close(self) -> None:
+        for fmap in self._maps.values():
+            fmap.close()
+        self._maps.clear()
+
+    # ------------------------------------------------------------------ objects
+
+    def raw_keys(self) -> list[str]:
+        """The checkpoint's own tensor keys (stacked, with prefix)."""
+        return list(self._raw)
+
+    def load_object_bytes(self, key: str) -> bytes:
+        """The raw ``torch.save`` bytes of BYTE_IO item ``key``."""
+        chunk = self._objects[key]
+        return self._item_region(key, chunk).read()
+
+    def load_object(self, key: str) -> Any:
+        """BYTE_IO item ``key`` unpickled with ``torch.load(weights_only=True)``."""
+        try:
+            return torch.load(io.BytesIO(self.load_object_bytes(key)), map_location="cpu", weights_only=True)
+        except InputError:
+            raise
+        except Exception as exc:
+            raise InputError(f"{self._where}: cannot read object {key} ({type(exc).__name__}: {exc})") from exc
+
+    # ------------------------------------------------------------------ set-up
+
+    def _member(self, name: str, required: bool) -> ByteRegion | None:
+        try:
+            return self._open_region(name)
+        except (FileNotFoundError, KeyError):
+            if not required:
+                return None
+            raise InputError(f"{self._where}: dist checkpoint has no {name}") from None
+
+    def _read_config(self) -> dict[str, Any]:
+        region = self._member(METADATA_JSON, required=False)
+        if region is None:
+            raise InputError(f"{self._where} is not a distributed checkpoint (no metadata.json)")
+        try:
+            config = json.loads(region.read().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{self._where}: metadata.json is not valid JSON ({exc})") from exc
+        backend = config.get("sharded_backend") if isinstance(config, dict) else None
+        if backend == "zarr":
+            raise InputError(f"{self._where} uses the zarr backend, which is not supported: convert it to "
+                             "torch_dist first (NeMo: scripts/checkpoint_converters/convert_zarr_to_torch_dist.py)")
+        if backend != "torch_dist":
+            raise InputError(f"{self._where}: unsupported sharded_backend {backend!r} (only torch_dist is supported)")
+        return config
+
+    def _index_storage(self) -> None:
+        storage = self.metadata.storage_data
+        for key, item in self.metadata.state_dict_metadata.items():
+            if isinstance(item, _dcp_md.BytesStorageMetadata):
+                info = storage.get(_dcp_md.MetadataIndex(key))
+                if info is None:
+                    raise InputError(f"{self._where}: .metadata has no storage record for object {key}")
+                self._objects[key] = _Chunk((), (), self._check_path(info.relative_path), info.offset, info.length)
+                continue
+            shape = tuple(int(s) for s in item.size)
+            chunks = []
+            for c in item.chunks:
+                offs, sizes = tuple(int(x) for x in c.offsets), tuple(int(x) for x in c.sizes)
+                info = storage.get(_dcp_md.MetadataIndex(key, offs))
+                if info is None:
+                    raise InputError(f"{self._where}: .metadata has no storage record for {key} chunk {list(offs)}")
+                if len(offs) != len(shape) or any(o < 0 or o + s > g for o, s, g in zip(offs, sizes, shape)):
+                    raise InputError(f"{self._where}: {key} has a chunk outside its shape {list(shape)}")
+                chunks.append(_Chunk(offs, sizes, self._check_path(info.relative_path), info.offset, info.length))
+            self._raw[key] = (shape, item.properties.dtype, chunks)
+
+    def _check_path(self, rel: str) -> str:
+        if not isinstance(rel, str) or rel in ("", ".", "..") or "/" in rel or "\\" in rel:
+            raise InputError(f"{self._where}: .metadata names a bad data file {rel!r}")
+        return rel
+
+    def _build_views(self, strip_prefix: str | None, unstack: bool) -> dict[str, _View]:
+        views: dict[str, _View] = {}
+
+        def put(name: str, view: _View) -> None:
+            if name in views:
+                raise InputError(f"{self._where}: two tensors are both presented as {name}")
+            views[name] = view
+
+        for raw, (shape, dtype, _) in self._raw.items():
+            name = raw[len(strip_prefix):] if strip_prefix and raw.startswith(strip_prefix) else raw
+            m = _STACKED.search(name)
+            if unstack and m is not None and shape:
+                for i in range(shape[0]):
+                    put(f"{name[:m.end()]}{i}.{name[m.end():]}", _View((_Part(raw, i),), shape[1:], dtype))
+            else:
+                put(name, _View((_Part(raw, None),), shape, dtype))
+        return self._fuse_gated(views)
+
+    def _fuse_gated(self, views: dict[str, _View]) -> dict[str, _View]:
+        out: dict[str, _View] = {}
+        for name, view in views.items():
+            base = name[:-2]
+            if name.endswith(("weight_v", "bias_v")) and base + "_w" in views and base not in views:
+                continue  # folded into the _w entry
+            if name.endswith(("weight_w", "bias_w")) and base + "_v" in views and base not in views:
+                other = views[base + "_v"]
+                if other.dtype != view.dtype or other.shape[1:] != view.shape[1:] or not view.shape:
+                    raise InputError(f"{self._where}: {name} and {base}_v do not fit together")
+                out[base] = _View(view.parts + other.parts, (view.shape[0] + other.shape[0],) + view.shape[1:],
+                                  view.dtype)
+            else:
+                out[name] = view
+        return out
+
+    # ------------------------------------------------------------------ reading
+
+    def _box(self, part: _Part) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        shape = self._raw[part.raw][0]
+        if part.layer is None:
+            return (0,) * len(shape), shape
+        return (part.layer,) + (0,) * (len(shape) - 1), (1,) + shape[1:]
+
+    def _overlapping(self, part: _Part) -> list[_Chunk]:
+        starts, sizes = self._box(part)
+        return [c for c in self._raw[part.raw][2]
+                if all(co < s + n and s < co + cn for co, cn, s, n in zip(c.offsets, c.sizes, starts, sizes))]
+
+    def _load_part(self, part: _Part) -> torch.Tensor:
+        shape, dtype, _ = self._raw[part.raw]
+        starts, sizes = self._box(part)
+        chunks = self._overlapping(part)
+        pieces: list[tuple[_Chunk, torch.Tensor]] = []
+        for c in chunks:
+            lo = max(starts[0], c.offsets[0]) - c.offsets[0] if shape else 0
+            hi = min(starts[0] + sizes[0], c.offsets[0] + c.sizes[0]) - c.offsets[0] if shape else 0
+            pieces.append((c, self._chunk_rows(part.raw, c, lo, hi)))
+        if len(pieces) == 1 and pieces[0][0].offsets == starts and pieces[0][0].sizes == sizes:
+            out = pieces[0][1]
+        elif len(pieces) == 1 and shape and _covers(pieces[0][0], starts, sizes):
+            c, t = pieces[0]
+            for d in range(1, len(shape)):
+                t = t.narrow(d, starts[d] - c.offsets[d], sizes[d])
+            out = t
+        else:
+            out = torch.empty(sizes, dtype=dtype)
+            covered = 0
+            for c, t in pieces:
+                src, dst = t, out
+                for d in range(len(shape)):
+                    a = max(starts[d], c.offsets[d])
+                    b = min(starts[d] + sizes[d], c.offsets[d] + c.sizes[d])
+                    if d > 0:
+                        src = src.narrow(d, a - c.offsets[d], b - a)
+                    dst = dst.narrow(d, a - starts[d], b - a)
+                dst.copy_(src)
+                covered += dst.numel()
+            if covered != out.numel():
+                raise InputError(f"{self._where}: the chunks of {part.raw} do not cover "
+                                 f"{'layer ' + str(part.layer) if part.layer is not None else 'it'} exactly")
+        return out[0] if part.layer is not None else out
+
+    def _region(self, rel: str) -> ByteRegion:
+        region = self._regions.get(rel)
+        if region is None:
+            region = self._member(rel, required=True)
+            assert region is not None
+            self._regions[rel] = region
+        return region
+
+    def _item_region(self, what: str, c: _Chunk) -> ByteRegion:
+        region = self._region(c.path)
+        if c.offset < 0 or c.length < 0 or c.offset + c.length > region.length:
+            raise InputError(f"{self._where}: data file {c.path} is truncated: {what} needs bytes "
+                             f"[{c.offset}, {c.offset + c.length}) but it has {region.length}")
+        return ByteRegion(region.path, region.offset + c.offset, c.length)
+
+    def _chunk_rows(self, raw: str, c: _Chunk, lo: int, hi: int) -> torch.Tensor:
+        """Rows ``[lo, hi)`` (dim 0) of chunk ``c``: a mapped view, a partial read, or a load."""
+        region = self._item_region(raw, c)
+        dtype = self._raw[raw][1]
+        layout = self._layout(raw, c, region) if self._mmap else None
+        if layout is None:
+            t = self._torch_load(raw, region)
+        else:
+            if layout.dtype != dtype:
+                raise InputError(f"{self._where}: a chunk of {raw} holds {layout.dtype}, .metadata says {dtype}")
+            esize = dtype_size(dtype)
+            contiguous = layout.stride == _contiguous_strides(layout.shape)
+            if layout.data_offset % esize == 0:
+                fmap = self._maps.get(region.path)
+                if fmap is None:
+                    fmap = self._maps[region.path] = FileMap(region.path)
+                flat = fmap.tensor(layout.data_offset, (layout.storage_bytes // esize,), dtype)
+                t = flat.as_strided(layout.shape, layout.stride, flat.storage_offset() + layout.storage_offset)
+            elif contiguous and layout.shape:
+                row = _numel(layout.shape[1:])
+                first = layout.storage_offset + lo * row
+                data = bytearray(ByteRegion(region.path, layout.data_offset, layout.storage_bytes)
+                                 .read(first * esize, (hi - lo) * row * esize))
+                rows = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+                return rows.view((hi - lo,) + layout.shape[1:])
+            else:
+                data = bytearray(ByteRegion(region.path, layout.data_offset, layout.storage_bytes).read())
+                flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+                t = flat.as_strided(layout.shape, layout.stride, layout.storage_offset)
+        if tuple(t.shape) != c.sizes or t.dtype != dtype:
+            raise InputError(f"{self._where}: a chunk of {raw} holds {list(t.shape)} {t.dtype}, "
+                             f".metadata says {list(c.sizes)} {dtype}")
+        return t.narrow(0, lo, hi - lo) if t.dim() else t
+
+    def _torch_load(self, raw: str, region: ByteRegion) -> torch.Tensor:
+        try:
+            with region.open() as f:
+                t = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise InputError(f"{self._where}: cannot read a chunk of {raw} "
+                             f"({type(exc).__name__}: {exc}); the data file may be truncated") from exc
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{self._where}: a chunk of {raw} is not a tensor")
+        return t
+
+    def _layout(self, raw: str, c: _Chunk, region: ByteRegion) -> _Layout | None:
+        """The storage layout of a chunk's ``torch.save`` bytes, or None to fall back."""
+        if c in self._layouts:
+            return self._layouts[c]
+        layout = None
+        try:
+            with region.open() as f:
+                reader = torch._C.PyTorchFileReader(f)
+                records = [r for r in reader.get_all_records() if r.startswith("data/")]
+                order = reader.get_record("byteorder") if reader.has_record("byteorder") else b"little"
+                if len(records) == 1 and bytes(order).decode() == sys.byteorder:
+                    rec_offset = reader.get_record_offset(records[0])
+                    rec_size = reader.get_record_size(records[0])
+                    f.seek(0)
+                    meta = torch.load(f, map_location="meta", weights_only=True)
+                    if (isinstance(meta, torch.Tensor) and meta.untyped_storage().nbytes() <= rec_size
+                            and rec_offset + meta.untyped_storage().nbytes() <= region.length):
+                        layout = _Layout(region.offset + rec_offset, meta.untyped_storage().nbytes(),
+                                         tuple(meta.shape), tuple(meta.stride()), meta.storage_offset(),
+                                         meta.dtype)
+        except Exception as exc:  # unreadable headers: let the plain load report it
+            if isinstance(exc, (OSError, InputError)):
+                raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
+            layout = None
+        self._layouts[c] = layout
+        return layout
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _covers(c: _Chunk, starts: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
+    return all(co <= s and s + n <= co + cn for co, cn, s, n in zip(c.offsets, c.sizes, starts, sizes))

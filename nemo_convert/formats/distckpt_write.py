@@ -1,0 +1,287 @@
+"""A streaming writer of Megatron-Core ``torch_dist`` checkpoints.
+
+Tensors arrive chunk by chunk (typically one layer of a stacked ``[L, …]`` tensor at a
+time) and each chunk is ``torch.save``-d straight into one open data member of a
+:class:`~nemo_convert.formats.sink.MemberSink`, exactly as torch's ``FileSystemWriter``
+serialises a tensor item; nothing stacked is ever built. Small Python objects
+(``_extra_state`` ``[None]`` lists) are buffered and appended to the same data member at
+:meth:`DistCheckpointWriter.close`, which then writes ``.metadata``, ``common.pt`` and,
+last, ``metadata.json``.
+
+For several processes, each rank writes its own ``__<rank>_0.distcp`` with
+``close(finalize=False)``, sends :meth:`DistCheckpointWriter.records` to rank 0, and rank 0
+calls :func:`write_dist_metadata` with all of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import pickle
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, BinaryIO
+
+import torch
+
+from nemo_convert.errors import NemoConvertError, ShapeError
+from nemo_convert.formats.distckpt import (
+    COMMON_PT,
+    DCP_METADATA,
+    METADATA_JSON,
+    TORCH_DIST_CONFIG,
+    ChunkRecord,
+    DistRecords,
+    ObjectRecord,
+    build_metadata,
+    format_box,
+    merge_records,
+)
+from nemo_convert.formats.sink import MemberSink
+
+_EXTRA_STATE_VALUE: list[None] = [None]
+
+
+def _member(folder: str, name: str) -> str:
+    folder = folder.strip("/")
+    return f"{folder}/{name}" if folder else name
+
+
+class _CountingStream:
+    """A write-only stream that counts the bytes passing through it.
+
+    Positions are counted here rather than asked of the sink's stream, so a sink whose
+    stream cannot ``tell()`` (or counts differently) still gives correct offsets.
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self.pos = 0
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self._raw.write(data)
+        self.pos += n
+        return n
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+
+def _save_bytes(obj: object) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _as_saved(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor torch's ``FileSystemWriter`` would serialise for ``tensor``.
+
+    torch clones a tensor whose storage is larger than the tensor (a view), so only the
+    chunk's own bytes are written; we additionally make it contiguous, which changes no
+    value and lets readers map the bytes directly.
+    """
+    t = tensor.detach().cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.untyped_storage().nbytes() != t.nbytes:
+        t = t.clone()
+    return t
+
+
+class DistCheckpointWriter:
+    """Writes one ``torch_dist`` checkpoint (or one rank's part of it) into a sink.
+
+    Usage::
+
+        w = DistCheckpointWriter(sink, "model_weights")
+        w.declare("model.decoder.layers.mlp.linear_fc2.weight", (L, H, F), torch.bfloat16)
+        for l in range(L):
+            w.write_chunk("model.decoder.layers.mlp.linear_fc2.weight", (l, 0, 0), t[None])
+            w.add_extra_state("model.decoder.layers.mlp.linear_fc2._extra_state", l, L)
+        w.close()
+
+    Only one sink member is open at a time: the data member stays open from the first
+    chunk until :meth:`close`, so other members must be written before or after.
+    Used as a context manager, the writer closes on success and abandons the data
+    member (passing the exception to the sink) on error.
+    """
+
+    def __init__(self, sink: MemberSink, folder: str = "model_weights", *,
+                 data_file: str = "__0_0.distcp", align: int = 64) -> None:
+        if "/" in data_file or data_file in ("", ".", ".."):
+            raise ValueError(f"bad data file name {data_file!r}")
+        self._sink = sink
+        self._folder = folder
+        self._data_file = data_file
+        self._align = max(1, align)
+        self._tensors: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        self._chunks: list[ChunkRecord] = []
+        self._objects: dict[str, bytes] = {}
+        self._object_records: list[ObjectRecord] = []
+        self._ctx: contextlib.AbstractContextManager[BinaryIO] | None = None
+        self._stream: _CountingStream | None = None
+        self._done = False
+
+    # ------------------------------------------------------------------ declaring
+
+    def declare(self, key: str, global_shape: Sequence[int], dtype: torch.dtype) -> None:
+        """Announce tensor ``key`` with its global (unsharded) shape and dtype."""
+        self._check_open()
+        shape = tuple(int(s) for s in global_shape)
+        if any(s < 0 for s in shape):
+            raise ShapeError(f"{key}: negative size in {list(shape)}")
+        if key in self._objects:
+            raise ShapeError(f"{key} is already an object item")
+        prev = self._tensors.setdefault(key, (shape, dtype))
+        if prev != (shape, dtype):
+            raise ShapeError(f"{key}: declared as {list(prev[0])} {prev[1]}, now as {list(shape)} {dtype}")
+
+    # ------------------------------------------------------------------ writing
+
+    def write_chunk(self, key: str, offsets: Sequence[int], tensor: torch.Tensor) -> None:
+        """Stream one chunk of ``key`` at ``offsets`` (one per dimension) into the data file."""
+        self._check_open()
+        if key not in self._tensors:
+            raise ShapeError(f"{key}: write_chunk before declare")
+        shape, dtype = self._tensors[key]
+        offs = tuple(int(o) for o in offsets)
+        sizes = tuple(tensor.shape)
+        if tensor.dtype != dtype:
+            raise ShapeError(f"{key}: chunk dtype {tensor.dtype} differs from the declared {dtype}")
+        if len(offs) != len(shape) or len(sizes) != len(shape):
+            raise ShapeError(f"{key}: chunk offsets {list(offs)} / shape {list(sizes)} do not match "
+                             f"the {len(shape)}-d global shape {list(shape)}")
+        if any(o < 0 or o + s > g for o, s, g in zip(offs, sizes, shape)):
+            raise ShapeError(f"{key}: chunk {format_box(offs, sizes)} lies outside the global shape {list(shape)}")
+        stream = self._data_stream()
+        self._pad(stream)
+        start = stream.pos
+        torch.save(_as_saved(tensor), stream)
+        self._chunks.append(ChunkRecord(key, offs, sizes, self._data_file, start, stream.pos - start))
+
+    def add_extra_state(self, key: str, layer: int | None, num_layers: int | None, *,
+                        value: object = _EXTRA_STATE_VALUE) -> str:
+        """Add a Transformer-Engine style ``_extra_state`` object; returns its item key.
+
+        The item is ``<key>/shard_<layer>_<num_layers>`` for a stacked layer and
+        ``<key>/shard_0_1`` otherwise; its value defaults to ``[None]`` (what Megatron-Core
+        expects for the local and unquantised TE layers).
+        """
+        if layer is None:
+            suffix = "shard_0_1"
+        else:
+            if num_layers is None or not 0 <= layer < num_layers:
+                raise ShapeError(f"{key}: layer {layer} outside 0..{num_layers}")
+            suffix = f"shard_{layer}_{num_layers}"
+        item = f"{key}/{suffix}"
+        self.add_object(item, value)
+        return item
+
+    def add_object(self, key: str, obj: object) -> None:
+        """Add a BYTE_IO item holding ``torch.save(obj)``."""
+        self.add_object_bytes(key, _save_bytes(obj))
+
+    def add_object_bytes(self, key: str, data: bytes) -> None:
+        """Add a BYTE_IO item with these exact bytes (e.g. copied from another checkpoint)."""
+        self._check_open()
+        if key in self._objects or key in self._tensors:
+            raise ShapeError(f"{key} was added twice")
+        self._objects[key] = bytes(data)
+
+    # ------------------------------------------------------------------ finishing
+
+    def records(self) -> DistRecords:
+        """What this writer wrote (complete once :meth:`close` has run)."""
+        return DistRecords(tensors=dict(self._tensors), chunks=list(self._chunks),
+                           objects=list(self._object_records))
+
+    def close(self, *, finalize: bool = True) -> DistRecords:
+        """Finish the data member; with ``finalize``, also write the checkpoint metadata.
+
+        Checks that every declared tensor is tiled exactly by its chunks and raises
+        :class:`~nemo_convert.errors.ShapeError` listing the gaps otherwise. Pass
+        ``finalize=False`` on every rank but the one that calls :func:`write_dist_metadata`.
+        """
+        if self._done:
+            return self.records()
+        records = DistRecords(tensors=dict(self._tensors), chunks=list(self._chunks))
+        if finalize:  # fail before writing anything more
+            build_metadata(records, ShapeError)
+        if self._objects or self._ctx is not None:
+            stream = self._data_stream()
+            for key, data in self._objects.items():
+                self._pad(stream)
+                start = stream.pos
+                stream.write(data)
+                self._object_records.append(ObjectRecord(key, self._data_file, start, stream.pos - start))
+            self._objects.clear()
+            ctx, self._ctx, self._stream = self._ctx, None, None
+            assert ctx is not None
+            ctx.__exit__(None, None, None)
+        self._done = True
+        if finalize:
+            write_dist_metadata(self._sink, self._folder, [self.records()])
+        return self.records()
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Abandon the checkpoint: close the data member, handing ``exc`` to the sink."""
+        self._done = True
+        ctx, self._ctx, self._stream = self._ctx, None, None
+        if ctx is not None:
+            if exc is None:
+                exc = NemoConvertError("dist checkpoint writing was aborted")
+            with contextlib.suppress(BaseException):
+                ctx.__exit__(type(exc), exc, exc.__traceback__)
+
+    def __enter__(self) -> DistCheckpointWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None:
+            self.close()
+        else:
+            self.abort(exc)
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise ValueError("the dist checkpoint writer is closed")
+
+    def _data_stream(self) -> _CountingStream:
+        if self._stream is None:
+            ctx = self._sink.open_member(_member(self._folder, self._data_file))
+            raw = ctx.__enter__()
+            self._ctx = ctx
+            self._stream = _CountingStream(raw)
+        return self._stream
+
+    def _pad(self, stream: _CountingStream) -> None:
+        # Readers locate items by (offset, length) only, so zero padding between items
+        # is invisible to them; aligned items let our reader memory-map tensor bytes.
+        rem = stream.pos % self._align
+        if rem:
+            stream.write(b"\0" * (self._align - rem))
+
+
+def write_dist_metadata(sink: MemberSink, folder: str, records_list: Sequence[DistRecords], *,
+                        config: dict[str, Any] | None = None) -> None:
+    """Write ``.metadata`` (merging every rank's records), ``common.pt``, then ``metadata.json``.
+
+    Raises :class:`~nemo_convert.errors.ShapeError` if the ranks disagree about a tensor,
+    or if the merged chunks do not tile a tensor exactly (listing the gaps and overlaps).
+    """
+    merged = merge_records(records_list, ShapeError)
+    metadata = build_metadata(merged, ShapeError)
+    sink.add_bytes(_member(folder, DCP_METADATA), pickle.dumps(metadata))
+    sink.add_bytes(_member(folder, COMMON_PT), _save_bytes({}))
+    sink.add_bytes(_member(folder, METADATA_JSON), json.dumps(config or TORCH_DIST_CONFIG).encode())

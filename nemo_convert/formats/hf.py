@@ -1,0 +1,173 @@
+"""Hugging Face model folders: ``config.json`` + safetensors (or ``pytorch_model*.bin``)
++ tokenizer files. Read lazily; written as streamed, sharded safetensors."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from nemo_convert.errors import InputError
+from nemo_convert.formats.safetensors_writer import SafetensorsStreamWriter
+from nemo_convert.hf_config import read_config_json
+from nemo_convert.tensors.base import TensorInfo, TensorSource
+from nemo_convert.tensors.safetensors_source import SafetensorsFile, ShardedSafetensors
+
+SAFE_INDEX = "model.safetensors.index.json"
+BIN_INDEX = "pytorch_model.bin.index.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+
+
+def is_hf_folder(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
+
+
+class MultiSource:
+    """Several sources seen as one (e.g. the ``pytorch_model-0000i.bin`` shards)."""
+
+    def __init__(self, sources: Sequence[TensorSource]) -> None:
+        self._sources = list(sources)
+        self._where: dict[str, TensorSource] = {}
+        for s in self._sources:
+            for k in s.keys():
+                if k in self._where:
+                    raise InputError(f"tensor {k!r} appears in more than one file")
+                self._where[k] = s
+
+    def keys(self) -> list[str]:
+        return [k for s in self._sources for k in s.keys()]
+
+    def info(self, key: str) -> TensorInfo:
+        return self._where[key].info(key)
+
+    def load(self, key: str) -> torch.Tensor:
+        return self._where[key].load(key)
+
+    def group(self, key: str) -> str:
+        return self._where[key].group(key)
+
+    def close(self) -> None:
+        for s in self._sources:
+            s.close()
+
+
+def _bin_source(folder: str, trust_pickle: bool) -> TensorSource:
+    from nemo_convert.tensors.torch_zip import open_torch_file
+
+    index = os.path.join(folder, BIN_INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise InputError(f"{index}: not a valid weight index") from None
+        missing = [f for f in files if not os.path.isfile(os.path.join(folder, f))]
+        if missing:
+            raise InputError(f"{index}: names shard files that do not exist: {', '.join(missing)}")
+    else:
+        files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, "pytorch_model*.bin")))
+    return MultiSource([open_torch_file(os.path.join(folder, f), trust_pickle=trust_pickle) for f in files])
+
+
+def open_hf_weights(folder: str, *, trust_pickle: bool = False) -> TensorSource:
+    """The weights of an HF folder as a lazy source (safetensors preferred)."""
+    if os.path.isfile(os.path.join(folder, SAFE_INDEX)):
+        return ShardedSafetensors(os.path.join(folder, SAFE_INDEX))
+    singles = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if len(singles) == 1:
+        return SafetensorsFile(singles[0])
+    if len(singles) > 1:
+        raise InputError(f"{folder}: several .safetensors files but no {SAFE_INDEX}")
+    if glob.glob(os.path.join(folder, "pytorch_model*.bin")):
+        return _bin_source(folder, trust_pickle)
+    raise InputError(f"{folder}: no weights found (*.safetensors or pytorch_model*.bin)")
+
+
+@dataclass
+class HFCheckpoint:
+    """An HF model folder opened lazily."""
+
+    folder: str
+    config: dict[str, Any]
+    source: TensorSource
+    generation_config: dict[str, Any] | None = None
+    extra_files: dict[str, str] = field(default_factory=dict)  # name -> path (tokenizer files …)
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def open_hf(folder: str, *, tokenizer_files: Sequence[str] = (), trust_pickle: bool = False) -> HFCheckpoint:
+    if not os.path.isdir(folder):
+        raise InputError(f"{folder}: no such folder")
+    config = read_config_json(folder)
+    gen = None
+    gen_path = os.path.join(folder, "generation_config.json")
+    if os.path.isfile(gen_path):
+        try:
+            with open(gen_path, encoding="utf-8") as f:
+                gen = json.load(f)
+        except (OSError, ValueError):
+            raise InputError(f"{gen_path}: not valid JSON") from None
+    extras = {n: os.path.join(folder, n) for n in tokenizer_files if os.path.isfile(os.path.join(folder, n))}
+    return HFCheckpoint(folder, config, open_hf_weights(folder, trust_pickle=trust_pickle), gen, extras)
+
+
+def assign_shards(infos: Sequence[TensorInfo], max_shard_bytes: int) -> list[list[TensorInfo]]:
+    """Consecutive tensors grouped into shards of at most ``max_shard_bytes`` (a tensor
+    larger than that gets a shard of its own)."""
+    shards: list[list[TensorInfo]] = [[]]
+    size = 0
+    for info in infos:
+        if shards[-1] and size + info.nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(info)
+        size += info.nbytes
+    return [s for s in shards if s] or [[]]
+
+
+class HFWeightsWriter:
+    """Streams tensors, in plan order, into ``model-0000i-of-0000N.safetensors`` files
+    plus ``model.safetensors.index.json``."""
+
+    def __init__(self, folder: str, infos: Sequence[TensorInfo], *,
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+        self.folder = folder
+        self._shards = assign_shards(infos, max_shard_bytes)
+        n = len(self._shards)
+        self._names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+        self._current: SafetensorsStreamWriter | None = None
+        self._index = 0
+        weight_map = {info.name: self._names[i] for i, shard in enumerate(self._shards) for info in shard}
+        total = sum(i.nbytes for i in infos)
+        with open(os.path.join(folder, SAFE_INDEX), "w", encoding="utf-8") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+                      f, indent=2)
+            f.write("\n")
+        if not infos:
+            SafetensorsStreamWriter(os.path.join(folder, self._names[0]), [], {"format": "pt"}).close()
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        if self._current is None:
+            self._current = SafetensorsStreamWriter(os.path.join(self.folder, self._names[self._index]),
+                                                    self._shards[self._index], {"format": "pt"})
+        self._current.write(name, tensor)
+        if self._current.done:
+            self._current = None
+            self._index += 1
+
+    def close(self) -> None:
+        if self._current is not None:
+            self._current.close()
+            raise InputError("internal error: HF writer closed before every tensor was written")
+
+
+def write_json(path: str, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=False)
+        f.write("\n")

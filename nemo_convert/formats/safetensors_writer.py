@@ -1,0 +1,71 @@
+"""Streaming safetensors writer: the header is written from the plan, then tensor bytes
+follow one by one as the engine produces them. Nothing is buffered beyond one tensor."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import BinaryIO, Sequence
+
+import torch
+
+from nemo_convert.errors import NemoConvertError
+from nemo_convert.tensors.base import DTYPE_TO_SAFETENSORS, TensorInfo
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw little-endian bytes of ``t`` (contiguous copy only when needed)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def build_header(infos: Sequence[TensorInfo], metadata: dict[str, str] | None = None) -> bytes:
+    """The safetensors header (length prefix included) for tensors written in this order."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = metadata
+    offset = 0
+    for info in infos:
+        header[info.name] = {"dtype": DTYPE_TO_SAFETENSORS[info.dtype], "shape": list(info.shape),
+                             "data_offsets": [offset, offset + info.nbytes]}
+        offset += info.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # align the data section to 8 bytes
+    return struct.pack("<Q", len(raw)) + raw
+
+
+class SafetensorsStreamWriter:
+    """Writes one safetensors file whose tensors arrive in the declared order."""
+
+    def __init__(self, path: str, infos: Sequence[TensorInfo], metadata: dict[str, str] | None = None) -> None:
+        self.path = path
+        self._infos = list(infos)
+        self._next = 0
+        self._f: BinaryIO = open(path, "wb")
+        self._f.write(build_header(self._infos, metadata))
+
+    @property
+    def done(self) -> bool:
+        return self._next == len(self._infos)
+
+    def write(self, name: str, t: torch.Tensor) -> None:
+        want = self._infos[self._next]
+        if name != want.name or tuple(t.shape) != want.shape or t.dtype != want.dtype:
+            raise NemoConvertError(f"internal error: {self.path} expected {want.name} {list(want.shape)} "
+                                   f"{want.dtype}, got {name} {list(t.shape)} {t.dtype}")
+        self._f.write(tensor_bytes(t))
+        self._next += 1
+        if self.done:
+            self.close()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()

@@ -1,0 +1,76 @@
+"""Reading Hugging Face ``config.json`` spellings once, for every family.
+
+HF configs spell the same facts several ways across versions (``rope_scaling`` with
+``type`` or ``rope_type``, ``rope_theta`` or transformers v5's ``rope_parameters``,
+``torch_dtype`` or ``dtype``); families call these helpers instead of re-parsing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_convert.errors import ConfigError, InputError
+
+DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+PRECISION_OF = {"bf16": "bf16", "fp16": 16, "fp32": 32}
+DTYPE_OF_PRECISION = {"bf16": "bfloat16", "bf16-mixed": "bfloat16", "16": "float16", "16-mixed": "float16",
+                      "32": "float32", "32-true": "float32"}
+
+
+def read_config_json(folder: str) -> dict[str, Any]:
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{folder}: no config.json (is this a Hugging Face model folder?)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{path}: not a JSON object")
+    return cfg
+
+
+def require(cfg: dict[str, Any], *keys: str) -> None:
+    missing = [k for k in keys if cfg.get(k) is None]
+    if missing:
+        raise ConfigError(f"config.json lacks required field(s): {', '.join(missing)}")
+
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE facts, whatever the spelling: base, scaling type and the scaling block."""
+
+    theta: float
+    kind: str  # "default", "linear", "llama3", or another HF rope_type
+    params: dict[str, Any]  # the scaling block (factor, low_freq_factor, …), without type keys
+
+
+def read_rope(cfg: dict[str, Any]) -> Rope:
+    params_v5 = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else None
+    scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else None
+    theta = cfg.get("rope_theta")
+    if theta is None and params_v5:
+        theta = params_v5.get("rope_theta")
+    block = scaling or params_v5 or {}
+    kind = block.get("rope_type") or block.get("type") or "default"
+    params = {k: v for k, v in block.items() if k not in ("rope_type", "type", "rope_theta")}
+    return Rope(float(theta if theta is not None else 10000.0), str(kind), params)
+
+
+def hf_dtype_name(cfg: dict[str, Any]) -> str | None:
+    """``"bfloat16"`` etc. from ``torch_dtype`` or ``dtype``."""
+    d = cfg.get("torch_dtype") or cfg.get("dtype")
+    return d if isinstance(d, str) else None
+
+
+def precision_of(cfg: dict[str, Any]) -> Any:
+    """NeMo ``precision`` for an HF dtype name (bf16 / 16 / 32)."""
+    return PRECISION_OF.get(DTYPE_NAMES.get(hf_dtype_name(cfg) or "", ""), 32)
+
+
+def dtype_name_of_precision(precision: Any) -> str:
+    return DTYPE_OF_PRECISION.get(str(precision), "float32")

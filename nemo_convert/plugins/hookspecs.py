@@ -1,0 +1,106 @@
+"""Hook specifications of nemo-convert.
+
+A plugin is a module (or object) registered under the ``nemo_convert`` entry-point group
+that implements one or more of these hooks, marked with :data:`hookimpl`::
+
+    # pyproject.toml of your distribution
+    [project.entry-points.nemo_convert]
+    mistral = "nemo_convert_mistral"
+
+Each hook returns a list of typed records (:mod:`nemo_convert.plugins.records`). The core
+collects the records of every plugin; two records with one name are an error naming both
+distributions.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from nemo_convert.plugins.records import ModelFamily, ShardingStrategy, TokenizerPatcher
+
+PROJECT = "nemo_convert"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def nemo_convert_model_families() -> list[ModelFamily]:
+    """Return the model families this plugin provides.
+
+    A family maps one kind of Hugging Face model onto one kind of NeMo model: which
+    ``config.json`` it handles, the key mapping as data (renames and semantic ops, each
+    with its inverse), and the config translation both ways. The core does every tensor
+    operation, the planning, the streaming and the file formats.
+
+    :return: a list of :class:`~nemo_convert.plugins.records.ModelFamily`.
+
+    .. versionadded:: 0.1
+
+    Example::
+
+        from nemo_convert import hookimpl, ModelFamily
+        from nemo_convert.mapping import Mapping, Rename, FuseQKV, FuseGated
+
+        def _mapping(cfg):
+            return Mapping(rules=(
+                Rename("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
+                FuseQKV(q="model.layers.{i}.self_attn.q_proj.weight",
+                        k="model.layers.{i}.self_attn.k_proj.weight",
+                        v="model.layers.{i}.self_attn.v_proj.weight",
+                        nemo="decoder.layers.{i}.self_attention.linear_qkv.weight"),
+                # ...
+            ))
+
+        @hookimpl
+        def nemo_convert_model_families():
+            return [ModelFamily(name="mistral", hf_architectures=("MistralForCausalLM",),
+                                hf_model_types=("mistral",),
+                                nemo_target="nemo.collections.nlp.models.language_modeling."
+                                            "megatron_gpt_model.MegatronGPTModel",
+                                mapping=_mapping, config_to_nemo=..., config_to_hf=...)]
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def nemo_convert_tokenizer_patchers() -> list[TokenizerPatcher]:
+    """Return the tokenizer patchers this plugin provides.
+
+    A patcher adds tokens to one kind of tokenizer (SentencePiece ``.model``, an HF
+    ``tokenizer.json`` folder, …). ``nemo-convert tokenizer add-tokens`` picks the first
+    patcher whose ``detect(path)`` is true.
+
+    :return: a list of :class:`~nemo_convert.plugins.records.TokenizerPatcher`.
+
+    .. versionadded:: 0.1
+
+    Example::
+
+        @hookimpl
+        def nemo_convert_tokenizer_patchers():
+            return [TokenizerPatcher(name="tiktoken", detect=lambda p: p.endswith(".tiktoken"),
+                                     add_tokens=_add_tiktoken_tokens)]
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def nemo_convert_sharding_strategies() -> list[ShardingStrategy]:
+    """Return the sharding strategies this plugin provides.
+
+    A strategy turns a global tensor and its declared parallel kind (column, row,
+    replicated, vocab, grouped QKV, gated fc1, …) into per-rank slices and back. Tensor
+    and pipeline parallelism ship as built-in strategies registered through this hook.
+
+    :return: a list of :class:`~nemo_convert.plugins.records.ShardingStrategy`.
+
+    .. versionadded:: 0.1
+
+    Example::
+
+        @hookimpl
+        def nemo_convert_sharding_strategies():
+            return [ShardingStrategy(name="expert", axis="ep", implementation=ExpertSplitter())]
+    """
+    raise NotImplementedError

@@ -1,0 +1,161 @@
+"""Discovers plugins through entry points and answers "which plugin handles this?".
+
+* Every plugin — ours in ``plugins/`` and third parties' — is found through the
+  ``nemo_convert`` entry-point group.
+* A plugin that fails to import is skipped with a warning naming it.
+* ``NEMO_CONVERT_DISABLE_PLUGINS=a,b`` blocks plugins by entry-point name.
+* Two records with one name are an error naming both distributions.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import pluggy
+
+from nemo_convert.errors import PluginError
+from nemo_convert.plugins import hookspecs
+from nemo_convert.plugins.records import ModelFamily, ShardingStrategy, TokenizerPatcher
+
+ENTRY_POINT_GROUP = "nemo_convert"
+DISABLE_ENV = "NEMO_CONVERT_DISABLE_PLUGINS"
+
+
+@dataclass(frozen=True)
+class Provided:
+    """A record together with the plugin and distribution that provided it."""
+
+    record: Any
+    plugin: str
+    distribution: str
+
+
+class PluginLoadWarning(UserWarning):
+    """A plugin could not be imported and was skipped."""
+
+
+class Registry:
+    """All records that the registered plugins provide."""
+
+    def __init__(self, pm: pluggy.PluginManager, distributions: dict[str, str]) -> None:
+        self._pm = pm
+        self._dists = distributions
+        self.families = self._collect("nemo_convert_model_families", ModelFamily)
+        self.tokenizer_patchers = self._collect("nemo_convert_tokenizer_patchers", TokenizerPatcher)
+        self.sharding_strategies = self._collect("nemo_convert_sharding_strategies", ShardingStrategy)
+
+    def _collect(self, hook_name: str, kind: type) -> dict[str, Provided]:
+        out: dict[str, Provided] = {}
+        hook = getattr(self._pm.hook, hook_name)
+        for impl in hook.get_hookimpls():
+            plugin_name = self._pm.get_name(impl.plugin) or "?"
+            dist = self._dists.get(plugin_name, "(not installed: registered at run time)")
+            records = impl.function() or []
+            for rec in records:
+                if not isinstance(rec, kind):
+                    raise PluginError(f"plugin {plugin_name!r} ({dist}) returned {type(rec).__name__} "
+                                      f"from {hook_name}, expected {kind.__name__}")
+                if rec.name in out:
+                    other = out[rec.name]
+                    raise PluginError(
+                        f"{kind.__name__} {rec.name!r} is provided twice: by plugin {other.plugin!r} "
+                        f"of distribution {other.distribution!r} and by plugin {plugin_name!r} "
+                        f"of distribution {dist!r}; uninstall one or block it with {DISABLE_ENV}")
+                out[rec.name] = Provided(rec, plugin_name, dist)
+        return out
+
+    # -- families ---------------------------------------------------------------------
+    def family(self, name: str) -> ModelFamily:
+        """The family named ``name``; :class:`PluginError` listing the known ones otherwise."""
+        try:
+            return self.families[name].record
+        except KeyError:
+            known = ", ".join(sorted(self.families)) or "none"
+            raise PluginError(f"no model family named {name!r} (installed: {known})") from None
+
+    def family_for_hf_config(self, config: dict[str, Any]) -> ModelFamily:
+        """The family handling an HF ``config.json`` (by ``architectures``, then ``model_type``)."""
+        archs = config.get("architectures") or []
+        for arch in archs:
+            for p in self.families.values():
+                if arch in p.record.hf_architectures:
+                    return p.record
+        mtype = config.get("model_type")
+        for p in self.families.values():
+            if mtype in p.record.hf_model_types:
+                return p.record
+        known = ", ".join(sorted(a for p in self.families.values() for a in p.record.hf_architectures))
+        raise PluginError(f"no installed model family handles architectures={archs} model_type={mtype!r} "
+                          f"(handled: {known or 'none'}); install a plugin or pass --family")
+
+    def family_for_nemo_config(self, config: dict[str, Any]) -> ModelFamily:
+        """The family of a NeMo ``model_config.yaml`` (our own record of it, then ``target``)."""
+        ours = (config.get("nemo_convert") or {}).get("family")
+        if ours:
+            return self.family(ours)
+        target = config.get("target")
+        for p in self.families.values():
+            if target and target == p.record.nemo_target:
+                return p.record
+        raise PluginError(f"no installed model family handles NeMo target {target!r}; pass --family")
+
+    def sharding(self, axis: str) -> ShardingStrategy:
+        for p in self.sharding_strategies.values():
+            if p.record.axis == axis:
+                return p.record
+        raise PluginError(f"no sharding strategy for axis {axis!r} is installed")
+
+
+def _disabled() -> set[str]:
+    return {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+
+
+def build_plugin_manager(extra_plugins: Iterable[tuple[str, object]] = (),
+                         *, entry_points: bool = True) -> tuple[pluggy.PluginManager, dict[str, str]]:
+    """A pluggy manager with every entry-point plugin (and ``extra_plugins``) registered."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    disabled = _disabled()
+    for name in disabled:
+        pm.set_blocked(name)
+    dists: dict[str, str] = {}
+    if entry_points:
+        for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in disabled or pm.is_registered(ep.name) or pm.has_plugin(ep.name):
+                continue
+            dist = ep.dist.name if ep.dist is not None else "?"
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # a broken plugin must not break the tool
+                warnings.warn(f"nemo-convert plugin {ep.name!r} from {dist!r} failed to load and was "
+                              f"skipped: {type(exc).__name__}: {exc}", PluginLoadWarning, stacklevel=2)
+                continue
+            pm.register(plugin, name=ep.name)
+            dists[ep.name] = dist
+    for name, plugin in extra_plugins:
+        if name in disabled:
+            continue
+        pm.register(plugin, name=name)
+    return pm, dists
+
+
+_REGISTRY: Registry | None = None
+
+
+def get_registry(*, refresh: bool = False) -> Registry:
+    """The process-wide registry, built on first use from the installed entry points."""
+    global _REGISTRY
+    if _REGISTRY is None or refresh:
+        pm, dists = build_plugin_manager()
+        _REGISTRY = Registry(pm, dists)
+    return _REGISTRY
+
+
+def registry_with(*plugins: tuple[str, object], entry_points: bool = True) -> Registry:
+    """A fresh registry with extra in-process plugins (tests, notebooks)."""
+    pm, dists = build_plugin_manager(plugins, entry_points=entry_points)
+    return Registry(pm, dists)

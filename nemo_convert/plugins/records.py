@@ -1,0 +1,86 @@
+"""Typed records that plugins return from their hooks.
+
+Records are frozen dataclasses: plugins *declare* what they provide; the core does all
+tensor work. A record never holds open files or tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nemo_convert.mapping.rules import Mapping
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """A model family: how one kind of HF model maps onto one kind of NeMo model.
+
+    :param name: unique short name, used by ``--family`` (e.g. ``"llama"``).
+    :param hf_architectures: values of ``config.json`` ``architectures`` this family handles.
+    :param hf_model_types: values of ``config.json`` ``model_type`` this family handles.
+    :param nemo_target: the NeMo model class written to ``model_config.yaml`` ``target``.
+    :param mapping: builds the key mapping (rules as data) for a NeMo config. Called
+        with the NeMo config so rules can depend on it (``when=`` conditions are the
+        usual way; a function is an escape hatch).
+    :param config_to_nemo: HF ``config.json`` dict → NeMo ``model_config.yaml`` dict.
+    :param config_to_hf: NeMo config dict → HF ``config.json`` dict (export).
+    :param default_layout: ``"dist"`` (Megatron-Core distributed checkpoint) or
+        ``"legacy"`` (one ``model_weights.ckpt``), the layout NeMo itself uses.
+    :param tokenizer_files: HF tokenizer file names that travel with the model.
+    :param hf_model_class: the ``transformers`` class name used by ``verify`` and tests.
+    :param trtllm: optional TensorRT-LLM description for ``quantize`` (family specific).
+    """
+
+    name: str
+    hf_architectures: tuple[str, ...]
+    hf_model_types: tuple[str, ...]
+    nemo_target: str
+    mapping: "Callable[[dict[str, Any]], Mapping]"
+    config_to_nemo: Callable[[dict[str, Any]], dict[str, Any]]
+    config_to_hf: Callable[[dict[str, Any]], dict[str, Any]]
+    default_layout: str = "dist"
+    tokenizer_files: tuple[str, ...] = (
+        "tokenizer.model",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    )
+    hf_model_class: str = "AutoModelForCausalLM"
+    description: str = ""
+    trtllm: Any = None
+
+
+@dataclass(frozen=True)
+class TokenizerPatcher:
+    """Adds tokens to one kind of tokenizer.
+
+    :param name: unique short name (e.g. ``"sentencepiece"``).
+    :param detect: ``detect(path) -> bool``: does this patcher handle that file/folder?
+    :param add_tokens: ``add_tokens(src, dst, tokens, options) -> report`` writes a
+        patched copy of ``src`` at ``dst`` (the core stages and renames ``dst``).
+    :param description: one line for ``nemo-convert plugins``.
+    """
+
+    name: str
+    detect: Callable[[str], bool]
+    add_tokens: Callable[[str, str, Sequence[str], dict[str, Any]], Any]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class ShardingStrategy:
+    """Splits global tensors across ranks and merges them back.
+
+    :param name: unique short name (``"tensor"``, ``"pipeline"``).
+    :param axis: which parallel axis it handles (``"tp"`` or ``"pp"``).
+    :param implementation: object with the strategy's methods; see
+        :mod:`nemo_convert.sharding` for the protocol.
+    :param description: one line for ``nemo-convert plugins``.
+    """
+
+    name: str
+    axis: str
+    implementation: Any = field(repr=False)
+    description: str = ""

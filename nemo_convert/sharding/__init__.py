@@ -1,0 +1,1 @@
+"""Sharding strategies: how global tensors split across tensor/pipeline-parallel ranks."""

@@ -1,0 +1,18 @@
+"""Registers the built-in sharding strategies through the same hook third parties use."""
+
+from __future__ import annotations
+
+from nemo_convert import ShardingStrategy, hookimpl
+
+
+@hookimpl
+def nemo_convert_sharding_strategies() -> list[ShardingStrategy]:
+    from nemo_convert.sharding.pipeline import PipelineParallel
+    from nemo_convert.sharding.tensor import TensorParallel
+
+    return [
+        ShardingStrategy("tensor", "tp", TensorParallel(), "Megatron tensor parallelism: column/row/vocab/"
+                         "grouped-QKV/gated-fc1 splits"),
+        ShardingStrategy("pipeline", "pp", PipelineParallel(), "Megatron pipeline parallelism: contiguous "
+                         "layer stages, embedding first, head last"),
+    ]

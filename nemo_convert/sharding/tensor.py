@@ -1,0 +1,77 @@
+"""Tensor parallelism: the one implementation of Megatron's per-kind splits and merges.
+
+Rules (nemo-formats.md §6, megatron-compat.md): column-parallel along dim 0, row-parallel
+along dim 1; QKV as contiguous dim-0 chunks (whole query groups per rank); gated fc1 with
+gate and up halves chunked separately (rank r holds ``[gate_r; up_r]``); embeddings and
+output layer along the vocabulary, padded to a multiple of ``divisible_by × TP`` on split
+and trimmed back on merge; everything else replicated.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from nemo_convert.errors import ShapeError, UnsupportedError
+from nemo_convert.mapping import ops
+from nemo_convert.mapping.rules import Parallel
+
+
+def _chunk(t: torch.Tensor, dim: int, tp: int, rank: int, what: str) -> torch.Tensor:
+    if t.dim() <= dim:
+        return t  # a bias of a row-parallel layer: replicated
+    if t.shape[dim] % tp:
+        raise UnsupportedError(f"{what}: dimension {dim} of size {t.shape[dim]} does not split into {tp} "
+                               "tensor-parallel ranks")
+    n = t.shape[dim] // tp
+    return t.narrow(dim, rank * n, n)
+
+
+class TensorParallel:
+    """Splits a global tensor for one TP rank, and merges rank slices back."""
+
+    def split(self, t: torch.Tensor, kind: Parallel, tp: int, rank: int, *, name: str = "tensor",
+              padded_vocab: int | None = None) -> torch.Tensor:
+        if tp == 1 and kind is not Parallel.VOCAB:
+            return t
+        if kind is Parallel.REPLICATED:
+            return t
+        if kind in (Parallel.COLUMN, Parallel.QKV):
+            return _chunk(t, 0, tp, rank, name)
+        if kind is Parallel.ROW:
+            return _chunk(t, 1, tp, rank, name)
+        if kind is Parallel.GATED_FC1:
+            gate, up = ops.split_gated(t)
+            return torch.cat([_chunk(gate, 0, tp, rank, name), _chunk(up, 0, tp, rank, name)], dim=0)
+        if kind is Parallel.VOCAB:
+            full = ops.pad_vocab(t, padded_vocab) if padded_vocab is not None else t
+            return _chunk(full, 0, tp, rank, name)
+        raise UnsupportedError(f"{name}: unknown parallel kind {kind!r}")
+
+    def merge(self, parts: Sequence[torch.Tensor], kind: Parallel, *, name: str = "tensor",
+              vocab: int | None = None) -> torch.Tensor:
+        if len(parts) == 1 and kind is not Parallel.VOCAB:
+            return parts[0]
+        if kind is Parallel.REPLICATED:
+            first = parts[0]
+            for i, p in enumerate(parts[1:], 1):
+                if p.shape != first.shape:
+                    raise ShapeError(f"{name}: replicated tensor differs in shape on TP rank {i}")
+            return first
+        if kind in (Parallel.COLUMN, Parallel.QKV):
+            return torch.cat(list(parts), dim=0) if parts[0].dim() >= 1 else parts[0]
+        if kind is Parallel.ROW:
+            return torch.cat(list(parts), dim=1) if parts[0].dim() >= 2 else parts[0]
+        if kind is Parallel.GATED_FC1:
+            halves = [ops.split_gated(p) for p in parts]
+            return torch.cat([g for g, _ in halves] + [u for _, u in halves], dim=0)
+        if kind is Parallel.VOCAB:
+            full = torch.cat(list(parts), dim=0)
+            return ops.trim_vocab(full, vocab) if vocab is not None else full
+        raise UnsupportedError(f"{name}: unknown parallel kind {kind!r}")
+
+    def local_shape(self, shape: tuple[int, ...], kind: Parallel, tp: int, *,
+                    padded_vocab: int | None = None) -> tuple[int, ...]:
+        meta = torch.empty(shape, device="meta")
+        return tuple(self.split(meta, kind, tp, 0, padded_vocab=padded_vocab).shape)

@@ -1,0 +1,419 @@
+"""A restricted unpickler: pickles become data, never code.
+
+A pickle runs code only through the globals it names, which ``pickle`` resolves with
+``find_class``. :class:`SafeUnpickler` answers that from an explicit allow-list, refuses
+everything else (:class:`~nemo_convert.errors.UnsafePickleError`) and never imports a
+module a pickle asks for. The allow-list hands out harmless builtins and torch dtypes,
+or *our own* objects:
+
+* OmegaConf containers/nodes, Lightning's ``AttributeDict`` and ``argparse.Namespace``
+  become stand-ins that only record their pickled state; :func:`to_plain` turns them into
+  plain dicts, lists and scalars. omegaconf and lightning are never imported.
+* numpy arrays, scalars and dtypes go through argument-checked wrappers around numpy's
+  data-only constructors (numpy is imported only if a pickle holds numpy data).
+* Callers add what their format needs (``extra_globals``): the torch zip reader adds its
+  lazy tensor rebuild functions.
+
+All of it is immutable, so a pickle's BUILD opcode cannot alter objects later loads
+share. ``trust=True`` resolves unlisted names normally, running whatever the pickle asks
+for: callers must warn loudly before using it.
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import builtins
+import collections
+import io
+import pathlib
+import pickle
+import typing
+from typing import Any, Callable, Mapping
+
+import torch
+
+from nemo_convert.errors import InputError, NemoConvertError, UnsafePickleError
+
+TRUST_HINT = "pass --trust-pickle to allow it (only for files you trust)"
+
+
+# ----------------------------------------------------------------- frozen tokens
+class _FrozenMeta(type):
+    """Metaclass of stand-ins: a pickle's BUILD opcode cannot set class attributes."""
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        raise InputError(f"pickle tries to set attribute {name!r} on class {cls.__name__}")
+
+
+class _Frozen:
+    """Base of the tokens the allow-list hands out; instances are immutable."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __init__(self, source: str, *values: Any) -> None:
+        for k, v in zip(self.__slots__, (source, *values)):
+            object.__setattr__(self, k, v)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise InputError(f"pickle tries to set attribute {name!r} on {self!r}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.source}>"  # type: ignore[attr-defined]
+
+
+class Checked(_Frozen):
+    """An allowed callable ``Checked(source, fn)``: our own argument-checking function."""
+
+    __slots__ = ("source", "fn")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+class StorageType(_Frozen):
+    """A torch storage class as a token: ``StorageType(source, dtype, untyped)``."""
+
+    __slots__ = ("source", "dtype", "untyped")
+
+
+class TypeToken(_Frozen):
+    """A type a pickle names only as data (``torch.Tensor``, ``typing.Any``)."""
+
+    __slots__ = ("source",)
+
+
+class _Lazy(_Frozen):
+    """An allow-list entry resolved when a pickle first asks for it (``numpy.ndarray``)."""
+
+    __slots__ = ("source", "resolve")
+
+
+# --------------------------------------------------------------------- stand-ins
+class StandIn(metaclass=_FrozenMeta):
+    """Replaces a foreign class (one subclass per global, named by ``source``); instances
+    record NEWOBJ/REDUCE ``args``/``kwargs`` and the BUILD ``state``."""
+
+    source: str = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "StandIn":
+        obj = object.__new__(cls)
+        obj.__dict__.update(args=args, kwargs=kwargs, state=None)
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        self.__dict__["state"] = state
+
+    def __repr__(self) -> str:
+        return f"<{self.source} stand-in>"
+
+
+class OmegaContainer(StandIn):
+    """``DictConfig``/``ListConfig``: state ``_content`` is a dict/list of nodes, or
+    None, ``"???"`` or an interpolation string."""
+
+
+class OmegaValue(StandIn):
+    """An omegaconf value node (``AnyNode``, ``StringNode``, …): state ``_val``."""
+
+
+class OmegaMetadata(StandIn):
+    """OmegaConf node metadata (types, flags); :func:`to_plain` drops it."""
+
+
+class AttrObject(StandIn):
+    """An object whose state is its attribute dict (``argparse.Namespace``)."""
+
+
+class AttributeDictStandIn(dict, metaclass=_FrozenMeta):
+    """Lightning's ``AttributeDict``: a dict subclass; its items arrive by SETITEMS."""
+
+    source: str = "?"
+
+    def __setstate__(self, state: Any) -> None:  # no instance attributes to restore
+        pass
+
+
+_standins: dict[str, type] = {}
+
+
+def _standin(base: type, source: str) -> type:
+    """The stand-in subclass of ``base`` for the foreign global ``source`` (cached)."""
+    if source not in _standins:
+        ns = {"source": source, "__module__": __name__}
+        _standins[source] = _FrozenMeta(source.rsplit(".", 1)[-1], (base,), ns)
+    return _standins[source]
+
+
+# -------------------------------------------------------------- checked builders
+def _codecs_encode(text: Any, encoding: str = "utf-8") -> bytes:
+    """``_codecs.encode`` as protocol-2 pickles use it for ``bytes``: latin-1 text only."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise InputError("pickle calls _codecs.encode with arguments other than (str, 'latin1')")
+    return text.encode("latin-1")
+
+
+def _bytes_like(kind: type) -> Callable[..., Any]:
+    def build(*args: Any) -> Any:
+        if not args:
+            return kind()
+        if len(args) == 2 and all(isinstance(a, str) for a in args):
+            return kind(_codecs_encode(*args))
+        if len(args) == 1 and isinstance(args[0], (bytes, bytearray, list, tuple)):
+            return kind(args[0])
+        raise InputError(f"pickle builds {kind.__name__} from unexpected arguments")
+
+    return build
+
+
+def _reconstructor(cls: Any, base: Any, state: Any = None) -> Any:
+    """``copyreg._reconstructor`` (protocol 0/1 objects), for stand-in classes only."""
+    if isinstance(cls, type) and issubclass(cls, (StandIn, AttributeDictStandIn)) and (
+            base is (dict if issubclass(cls, dict) else object)):
+        return cls(state or {}) if base is dict else cls.__new__(cls)
+    raise InputError(f"pickle reconstructs {cls!r} (base {base!r}), which is not allowed")
+
+
+def _torch_size(dims: Any = ()) -> torch.Size:
+    dims = tuple(dims)
+    if not all(isinstance(d, int) for d in dims):
+        raise InputError("pickle builds torch.Size from non-integers")
+    return torch.Size(dims)
+
+
+def _torch_device(kind: Any, index: Any = None) -> torch.device:
+    if not isinstance(kind, str) or not (index is None or isinstance(index, int)):
+        raise InputError("pickle builds torch.device from unexpected arguments")
+    return torch.device(kind) if index is None else torch.device(kind, index)
+
+
+def _numpy(multiarray: bool = False) -> Any:
+    try:
+        import numpy as np
+    except ImportError as e:  # pragma: no cover - numpy comes with torch wheels
+        raise InputError("the pickle holds numpy data; install numpy to read it") from e
+    return (getattr(np, "_core", None) or np.core).multiarray if multiarray else np
+
+
+def _np_reconstruct(cls: Any, shape: Any, typecode: Any) -> Any:
+    np = _numpy()
+    if cls is not np.ndarray or not isinstance(shape, tuple) or not isinstance(typecode, bytes):
+        raise InputError("pickle reconstructs a numpy array from unexpected arguments")
+    return _numpy(True)._reconstruct(np.ndarray, shape, typecode)
+
+
+def _np_dtype(spec: Any, align: Any = False, copy: Any = False) -> Any:
+    if not isinstance(spec, str):
+        raise InputError("pickle builds a numpy dtype from a non-string")
+    return _numpy().dtype(spec, bool(align), bool(copy))
+
+
+def _np_scalar(dtype: Any, data: Any = None) -> Any:
+    if not isinstance(dtype, _numpy().dtype):
+        raise InputError("pickle builds a numpy scalar without a numpy dtype")
+    if not dtype.hasobject and not (isinstance(data, bytes) and len(data) == dtype.itemsize):
+        raise InputError("pickle builds a numpy scalar from malformed bytes")
+    return _numpy(True).scalar(dtype, data)
+
+
+# -------------------------------------------------------------------- allow-list
+_STORAGE_TYPES: dict[str, torch.dtype] = {
+    "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool, "ComplexDoubleStorage": torch.complex128,
+    "ComplexFloatStorage": torch.complex64,
+}
+_OMEGA_NODES = ("ValueNode", "AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode",
+                "BytesNode", "PathNode", "NoneNode", "LiteralNode", "EnumNode",
+                "InterpolationResultNode")
+_ATTRIBUTE_DICTS = ("pytorch_lightning.utilities.parsing", "lightning.fabric.utilities.data",
+                    "lightning.pytorch.utilities.parsing", "lightning_fabric.utilities.data")
+
+
+def _base_globals() -> dict[str, Any]:
+    """The allow-list: dotted name → what the pickle gets."""
+    g: dict[str, Any] = {}
+    for name in ("set", "frozenset", "slice", "complex", "range", "dict", "list", "tuple",
+                 "int", "float", "str", "bool", "object"):
+        g[f"builtins.{name}"] = getattr(builtins, name)
+    g["builtins.bytes"] = Checked("builtins.bytes", _bytes_like(bytes))
+    g["builtins.bytearray"] = Checked("builtins.bytearray", _bytes_like(bytearray))
+    g["_codecs.encode"] = Checked("_codecs.encode", _codecs_encode)
+    g["copyreg._reconstructor"] = Checked("copyreg._reconstructor", _reconstructor)
+    g["collections.OrderedDict"] = collections.OrderedDict
+    g["collections.defaultdict"] = collections.defaultdict
+    g["_io.BytesIO"] = g["io.BytesIO"] = io.BytesIO  # Transformer-Engine _extra_state
+    for name in ("Any", "Dict", "List", "Tuple", "Optional", "Union"):
+        g[f"typing.{name}"] = TypeToken(f"typing.{name}")
+    posix = Checked("pathlib.PurePosixPath", pathlib.PurePosixPath)  # pure: no file access
+    windows = Checked("pathlib.PureWindowsPath", pathlib.PureWindowsPath)
+    for name in ("Path", "PosixPath", "PurePosixPath", "PurePath"):
+        g[f"pathlib.{name}"] = posix
+    g["pathlib.WindowsPath"] = g["pathlib.PureWindowsPath"] = windows
+    g["argparse.Namespace"] = _standin(AttrObject, "argparse.Namespace")
+    for module in _ATTRIBUTE_DICTS:
+        g[f"{module}.AttributeDict"] = _standin(AttributeDictStandIn, f"{module}.AttributeDict")
+    for src, base in (("omegaconf.dictconfig.DictConfig", OmegaContainer),
+                      ("omegaconf.listconfig.ListConfig", OmegaContainer),
+                      ("omegaconf.base.Metadata", OmegaMetadata),
+                      ("omegaconf.base.ContainerMetadata", OmegaMetadata),
+                      *((f"omegaconf.nodes.{n}", OmegaValue) for n in _OMEGA_NODES)):
+        g[src] = _standin(base, src)
+    for name, value in vars(torch).items():
+        if isinstance(value, torch.dtype):
+            g[f"torch.{name}"] = value
+    g["torch.Size"] = Checked("torch.Size", _torch_size)
+    g["torch.device"] = Checked("torch.device", _torch_device)
+    g["torch.strided"] = torch.strided
+    for name, dtype in _STORAGE_TYPES.items():
+        g[f"torch.{name}"] = g[f"torch.cuda.{name}"] = StorageType(f"torch.{name}", dtype, False)
+    for src in ("torch.UntypedStorage", "torch.storage.UntypedStorage",
+                "torch.TypedStorage", "torch.storage.TypedStorage"):
+        g[src] = StorageType(src, torch.uint8, True)
+    for src in ("torch.Tensor", "torch._tensor.Tensor", "torch.nn.Parameter",
+                "torch.nn.parameter.Parameter"):
+        g[src] = TypeToken(src)
+    for core in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        g[f"{core}._reconstruct"] = Checked(f"{core}._reconstruct", _np_reconstruct)
+        g[f"{core}.scalar"] = Checked(f"{core}.scalar", _np_scalar)
+    g["numpy.ndarray"] = _Lazy("numpy.ndarray", lambda: _numpy().ndarray)
+    g["numpy.dtype"] = Checked("numpy.dtype", _np_dtype)
+    return g
+
+
+_BASE_GLOBALS = _base_globals()
+
+
+# --------------------------------------------------------------------- unpickler
+class SafeUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` resolving globals only from the allow-list. ``extra_globals``
+    maps ``"module.name"`` to more immutable objects to hand out (e.g. :class:`Checked`);
+    ``persistent_load`` answers persistent ids; ``where`` names the input in errors."""
+
+    def __init__(self, file: typing.BinaryIO, *, trust: bool = False,
+                 extra_globals: Mapping[str, Any] | None = None,
+                 persistent_load: Callable[[Any], Any] | None = None,
+                 where: str = "pickle") -> None:
+        super().__init__(file)
+        self._trust = trust
+        self._globals = {**_BASE_GLOBALS, **(extra_globals or {})}
+        self._persistent = persistent_load
+        self._where = where
+
+    def find_class(self, module: str, name: str) -> Any:
+        # Protocol-2 pickles write Python-2 names (``__builtin__.long``): map them.
+        mod3, name3 = _compat_pickle.NAME_MAPPING.get(
+            (module, name), (_compat_pickle.IMPORT_MAPPING.get(module, module), name))
+        full = f"{mod3}.{name3}"
+        if full in self._globals:
+            value = self._globals[full]
+            return value.resolve() if isinstance(value, _Lazy) else value
+        if self._trust:
+            return super().find_class(module, name)
+        raise UnsafePickleError(
+            f"{self._where}: nemo-convert refuses to load global '{full}' from the pickle "
+            f"(it is not on the allow-list of data-only types); {TRUST_HINT}"
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        if self._persistent is None:
+            raise InputError(f"{self._where}: the pickle refers to external data ({pid!r})")
+        return self._persistent(pid)
+
+
+def safe_load(file: typing.BinaryIO, *, trust: bool = False,
+              extra_globals: Mapping[str, Any] | None = None,
+              persistent_load: Callable[[Any], Any] | None = None,
+              where: str = "pickle") -> Any:
+    """Unpickle ``file`` with :class:`SafeUnpickler`; malformed pickles raise InputError."""
+    unpickler = SafeUnpickler(file, trust=trust, extra_globals=extra_globals,
+                              persistent_load=persistent_load, where=where)
+    try:
+        return unpickler.load()
+    except NemoConvertError:
+        raise
+    except Exception as e:  # anything else a malformed pickle provokes
+        raise InputError(f"{where}: corrupt or unsupported pickle: {type(e).__name__}: {e}") from e
+
+
+def safe_load_pickle_bytes(data: bytes, *, trust: bool = False,
+                           extra_globals: Mapping[str, Any] | None = None,
+                           plain: bool = True) -> Any:
+    """Unpickle a plain (non-torch-zip) pickle safely; with ``plain``, apply :func:`to_plain`."""
+    obj = safe_load(io.BytesIO(data), trust=trust, extra_globals=extra_globals)
+    return to_plain(obj) if plain else obj
+
+
+# ---------------------------------------------------------------------- to_plain
+_SCALARS = (str, bytes, int, float, bool, complex, type(None))
+
+
+def to_plain(obj: Any, _memo: dict[int, Any] | None = None) -> Any:
+    """Stand-ins → plain data: configs → dicts/lists/scalars, dict subclasses → ``dict``,
+    paths → ``str``, stand-in classes → their dotted name. OmegaConf interpolations and
+    ``"???"`` stay strings (as ``OmegaConf.to_container(resolve=False)``). Tensors, arrays
+    and other objects are kept as they are; shared and cyclic references are preserved."""
+    memo: dict[int, Any] = {} if _memo is None else _memo
+    if isinstance(obj, _SCALARS):
+        return obj
+    if id(obj) in memo:
+        return memo[id(obj)]
+    if isinstance(obj, type) and issubclass(obj, (StandIn, AttributeDictStandIn)):
+        return obj.source
+    if isinstance(obj, OmegaContainer):
+        obj_content = _state_get(obj, "_content", "content")
+        if isinstance(obj_content, (dict, list, tuple)):
+            return _plain_container(obj, obj_content, memo)
+        result = obj_content  # None, "???" or an interpolation string
+    elif isinstance(obj, OmegaValue):
+        result = to_plain(_state_get(obj, "_val", "val"), memo)
+    elif isinstance(obj, OmegaMetadata):
+        result = None
+    elif isinstance(obj, AttrObject):
+        return _plain_container(obj, obj.state if isinstance(obj.state, dict) else obj.kwargs, memo)
+    elif isinstance(obj, (dict, list)):
+        return _plain_container(obj, obj, memo)
+    elif type(obj) is tuple:
+        result = tuple(to_plain(v, memo) for v in obj)
+    elif isinstance(obj, (set, frozenset)):
+        result = type(obj)(to_plain(v, memo) for v in obj)
+    elif isinstance(obj, pathlib.PurePath):
+        result = str(obj)
+    else:
+        result = obj
+    memo[id(obj)] = result
+    return result
+
+
+def _plain_container(key_obj: Any, content: Any, memo: dict[int, Any]) -> Any:
+    """A new plain dict/list for ``content``, registered under ``key_obj`` before its
+    children are converted (so cycles terminate)."""
+    if isinstance(content, dict):
+        out: Any = {}
+        memo[id(key_obj)] = out
+        for k, v in content.items():
+            out[to_plain(k, memo)] = to_plain(v, memo)
+        return out
+    out = []
+    memo[id(key_obj)] = out
+    out.extend(to_plain(v, memo) for v in content)
+    return out
+
+
+def _state_get(obj: StandIn, *names: str) -> Any:
+    """Field ``names[0]`` (or a fallback name) of a stand-in's pickled state dict."""
+    state = obj.state
+    if isinstance(state, dict):
+        for n in names:
+            if n in state:
+                return state[n]
+    return None
+
+
+__all__ = [
+    "Checked", "SafeUnpickler", "StandIn", "StorageType", "TRUST_HINT", "TypeToken",
+    "safe_load", "safe_load_pickle_bytes", "to_plain",
+]

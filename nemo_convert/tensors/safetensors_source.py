@@ -1,0 +1,161 @@
+"""safetensors files read lazily through a memory map (one file, or sharded with an index).
+
+We parse the header ourselves: it is 8 bytes of length and a JSON table, and owning the
+parser lets us reject hostile headers (absurd sizes, overlapping or out-of-file offsets)
+with a clear error, and hand out tensors that *view* the mapped file instead of copies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+import torch
+
+from nemo_convert.errors import InputError
+from nemo_convert.tensors.base import SAFETENSORS_DTYPES, FileMap, TensorInfo
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class SafetensorsFile:
+    """One ``.safetensors`` file as a :class:`~nemo_convert.tensors.base.TensorSource`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.metadata: dict[str, str] = {}
+        self._infos: dict[str, TensorInfo] = {}
+        self._offsets: dict[str, int] = {}
+        self._map: FileMap | None = None
+        self._parse()
+
+    def _parse(self) -> None:
+        try:
+            size = os.path.getsize(self.path)
+            with open(self.path, "rb") as f:
+                head = f.read(8)
+                if len(head) < 8:
+                    raise InputError(f"{self.path}: not a safetensors file (shorter than 8 bytes)")
+                (n,) = struct.unpack("<Q", head)
+                if n > MAX_HEADER_BYTES or 8 + n > size:
+                    raise InputError(f"{self.path}: corrupted safetensors header (claims {n} header bytes, "
+                                     f"file has {size})")
+                raw = f.read(n)
+        except OSError as exc:
+            raise InputError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{self.path}: corrupted safetensors header ({exc.__class__.__name__})") from None
+        if not isinstance(header, dict):
+            raise InputError(f"{self.path}: corrupted safetensors header (not a JSON object)")
+        data_start = 8 + n
+        data_len = size - data_start
+        spans: list[tuple[int, int, str]] = []
+        for name, entry in header.items():
+            if name == "__metadata__":
+                if isinstance(entry, dict):
+                    self.metadata = {str(k): str(v) for k, v in entry.items()}
+                continue
+            info, begin, end = self._entry(name, entry, data_len)
+            self._infos[name] = info
+            self._offsets[name] = data_start + begin
+            spans.append((begin, end, name))
+        spans.sort()
+        for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+            if b1 < e0 and e0 > b0 and e1 > b1:
+                raise InputError(f"{self.path}: corrupted safetensors header (tensors {n0!r} and {n1!r} overlap)")
+
+    def _entry(self, name: str, entry: Any, data_len: int) -> tuple[TensorInfo, int, int]:
+        bad = f"{self.path}: corrupted safetensors header entry {name!r}"
+        if not isinstance(entry, dict):
+            raise InputError(bad)
+        dtype = SAFETENSORS_DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
+        shape = entry.get("shape")
+        offs = entry.get("data_offsets")
+        if dtype is None:
+            raise InputError(f"{bad}: unsupported dtype {entry.get('dtype')!r}")
+        if (not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape)
+                or not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(o, int) and o >= 0 for o in offs)):
+            raise InputError(bad)
+        info = TensorInfo(name, tuple(shape), dtype)
+        begin, end = offs
+        if end < begin or end - begin != info.nbytes:
+            raise InputError(f"{bad}: {end - begin} bytes do not hold shape {shape} of {entry['dtype']}")
+        if end > data_len:
+            raise InputError(f"{self.path}: file is truncated ({name!r} ends at byte {end} of {data_len})")
+        return info, begin, end
+
+    # -- TensorSource -------------------------------------------------------------------
+    def keys(self) -> list[str]:
+        return sorted(self._infos, key=lambda k: self._offsets[k])
+
+    def info(self, key: str) -> TensorInfo:
+        return self._infos[key]
+
+    def load(self, key: str) -> torch.Tensor:
+        info = self._infos[key]
+        if self._map is None:
+            self._map = FileMap(self.path)
+        return self._map.tensor(self._offsets[key], info.shape, info.dtype)
+
+    def group(self, key: str) -> str:
+        return self.path
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+
+class ShardedSafetensors:
+    """Several safetensors files named by a ``model.safetensors.index.json``."""
+
+    def __init__(self, index_path: str) -> None:
+        self.index_path = index_path
+        folder = os.path.dirname(index_path)
+        try:
+            with open(index_path, encoding="utf-8") as f:
+                index = json.load(f)
+            weight_map = index["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError
+        except (OSError, ValueError, KeyError, TypeError):
+            raise InputError(f"{index_path}: not a valid safetensors index (no weight_map)") from None
+        files: dict[str, SafetensorsFile] = {}
+        self._where: dict[str, SafetensorsFile] = {}
+        missing = sorted({f for f in weight_map.values() if not os.path.isfile(os.path.join(folder, str(f)))})
+        if missing:
+            raise InputError(f"{index_path}: names shard files that do not exist: {', '.join(missing)}")
+        for name, fname in weight_map.items():
+            if os.path.basename(str(fname)) != str(fname):
+                raise InputError(f"{index_path}: shard name {fname!r} is not a plain file name")
+            if fname not in files:
+                files[fname] = SafetensorsFile(os.path.join(folder, fname))
+            sf = files[fname]
+            if name not in sf._infos:
+                raise InputError(f"{index_path}: {name!r} is not in {fname}")
+            self._where[name] = sf
+        self._files = files
+        extra = sorted(k for sf in files.values() for k in sf.keys() if k not in self._where)
+        if extra:
+            raise InputError(f"{index_path}: shards hold tensors the index does not name: {', '.join(extra[:5])}")
+
+    def keys(self) -> list[str]:
+        return [k for sf in self._files.values() for k in sf.keys()]
+
+    def info(self, key: str) -> TensorInfo:
+        return self._where[key].info(key)
+
+    def load(self, key: str) -> torch.Tensor:
+        return self._where[key].load(key)
+
+    def group(self, key: str) -> str:
+        return self._where[key].path
+
+    def close(self) -> None:
+        for sf in self._files.values():
+            sf.close()

@@ -1,0 +1,488 @@
+"""Tests of the torch_dist checkpoint writer and reader against torch's own DCP."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import random
+import warnings
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nemo_convert.errors import InputError, ShapeError, UnsafePickleError
+from nemo_convert.formats.distckpt import (
+    DistCheckpointSource,
+    DistCheckpointWriter,
+    tiling_problems,
+    write_dist_metadata,
+)
+from nemo_convert.formats.sink import DirectorySink
+from nemo_convert.tensors.base import ByteRegion
+
+L, H, QKV, F, V = 3, 16, 24, 8, 32
+P = "model.decoder.layers."
+MODULES = ["self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"]
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed.*")
+        yield
+
+
+def gpt_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    return {
+        "model.embedding.word_embeddings.weight": r(V, H),
+        P + "self_attention.linear_qkv.layer_norm_weight": r(L, H, dtype=torch.float32),
+        P + "self_attention.linear_qkv.weight": r(L, QKV, H),
+        P + "self_attention.linear_proj.weight": r(L, H, H),
+        P + "mlp.linear_fc1.layer_norm_weight": r(L, H, dtype=torch.float32),
+        P + "mlp.linear_fc1.weight": r(L, 2 * F, H),
+        P + "mlp.linear_fc2.weight": r(L, H, F, dtype=torch.float32),
+        "model.decoder.final_layernorm.weight": r(H, dtype=torch.float32),
+        "model.output_layer.weight": r(V, H),
+    }
+
+
+def extra_state_keys() -> list[str]:
+    keys = [f"{P}{m}._extra_state/shard_{l}_{L}" for m in MODULES for l in range(L)]
+    return keys + ["model.output_layer._extra_state/shard_0_1"]
+
+
+def write_gpt(sink: Any, tensors: dict[str, torch.Tensor], folder: str = "model_weights",
+              seed: int = 1) -> DistCheckpointWriter:
+    """Per-layer chunks in shuffled order, whole chunks for the rest, plus extra states."""
+    w = DistCheckpointWriter(sink, folder)
+    jobs: list[tuple[str, tuple[int, ...], torch.Tensor]] = []
+    for k, t in tensors.items():
+        w.declare(k, tuple(t.shape), t.dtype)
+        if ".layers." in k:
+            jobs += [(k, (l,) + (0,) * (t.dim() - 1), t[l:l + 1]) for l in range(t.shape[0])]
+        else:
+            jobs.append((k, (0,) * t.dim(), t))
+    random.Random(seed).shuffle(jobs)
+    for k, off, t in jobs:
+        w.write_chunk(k, off, t)
+    for m in MODULES:
+        for l in range(L):
+            w.add_extra_state(f"{P}{m}._extra_state", l, L)
+    w.add_extra_state("model.output_layer._extra_state", None, None)
+    w.close()
+    return w
+
+
+def torch_load(path: str, tensors: dict[str, torch.Tensor], objects: list[str]) -> dict[str, Any]:
+    sd: dict[str, Any] = {k: torch.zeros_like(t) for k, t in tensors.items()}
+    sd.update({k: "placeholder" for k in objects})
+    dcp.load(sd, checkpoint_id=path, no_dist=True)
+    return sd
+
+
+class RecordingSink:
+    """A MemberSink over memory whose streams cannot seek, checking one member at a time."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, bytes] = {}
+        self.order: list[str] = []
+        self.open = False
+
+    def add_bytes(self, name: str, data: bytes) -> None:
+        assert not self.open
+        self.members[name] = bytes(data)
+        self.order.append(name)
+
+    def add_file(self, name: str, path: str) -> None:
+        with open(path, "rb") as f:
+            self.add_bytes(name, f.read())
+
+    @contextlib.contextmanager
+    def open_member(self, name: str) -> Iterator[BinaryIO]:
+        assert not self.open
+        self.open = True
+        buf = bytearray()
+
+        class W(io.RawIOBase):
+            def writable(self) -> bool:
+                return True
+
+            def write(self, b: Any) -> int:
+                buf.extend(bytes(b))
+                return len(bytes(b))
+
+        try:
+            yield W()  # type: ignore[misc]
+        finally:
+            self.open = False
+        self.members[name] = bytes(buf)
+        self.order.append(name)
+
+    def to_dir(self, root: str) -> None:
+        sink = DirectorySink(root)
+        for name, data in self.members.items():
+            sink.add_bytes(name, data)
+
+
+# ---------------------------------------------------------------------------- writer
+
+
+def test_torch_dcp_loads_what_we_write(tmp_path: Any) -> None:
+    tensors = gpt_tensors()
+    write_gpt(DirectorySink(str(tmp_path)), tensors)
+    ckpt = str(tmp_path / "model_weights")
+    assert sorted(os.listdir(ckpt)) == [".metadata", "__0_0.distcp", "common.pt", "metadata.json"]
+    sd = torch_load(ckpt, tensors, extra_state_keys())
+    for k, t in tensors.items():
+        assert sd[k].dtype == t.dtype and torch.equal(sd[k], t), k
+    for k in extra_state_keys():
+        assert sd[k] == [None], k
+    with open(os.path.join(ckpt, "metadata.json")) as f:
+        assert json.load(f) == {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                                "common_backend": "torch", "common_backend_version": 1}
+    assert torch.load(os.path.join(ckpt, "common.pt"), weights_only=True) == {}
+    md = dcp.FileSystemReader(ckpt).read_metadata()
+    chunks = md.state_dict_metadata[P + "mlp.linear_fc1.weight"].chunks
+    assert [tuple(c.offsets) for c in chunks] == [(l, 0, 0) for l in range(L)]
+    assert all(tuple(c.sizes) == (1, 2 * F, H) for c in chunks)
+
+
+def test_streaming_sink_order_and_one_member_at_a_time(tmp_path: Any) -> None:
+    sink = RecordingSink()
+    write_gpt(sink, gpt_tensors(), folder="weights")
+    assert sink.order == ["weights/__0_0.distcp", "weights/.metadata", "weights/common.pt", "weights/metadata.json"]
+    sink.to_dir(str(tmp_path))
+    tensors = gpt_tensors()
+    sd = torch_load(str(tmp_path / "weights"), tensors, extra_state_keys())
+    assert all(torch.equal(sd[k], t) for k, t in tensors.items())
+
+
+def test_chunk_bytes_match_torch_filesystem_writer(tmp_path: Any) -> None:
+    t = torch.randn(2, 5, 7).bfloat16()
+    dcp.save({"k": t}, checkpoint_id=str(tmp_path / "ref"), no_dist=True)
+    ref_md = dcp.FileSystemReader(str(tmp_path / "ref")).read_metadata()
+    (info,) = ref_md.storage_data.values()
+    with open(tmp_path / "ref" / info.relative_path, "rb") as f:
+        f.seek(info.offset)
+        ref_bytes = f.read(info.length)
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path / "ours")), "")
+    w.declare("k", (2, 5, 7), torch.bfloat16)
+    w.write_chunk("k", (0, 0, 0), t)
+    (chunk,) = w.close().chunks
+    with open(tmp_path / "ours" / "__0_0.distcp", "rb") as f:
+        f.seek(chunk.offset)
+        assert f.read(chunk.length) == ref_bytes
+
+
+def test_views_are_written_compactly(tmp_path: Any) -> None:
+    big = torch.randn(600, 100)
+    view = big[100:300, ::2]  # a strided view of a larger storage
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path)), "")
+    w.declare("k", (200, 50), torch.float32)
+    w.write_chunk("k", (0, 0), view)
+    (chunk,) = w.close().chunks
+    assert chunk.length < view.nbytes + 4096
+    src = DistCheckpointSource.from_dir(str(tmp_path))
+    assert torch.equal(src.load("k"), view)
+
+
+def test_gap_and_overlap_are_reported(tmp_path: Any) -> None:
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path / "a")), "")
+    w.declare("x.layers.w", (3, 4, 2), torch.float32)
+    w.write_chunk("x.layers.w", (0, 0, 0), torch.zeros(1, 4, 2))
+    w.write_chunk("x.layers.w", (2, 0, 0), torch.zeros(1, 2, 2))
+    with pytest.raises(ShapeError, match=r"missing \[1:2, 0:4, 0:2\], \[2:3, 2:4, 0:2\]"):
+        w.close()
+    assert not os.path.exists(tmp_path / "a" / "metadata.json")
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path / "b")), "")
+    w.declare("y", (4,), torch.float32)
+    w.write_chunk("y", (0,), torch.zeros(3))
+    w.write_chunk("y", (2,), torch.zeros(2))
+    with pytest.raises(ShapeError, match=r"written more than once \[2:3\]"):
+        w.close()
+
+
+def test_bad_chunks_are_refused(tmp_path: Any) -> None:
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path)), "")
+    w.declare("a", (2, 3), torch.bfloat16)
+    with pytest.raises(ShapeError, match="before declare"):
+        w.write_chunk("b", (0, 0), torch.zeros(1, 3))
+    with pytest.raises(ShapeError, match="dtype"):
+        w.write_chunk("a", (0, 0), torch.zeros(1, 3))
+    with pytest.raises(ShapeError, match="outside"):
+        w.write_chunk("a", (1, 1), torch.zeros(1, 3, dtype=torch.bfloat16))
+    with pytest.raises(ShapeError, match="declared as"):
+        w.declare("a", (2, 4), torch.bfloat16)
+    with pytest.raises(ShapeError, match="layer 3"):
+        w.add_extra_state("a._extra_state", 3, 3)
+
+
+def test_several_ranks_merge_records(tmp_path: Any) -> None:
+    t = torch.randn(L, 6, 4).bfloat16()
+    sink = DirectorySink(str(tmp_path))
+    records = []
+    for rank in range(2):  # rank r holds rows [3r, 3r+3) of every layer (a TP split)
+        w = DistCheckpointWriter(sink, "model_weights", data_file=f"__{rank}_0.distcp")
+        w.declare("model.decoder.layers.w", tuple(t.shape), t.dtype)
+        for l in range(L):
+            w.write_chunk("model.decoder.layers.w", (l, 3 * rank, 0), t[l:l + 1, 3 * rank:3 * rank + 3])
+        if rank == 0:
+            for l in range(L):
+                w.add_extra_state("model.decoder.layers._extra_state", l, L)
+        records.append(pickle.loads(pickle.dumps(w.close(finalize=False))))
+    assert not os.path.exists(tmp_path / "model_weights" / ".metadata")
+    write_dist_metadata(sink, "model_weights", records)
+    ckpt = str(tmp_path / "model_weights")
+    sd = torch_load(ckpt, {"model.decoder.layers.w": t}, [f"model.decoder.layers._extra_state/shard_{l}_{L}"
+                                                           for l in range(L)])
+    assert torch.equal(sd["model.decoder.layers.w"], t)
+    src = DistCheckpointSource.from_dir(ckpt, strip_prefix="model.")
+    assert {src.group(f"decoder.layers.{l}.w") for l in range(L)} == {"__0_0.distcp"}
+    for l in range(L):
+        assert torch.equal(src.load(f"decoder.layers.{l}.w"), t[l])
+    with pytest.raises(ShapeError, match="missing"):
+        write_dist_metadata(sink, "other", records[:1])
+
+
+# ---------------------------------------------------------------------------- reader
+
+
+def test_source_unstacks_layers(tmp_path: Any) -> None:
+    tensors = gpt_tensors()
+    write_gpt(DirectorySink(str(tmp_path)), tensors)
+    src = DistCheckpointSource.from_dir(tmp_path / "model_weights", strip_prefix="model.")
+    expected = {}
+    for k, t in tensors.items():
+        name = k[len("model."):]
+        if ".layers." in name:
+            expected.update({name.replace("layers.", f"layers.{l}.", 1): t[l] for l in range(L)})
+        else:
+            expected[name] = t
+    assert sorted(src.keys()) == sorted(expected)
+    assert sorted(src.extra_state_keys) == sorted(extra_state_keys())
+    for name, t in expected.items():
+        info = src.info(name)
+        assert info.shape == tuple(t.shape) and info.dtype == t.dtype
+        got = src.load(name)
+        assert got.dtype == t.dtype and torch.equal(got, t), name
+        assert src.group(name) == "__0_0.distcp"
+    assert src.load_object(extra_state_keys()[0]) == [None]
+    src.close()
+
+
+def test_layer_load_reads_only_its_chunks(tmp_path: Any, monkeypatch: Any) -> None:
+    write_gpt(DirectorySink(str(tmp_path)), gpt_tensors())
+    src = DistCheckpointSource.from_dir(tmp_path / "model_weights", strip_prefix="model.")
+    seen: list[tuple[int, ...]] = []
+    real = src._chunk_rows
+
+    def spy(raw: str, c: Any, lo: int, hi: int) -> torch.Tensor:
+        seen.append(c.offsets)
+        return real(raw, c, lo, hi)
+
+    monkeypatch.setattr(src, "_chunk_rows", spy)
+    src.load("decoder.layers.1.mlp.linear_fc1.weight")
+    assert seen == [(1, 0, 0)]
+
+
+def test_reads_checkpoint_saved_by_torch(tmp_path: Any) -> None:
+    tensors = gpt_tensors(3)
+    state: dict[str, Any] = dict(tensors)
+    state[f"{P}mlp.linear_fc1._extra_state/shard_0_{L}"] = [None]
+    # torch keeps the strides of a dense non-contiguous tensor: exercise that layout too.
+    strided = torch.randn(5, H, L).permute(2, 1, 0)
+    state["model.decoder.layers.strided"] = strided
+    dcp.save(state, checkpoint_id=str(tmp_path), no_dist=True)
+    DirectorySink(str(tmp_path)).add_bytes("metadata.json", json.dumps({"sharded_backend": "torch_dist"}).encode())
+    for mmap in (True, False):
+        src = DistCheckpointSource.from_dir(tmp_path, strip_prefix="model.", mmap=mmap)
+        for l in range(L):
+            got = src.load(f"decoder.layers.{l}.self_attention.linear_qkv.weight")
+            assert torch.equal(got, tensors[P + "self_attention.linear_qkv.weight"][l])
+            got = src.load(f"decoder.layers.{l}.mlp.linear_fc2.weight")
+            assert torch.equal(got, tensors[P + "mlp.linear_fc2.weight"][l])
+        assert torch.equal(src.load("output_layer.weight"), tensors["model.output_layer.weight"])
+        for l in range(L):
+            assert torch.equal(src.load(f"decoder.layers.{l}.strided"), strided[l])
+        assert src.extra_state_keys == [f"{P}mlp.linear_fc1._extra_state/shard_0_{L}"]
+
+
+def test_chunks_split_along_a_second_axis(tmp_path: Any) -> None:
+    qkv = torch.randn(L, QKV, H).bfloat16()
+    proj = torch.randn(L, H, H)
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path)), "")
+    w.declare("model.decoder.layers.qkv", tuple(qkv.shape), qkv.dtype)
+    w.declare("model.decoder.layers.proj", tuple(proj.shape), proj.dtype)
+    jobs = []
+    for l in range(L):
+        for r, (a, b) in enumerate([(0, 10), (10, 17), (17, 24)]):  # uneven TP-like pieces
+            jobs.append(("model.decoder.layers.qkv", (l, a, 0), qkv[l:l + 1, a:b]))
+        for a in range(0, H, 4):
+            jobs.append(("model.decoder.layers.proj", (l, 0, a), proj[l:l + 1, :, a:a + 4]))
+    random.Random(5).shuffle(jobs)
+    for k, off, t in jobs:
+        w.write_chunk(k, off, t)
+    w.close()
+    sd = torch_load(str(tmp_path), {"model.decoder.layers.qkv": qkv, "model.decoder.layers.proj": proj}, [])
+    assert torch.equal(sd["model.decoder.layers.qkv"], qkv) and torch.equal(sd["model.decoder.layers.proj"], proj)
+    src = DistCheckpointSource.from_dir(tmp_path, strip_prefix="model.")
+    for l in range(L):
+        assert torch.equal(src.load(f"decoder.layers.{l}.qkv"), qkv[l])
+        assert torch.equal(src.load(f"decoder.layers.{l}.proj"), proj[l])
+    whole = DistCheckpointSource.from_dir(tmp_path, unstack=False)
+    assert whole.keys() == ["model.decoder.layers.qkv", "model.decoder.layers.proj"]
+    assert torch.equal(whole.load("model.decoder.layers.proj"), proj)
+
+
+def test_chunks_spanning_several_layers(tmp_path: Any) -> None:
+    t = torch.randn(4, 6, 2)
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path)), "")
+    w.declare("decoder.layers.w", (4, 6, 2), torch.float32)
+    w.write_chunk("decoder.layers.w", (0, 0, 0), t[0:3, :4])
+    w.write_chunk("decoder.layers.w", (0, 4, 0), t[0:3, 4:])
+    w.write_chunk("decoder.layers.w", (3, 0, 0), t[3:])
+    w.close()
+    src = DistCheckpointSource.from_dir(tmp_path)
+    for l in range(4):
+        assert torch.equal(src.load(f"decoder.layers.{l}.w"), t[l])
+
+
+def test_per_layer_layout_with_split_fc1(tmp_path: Any) -> None:
+    g = torch.Generator().manual_seed(7)
+    tensors = {}
+    for l in range(2):
+        tensors[f"module.decoder.layers.{l}.mlp.linear_fc1.weight_w"] = torch.randn(F, H, generator=g).bfloat16()
+        tensors[f"module.decoder.layers.{l}.mlp.linear_fc1.weight_v"] = torch.randn(F, H, generator=g).bfloat16()
+        tensors[f"module.decoder.layers.{l}.mlp.linear_fc2.weight"] = torch.randn(H, F, generator=g).bfloat16()
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path)), "weights")
+    for k, t in tensors.items():
+        w.declare(k, tuple(t.shape), t.dtype)
+        w.write_chunk(k, (0, 0), t)
+    w.close()
+    src = DistCheckpointSource.from_dir(tmp_path / "weights", strip_prefix="module.")
+    assert src.keys() == [f"decoder.layers.{l}.mlp.{m}" for l in range(2)
+                          for m in ("linear_fc1.weight", "linear_fc2.weight")]
+    for l in range(2):
+        name = f"decoder.layers.{l}.mlp.linear_fc1.weight"
+        assert src.info(name).shape == (2 * F, H)
+        want = torch.cat([tensors[f"module.{name}_w"], tensors[f"module.{name}_v"]], 0)
+        assert torch.equal(src.load(name), want)
+        fc2 = f"decoder.layers.{l}.mlp.linear_fc2.weight"
+        assert torch.equal(src.load(fc2), tensors["module." + fc2])
+
+
+def test_members_read_in_place_from_one_file(tmp_path: Any) -> None:
+    """A tar-like accessor: members are regions of one file, aligned or not."""
+    sink = RecordingSink()
+    tensors = gpt_tensors(4)
+    write_gpt(sink, tensors, folder="")
+    for pad in (512, 3):  # 512: tar-like alignment (mapped); 3: misaligned (rows read)
+        blob, regions = bytearray(), {}
+        path = str(tmp_path / f"archive{pad}")
+        for name, data in sink.members.items():
+            blob += b"\0" * pad
+            regions[name] = (len(blob), len(data))
+            blob += data
+        with open(path, "wb") as f:
+            f.write(blob)
+
+        def open_region(name: str, path: str = path, regions: dict = regions) -> ByteRegion:
+            off, n = regions[name]
+            return ByteRegion(path, off, n)
+
+        src = DistCheckpointSource(open_region, strip_prefix="model.")
+        for l in range(L):
+            want = tensors[P + "mlp.linear_fc2.weight"][l]
+            assert torch.equal(src.load(f"decoder.layers.{l}.mlp.linear_fc2.weight"), want)
+        assert torch.equal(src.load("embedding.word_embeddings.weight"), tensors["model.embedding.word_embeddings.weight"])
+        src.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_random_chunkings_round_trip(tmp_path_factory: Any, data: Any) -> None:
+    shape = tuple(data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=3)))
+    t = torch.arange(torch.tensor(shape).prod().item(), dtype=torch.float32).reshape(shape)
+    cuts = [sorted(set(data.draw(st.lists(st.integers(1, s - 1), max_size=2)) if s > 1 else [])) for s in shape]
+    edges = [[0] + c + [s] for c, s in zip(cuts, shape)]
+    boxes = [()]
+    for e in edges:
+        boxes = [b + ((a, z),) for b in boxes for a, z in zip(e, e[1:])]
+    root = str(tmp_path_factory.mktemp("rand"))
+    w = DistCheckpointWriter(DirectorySink(root), "")
+    w.declare("layers.x", shape, torch.float32)
+    for box in data.draw(st.permutations(boxes)):
+        w.write_chunk("layers.x", tuple(a for a, _ in box), t[tuple(slice(a, z) for a, z in box)])
+    w.close()
+    src = DistCheckpointSource.from_dir(root)
+    for i in range(shape[0]):
+        assert torch.equal(src.load(f"layers.{i}.x"), t[i])
+    assert tiling_problems(shape, [(tuple(a for a, _ in b), tuple(z - a for a, z in b)) for b in boxes[1:]])[0] \
+        or len(boxes) == 1
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def test_missing_metadata_json(tmp_path: Any) -> None:
+    dcp.save({"a": torch.zeros(2)}, checkpoint_id=str(tmp_path), no_dist=True)
+    with pytest.raises(InputError, match=r"is not a distributed checkpoint \(no metadata.json\)"):
+        DistCheckpointSource.from_dir(tmp_path)
+
+
+def test_zarr_is_refused(tmp_path: Any) -> None:
+    (tmp_path / "metadata.json").write_text(json.dumps({"sharded_backend": "zarr", "sharded_backend_version": 1}))
+    with pytest.raises(InputError, match="zarr backend, which is not supported"):
+        DistCheckpointSource.from_dir(tmp_path)
+
+
+class _Boom:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("touch pwned",))
+
+
+def test_malicious_metadata_pickle(tmp_path: Any, monkeypatch: Any) -> None:
+    write_gpt(DirectorySink(str(tmp_path)), gpt_tensors())
+    ckpt = tmp_path / "model_weights"
+    (ckpt / ".metadata").write_bytes(pickle.dumps({"x": _Boom()}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnsafePickleError, match="posix.system|os.system"):
+        DistCheckpointSource.from_dir(ckpt)
+    assert not (tmp_path / "pwned").exists()
+    (ckpt / ".metadata").write_bytes(pickle.dumps([1, 2]))
+    with pytest.raises(InputError, match="not a torch distributed-checkpoint Metadata"):
+        DistCheckpointSource.from_dir(ckpt)
+
+
+def test_truncated_data_file(tmp_path: Any) -> None:
+    write_gpt(DirectorySink(str(tmp_path)), gpt_tensors())
+    data = tmp_path / "model_weights" / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    src = DistCheckpointSource.from_dir(tmp_path / "model_weights", strip_prefix="model.")
+    with pytest.raises(InputError, match="truncated"):
+        for k in src.keys():
+            src.load(k)
+
+
+def test_corrupted_chunk_is_an_input_error(tmp_path: Any) -> None:
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path)), "")
+    w.declare("a", (4,), torch.float32)
+    w.write_chunk("a", (0,), torch.ones(4))
+    w.close()
+    data = tmp_path / "__0_0.distcp"
+    data.write_bytes(b"\x00" * data.stat().st_size)
+    with pytest.raises(InputError, match="cannot read a chunk of a"):
+        DistCheckpointSource.from_dir(tmp_path).load("a")
