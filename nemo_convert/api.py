@@ -27,7 +27,8 @@ from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, add_artifac
 from nemo_convert.formats.nemo_weights import LAYOUTS, make_weights_writer
 from nemo_convert.formats.sink import DirectorySink, MemberSink
 from nemo_convert.formats.staging import staged_output
-from nemo_convert.formats.tar_archive import TarWriter
+from nemo_convert.formats.tar_writer import TarWriter
+from nemo_convert.hf_config import dtype_name_of_precision, read_config_json, set_dtype_name
 from nemo_convert.mapping.planner import Plan, plan_conversion
 from nemo_convert.plugins.manager import Registry, get_registry
 from nemo_convert.plugins.records import ModelFamily
@@ -101,8 +102,6 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     if not is_hf_folder(src):
         raise InputError(f"{src}: not a Hugging Face model folder (no config.json)")
     want = parse_dtype(dtype)
-    from nemo_convert.hf_config import read_config_json
-
     hf_cfg = read_config_json(src)
     fam = reg.family(family) if family else reg.family_for_hf_config(hf_cfg)
     layout = layout or fam.default_layout
@@ -154,9 +153,11 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
         hf_cfg = fam.config_to_hf(copy.deepcopy(cfg))
         plan = plan_conversion(fam.mapping(cfg), cfg, ckpt.source, "to_hf")
         warnings = apply_dtype(plan, want)
+        if want is None and ("dtype" in hf_cfg or "torch_dtype" in hf_cfg) and "precision" in cfg:
+            set_dtype_name(hf_cfg, dtype_name_of_precision(cfg["precision"]))
         if want is not None:
-            hf_cfg["torch_dtype"] = {torch.bfloat16: "bfloat16", torch.float16: "float16",
-                                     torch.float32: "float32"}[want]
+            set_dtype_name(hf_cfg, {torch.bfloat16: "bfloat16", torch.float16: "float16",
+                                    torch.float32: "float32"}[want])
         with staged_output(out, overwrite=overwrite, is_dir=True) as stage:
             os.makedirs(stage, exist_ok=True)
             write_json(os.path.join(stage, "config.json"), hf_cfg)

@@ -74,3 +74,11 @@ def precision_of(cfg: dict[str, Any]) -> Any:
 
 def dtype_name_of_precision(precision: Any) -> str:
     return DTYPE_OF_PRECISION.get(str(precision), "float32")
+
+
+def set_dtype_name(cfg: dict[str, Any], name: str) -> None:
+    """Record the dtype under whichever spelling the config uses (``dtype`` in v5)."""
+    if "dtype" in cfg and "torch_dtype" not in cfg:
+        cfg["dtype"] = name
+    else:
+        cfg["torch_dtype"] = name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import pickle
@@ -420,7 +421,7 @@ def test_random_chunkings_round_trip(tmp_path_factory: Any, data: Any) -> None:
     edges = [[0] + c + [s] for c, s in zip(cuts, shape)]
     boxes = [()]
     for e in edges:
-        boxes = [b + ((a, z),) for b in boxes for a, z in zip(e, e[1:])]
+        boxes = [b + ((a, z),) for b in boxes for a, z in itertools.pairwise(e)]
     root = str(tmp_path_factory.mktemp("rand"))
     w = DistCheckpointWriter(DirectorySink(root), "")
     w.declare("layers.x", shape, torch.float32)
@@ -473,7 +474,8 @@ def test_truncated_data_file(tmp_path: Any) -> None:
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     src = DistCheckpointSource.from_dir(tmp_path / "model_weights", strip_prefix="model.")
     with pytest.raises(InputError, match="truncated"):
-        for k in src.keys():
+        names = src.keys()
+        for k in names:
             src.load(k)
 
 

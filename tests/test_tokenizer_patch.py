@@ -52,11 +52,8 @@ LEXICON = _lexicon()
 
 def _sentences(n: int = 400, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        words = [rng.choice(LEXICON) for _ in range(rng.randint(4, 12))]
-        out.append(" ".join(words).capitalize() + rng.choice([".", ".", "?", "!"]))
-    return out
+    return [" ".join(rng.choice(LEXICON) for _ in range(rng.randint(4, 12))).capitalize()
+            + rng.choice(".?!") for _ in range(n)]
 
 
 PROBES = _sentences(25, seed=99) + ["the garden", "Morning, river!", "a"]
@@ -82,7 +79,7 @@ def sp_model(request: pytest.FixtureRequest) -> bytes:
 
 
 def _proto(model: bytes) -> Any:
-    return sp_pb2.ModelProto.FromString(model)
+    return sp_pb2.ModelProto.FromString(model)  # type: ignore[attr-defined]
 
 
 def _sp(model: bytes) -> spm.SentencePieceProcessor:
@@ -128,8 +125,7 @@ def test_sp_control_tokens(sp_model: bytes) -> None:
     sp, before = _sp(out), _sp(sp_model)
     for i, tok in enumerate(NEVA_TOKENS):
         tid = n + i
-        assert sp.piece_to_id(tok) == tid and sp.id_to_piece(tid) == tok
-        assert sp.is_control(tid)
+        assert sp.piece_to_id(tok) == tid and sp.id_to_piece(tid) == tok and sp.is_control(tid)
         assert _proto(out).pieces[tid].type == 3  # CONTROL = 3
         # Control pieces are never matched in raw text: encoding is exactly as before.
         text = f"the garden {tok} river"
@@ -182,9 +178,11 @@ def test_sp_skip_existing_and_repatch(sp_model: bytes) -> None:
 
 def _train_hf(kind: str) -> Any:
     """A tiny ``tokenizers.Tokenizer`` of the given kind trained on the generated text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    pre, dec = pre_tokenizers.Whitespace(), None
+    pre: Any = pre_tokenizers.Whitespace()
+    dec: Any = None
+    trainer: Any
     if kind == "bytelevel-bpe":
         tok = Tokenizer(models.BPE())
         pre, dec = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
@@ -301,10 +299,10 @@ def test_hf_plain_tokens_and_v4_config(hf_src: Path, tmp_path: Path) -> None:
     cfg = _json(dst / "tokenizer_config.json")
     assert cfg["additional_special_tokens"] == ["<pad>", "<image>", "<extra_id_0>"]
     assert "extra_special_tokens" not in cfg
-    assert cfg["added_tokens_decoder"][str(n)]["content"] == "<image>"
-    assert cfg["added_tokens_decoder"][str(n + 1)]["special"] is True
-    smap = _json(dst / "special_tokens_map.json")
-    assert smap["additional_special_tokens"] == ["<pad>", "<image>", "<extra_id_0>"]
+    assert [cfg["added_tokens_decoder"][str(n + i)]["content"] for i in (0, 1)] == [
+        "<image>", "<extra_id_0>"]
+    assert _json(dst / "special_tokens_map.json")["additional_special_tokens"] == [
+        "<pad>", "<image>", "<extra_id_0>"]
     new = _auto(dst)
     assert [new.convert_tokens_to_ids(t) for t in ("<image>", "<extra_id_0>")] == [n, n + 1]
     assert {"<pad>", "<image>", "<extra_id_0>"} <= set(new.all_special_tokens)
@@ -315,8 +313,9 @@ def test_hf_plain_tokens_and_v4_config(hf_src: Path, tmp_path: Path) -> None:
     entries = _json(plain / "tokenizer.json")["added_tokens"]
     assert entries[-1]["special"] is False and entries[-1]["normalized"] is True
     cfg = _json(plain / "tokenizer_config.json")
-    assert cfg["additional_special_tokens"] == ["<pad>"]
-    assert cfg["added_tokens_decoder"][str(n)]["special"] is False
+    assert cfg["additional_special_tokens"] == ["<pad>"]  # plain tokens are not listed there
+    assert cfg["added_tokens_decoder"][str(n)] == {
+        **flags, "content": "<foo>", "normalized": True, "special": False}
     new = _auto(plain)
     assert new.encode("the<foo>garden", add_special_tokens=False).count(n) == 1
     assert "<foo>" not in new.all_special_tokens
@@ -355,8 +354,7 @@ def test_hf_vocab_with_hole_is_extended(tmp_path: Path) -> None:
 
 
 def test_hf_errors(hf_src: Path, tmp_path: Path) -> None:
-    sp_only = tmp_path / "sp_only"
-    sp_only.mkdir()
+    (sp_only := tmp_path / "sp_only").mkdir()
     sp_bytes = _train_sp("unigram", 150)
     (sp_only / "tokenizer.model").write_bytes(sp_bytes)
     with pytest.raises(InputError, match=r"\.model"):
@@ -369,16 +367,14 @@ def test_hf_errors(hf_src: Path, tmp_path: Path) -> None:
         add_tokens_hf(str(hf_src), str(tmp_path / "o4"), ["<image>", "<image>"])
     with pytest.raises(InputError, match="empty"):
         add_tokens_hf(str(hf_src), str(tmp_path / "o5"), [""])
-    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 6))
-    busy = tmp_path / "busy"
-    busy.mkdir()
+    (busy := tmp_path / "busy").mkdir()
     (busy / "x").write_text("x")
     with pytest.raises(OutputExistsError):
         add_tokens_hf(str(hf_src), str(busy), ["<image>"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="tokenizer.json"):
         add_tokens_hf(str(tmp_path / "empty"), str(tmp_path / "o6"), ["<image>"])
-    assert not (tmp_path / "o6").exists()
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 7))  # nothing half-written
     report = add_tokens_hf(str(hf_src), str(tmp_path / "ok"), ["<pad>", "<image>"],
                            skip_existing=True)
     assert report.skipped == ["<pad>"] and [t for t, _ in report.added] == ["<image>"]
@@ -392,8 +388,6 @@ def test_hf_errors(hf_src: Path, tmp_path: Path) -> None:
     report = add_tokens_hf(str(both), str(tmp_path / "both_out"), ["<image>"])
     assert len(report.notes) == 1 and "tokenizer.model" in report.notes[0]
     assert (tmp_path / "both_out" / "tokenizer.model").read_bytes() == sp_bytes
-
-    # detect_tokenizer_kind
     assert detect_tokenizer_kind(hf_src) == "hf"
     assert detect_tokenizer_kind(str(sp_only / "tokenizer.model")) == "sentencepiece"
     with pytest.raises(InputError, match=r"\.model"):

@@ -21,7 +21,7 @@ import json
 import pickle
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
 
@@ -39,6 +39,9 @@ from nemo_convert.formats.distckpt import (
     merge_records,
 )
 from nemo_convert.formats.sink import MemberSink
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _EXTRA_STATE_VALUE: list[None] = [None]
 
@@ -241,7 +244,7 @@ class DistCheckpointWriter:
             with contextlib.suppress(BaseException):
                 ctx.__exit__(type(exc), exc, exc.__traceback__)
 
-    def __enter__(self) -> DistCheckpointWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

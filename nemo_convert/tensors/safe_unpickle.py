@@ -82,12 +82,6 @@ class TypeToken(_Frozen):
     __slots__ = ("source",)
 
 
-class _Lazy(_Frozen):
-    """An allow-list entry resolved when a pickle first asks for it (``numpy.ndarray``)."""
-
-    __slots__ = ("source", "resolve")
-
-
 # --------------------------------------------------------------------- stand-ins
 class StandIn(metaclass=_FrozenMeta):
     """Replaces a foreign class (one subclass per global, named by ``source``); instances
@@ -136,15 +130,10 @@ class AttributeDictStandIn(dict, metaclass=_FrozenMeta):
         pass
 
 
-_standins: dict[str, type] = {}
-
-
 def _standin(base: type, source: str) -> type:
-    """The stand-in subclass of ``base`` for the foreign global ``source`` (cached)."""
-    if source not in _standins:
-        ns = {"source": source, "__module__": __name__}
-        _standins[source] = _FrozenMeta(source.rsplit(".", 1)[-1], (base,), ns)
-    return _standins[source]
+    """A new stand-in subclass of ``base`` for the foreign global ``source``."""
+    ns = {"source": source, "__module__": __name__}
+    return _FrozenMeta(source.rsplit(".", 1)[-1], (base,), ns)
 
 
 # -------------------------------------------------------------- checked builders
@@ -156,14 +145,10 @@ def _codecs_encode(text: Any, encoding: str = "utf-8") -> bytes:
 
 
 def _bytes_like(kind: type) -> Callable[..., Any]:
-    def build(*args: Any) -> Any:
-        if not args:
-            return kind()
-        if len(args) == 2 and all(isinstance(a, str) for a in args):
-            return kind(_codecs_encode(*args))
-        if len(args) == 1 and isinstance(args[0], (bytes, bytearray, list, tuple)):
-            return kind(args[0])
-        raise InputError(f"pickle builds {kind.__name__} from unexpected arguments")
+    def build(data: Any = b"", *encoding: str) -> Any:  # (), (bytes,) or (str, "latin1")
+        if not isinstance(data, (bytes, bytearray, list, tuple)) or encoding:
+            data = _codecs_encode(data, *encoding)
+        return kind(data)
 
     return build
 
@@ -198,16 +183,23 @@ def _numpy(multiarray: bool = False) -> Any:
 
 
 def _np_reconstruct(cls: Any, shape: Any, typecode: Any) -> Any:
-    np = _numpy()
-    if cls is not np.ndarray or not isinstance(shape, tuple) or not isinstance(typecode, bytes):
+    if cls is not _NDARRAY or not isinstance(shape, tuple) or not isinstance(typecode, bytes):
         raise InputError("pickle reconstructs a numpy array from unexpected arguments")
-    return _numpy(True)._reconstruct(np.ndarray, shape, typecode)
+    return _numpy(True)._reconstruct(_numpy().ndarray, shape, typecode)
 
 
 def _np_dtype(spec: Any, align: Any = False, copy: Any = False) -> Any:
     if not isinstance(spec, str):
         raise InputError("pickle builds a numpy dtype from a non-string")
     return _numpy().dtype(spec, bool(align), bool(copy))
+
+
+def _np_frombuffer(buf: Any, dtype: Any, shape: Any, order: Any = "C") -> Any:
+    """``numpy._core.numeric._frombuffer`` (protocol-5 arrays)."""
+    np = _numpy()
+    if not (isinstance(dtype, np.dtype) and isinstance(shape, tuple) and order in "CF"):
+        raise InputError("pickle builds a numpy array from unexpected arguments")
+    return np.frombuffer(memoryview(buf), dtype).reshape(shape, order=order)
 
 
 def _np_scalar(dtype: Any, data: Any = None) -> Any:
@@ -219,6 +211,7 @@ def _np_scalar(dtype: Any, data: Any = None) -> Any:
 
 
 # -------------------------------------------------------------------- allow-list
+_NDARRAY = TypeToken("numpy.ndarray")  # only _np_reconstruct accepts it
 _STORAGE_TYPES: dict[str, torch.dtype] = {
     "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
     "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
@@ -279,7 +272,9 @@ def _base_globals() -> dict[str, Any]:
     for core in ("numpy.core.multiarray", "numpy._core.multiarray"):
         g[f"{core}._reconstruct"] = Checked(f"{core}._reconstruct", _np_reconstruct)
         g[f"{core}.scalar"] = Checked(f"{core}.scalar", _np_scalar)
-    g["numpy.ndarray"] = _Lazy("numpy.ndarray", lambda: _numpy().ndarray)
+    for numeric in ("numpy.core.numeric._frombuffer", "numpy._core.numeric._frombuffer"):
+        g[numeric] = Checked(numeric, _np_frombuffer)
+    g["numpy.ndarray"] = _NDARRAY
     g["numpy.dtype"] = Checked("numpy.dtype", _np_dtype)
     return g
 
@@ -309,8 +304,7 @@ class SafeUnpickler(pickle.Unpickler):
             (module, name), (_compat_pickle.IMPORT_MAPPING.get(module, module), name))
         full = f"{mod3}.{name3}"
         if full in self._globals:
-            value = self._globals[full]
-            return value.resolve() if isinstance(value, _Lazy) else value
+            return self._globals[full]
         if self._trust:
             return super().find_class(module, name)
         raise UnsafePickleError(

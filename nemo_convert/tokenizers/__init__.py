@@ -61,6 +61,8 @@ def detect_tokenizer_kind(path: str | os.PathLike[str]) -> TokenizerKind:
             )
         raise InputError(f"{p} has no tokenizer.json; not an HF tokenizer folder")
     if os.path.isfile(p):
+        if os.path.basename(p) == "tokenizer.json":
+            raise InputError(f"{p}: pass the folder that holds tokenizer.json, not the file")
         if os.path.getsize(p) > _MAX_SP_MODEL_BYTES:
             raise InputError(f"{p} is too large to be a SentencePiece model")
         try:

@@ -1,0 +1,129 @@
+"""A streaming writer of the ``torch.save`` zip format.
+
+``torch.save`` needs the whole state dict in memory; this writer takes tensors one at a
+time and writes each storage as its own zip record straight to the output stream (a file,
+or a member of a ``.nemo`` tar being written), then the pickled index (``data.pkl``)
+and the zip directory at :meth:`TorchSaveWriter.close`. The result loads with
+``torch.load(..., weights_only=True)`` (and with ``mmap=True``): records are STORED,
+CRC-checked and 64-byte aligned like torch's own.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import zlib
+from collections import OrderedDict
+from typing import Any, BinaryIO
+
+import torch
+
+from nemo_convert.formats.safetensors_writer import tensor_bytes
+
+ALIGN = 64
+_ARCHIVE = "archive"
+_STORAGE_TYPES = {
+    torch.float64: "DoubleStorage", torch.float32: "FloatStorage", torch.float16: "HalfStorage",
+    torch.bfloat16: "BFloat16Storage", torch.int64: "LongStorage", torch.int32: "IntStorage",
+    torch.int16: "ShortStorage", torch.int8: "CharStorage", torch.uint8: "ByteStorage", torch.bool: "BoolStorage",
+    torch.float8_e4m3fn: "Float8_e4m3fnStorage", torch.float8_e5m2: "Float8_e5m2Storage",
+}
+
+
+class _StorageRef:
+    def __init__(self, key: str, dtype: torch.dtype, numel: int) -> None:
+        self.key, self.dtype, self.numel = key, dtype, numel
+
+
+class _TensorRef:
+    """Pickles as torch's ``_rebuild_tensor_v2(storage, 0, size, stride, False, {})``."""
+
+    def __init__(self, storage: _StorageRef, shape: tuple[int, ...]) -> None:
+        self.storage, self.shape = storage, shape
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        stride, acc = [], 1
+        for s in reversed(self.shape):
+            stride.append(acc)
+            acc *= s
+        return (torch._utils._rebuild_tensor_v2,
+                (self.storage, 0, torch.Size(self.shape), tuple(reversed(stride)), False, OrderedDict()))
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, _StorageRef):
+            storage_type = getattr(torch, _STORAGE_TYPES[obj.dtype])
+            return ("storage", storage_type, obj.key, "cpu", obj.numel)
+        return None
+
+
+class TorchSaveWriter:
+    """Writes a ``torch.save``-compatible zip of a flat ``{name: tensor}`` dict, streamed."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._out = stream
+        self._pos = 0
+        self._central: list[bytes] = []
+        self._entries: "OrderedDict[str, _TensorRef]" = OrderedDict()
+        self._closed = False
+
+    def _write(self, data: Any) -> None:
+        n = memoryview(data).nbytes
+        self._out.write(data)
+        self._pos += n
+
+    def _record(self, name: str, data: Any) -> None:
+        mv = memoryview(data).cast("B")
+        full = f"{_ARCHIVE}/{name}".encode()
+        crc = zlib.crc32(mv) & 0xFFFFFFFF
+        size = mv.nbytes
+        offset = self._pos
+        zip64 = size >= 0xFFFFFFFF or offset >= 0xFFFFFFFF
+        base = 30 + len(full)
+        z64_local = struct.pack("<HHQQ", 0x0001, 16, size, size) if zip64 else b""
+        pad = -(base + len(z64_local) + 4) % ALIGN
+        extra = z64_local + struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # torch's "FB" padding field
+        s32 = 0xFFFFFFFF if zip64 else size
+        version = 45 if zip64 else 20
+        self._write(struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, crc, s32, s32,
+                                len(full), len(extra)) + full + extra)
+        self._write(mv)
+        c_extra = struct.pack("<HHQQQ", 0x0001, 24, size, size, offset) if zip64 else b""
+        o32 = 0xFFFFFFFF if zip64 else offset
+        self._central.append(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, version, version, 0, 0, 0, 0, crc,
+                                         s32, s32, len(full), len(c_extra), 0, 0, 0, 0, o32) + full + c_extra)
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Append one tensor (written immediately; nothing is kept but its name and shape)."""
+        if name in self._entries:
+            raise ValueError(f"duplicate tensor name {name!r}")
+        key = str(len(self._entries))
+        ref = _StorageRef(key, tensor.dtype, tensor.numel())
+        self._record(f"data/{key}", tensor_bytes(tensor))
+        self._entries[name] = _TensorRef(ref, tuple(tensor.shape))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        buf = io.BytesIO()
+        _Pickler(buf, protocol=2).dump(self._entries)
+        self._record("data.pkl", buf.getvalue())
+        self._record("byteorder", b"little")
+        self._record("version", b"3\n")
+        self._record(".data/version", b"3\n")
+        cd_offset = self._pos
+        for entry in self._central:
+            self._write(entry)
+        cd_size = self._pos - cd_offset
+        n = len(self._central)
+        if n >= 0xFFFF or cd_offset >= 0xFFFFFFFF or cd_size >= 0xFFFFFFFF:
+            z64_end = self._pos
+            self._write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, n, n, cd_size, cd_offset))
+            self._write(struct.pack("<IIQI", 0x07064B50, 0, z64_end, 1))
+            self._write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0))
+        else:
+            self._write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, n, n, cd_size, cd_offset, 0))
+        self._out.flush()

@@ -1,0 +1,385 @@
+"""Read ``torch.save`` zip archives in place: lazily, safely, without extracting.
+
+A ``torch.save`` file (torch ≥ 1.6) is a zip archive whose members are STORED
+(uncompressed): ``<name>/data.pkl`` pickles the object tree and refers to each tensor's
+storage by key through persistent ids; the bytes of storage ``k`` are member
+``<name>/data/k``. This module reads the zip directory from a :class:`ByteRegion` (a
+whole file, or a member of an uncompressed tar such as a ``.nemo``), unpickles
+``data.pkl`` with the restricted unpickler and turns every tensor into a
+:class:`LazyTensor`: shape, dtype, stride and storage offset, read only on
+:meth:`LazyTensor.load`, which returns a view on a copy-on-write memory map of the file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import sys
+import threading
+import zipfile
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from nemo_convert.errors import InputError
+from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, dtype_size
+from nemo_convert.tensors.safe_unpickle import Checked, StorageType, TypeToken, safe_load, to_plain
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, 22 bytes, name length, extra length
+
+
+@dataclass(frozen=True, eq=False)
+class StorageRef:
+    """One storage of the archive: member ``<name>/data/<key>``, ``nbytes`` long."""
+
+    key: str
+    dtype: torch.dtype  # the storage's element type (uint8 for untyped storages)
+    nbytes: int
+    location: str  # the device it was saved from ("cpu", "cuda:0"); ignored on load
+    archive: "_Archive" = field(repr=False)
+
+
+@dataclass(frozen=True, eq=False)
+class LazyTensor:
+    """A tensor of a torch archive, described but not read.
+
+    ``storage_offset`` and ``stride`` count elements of ``dtype``, as in torch.
+    ``requires_grad`` and ``is_parameter`` are recorded but not applied by :meth:`load`.
+    """
+
+    storage: StorageRef
+    storage_offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool = False
+    is_parameter: bool = False
+    metadata: dict[str, Any] | None = None  # conj/neg bits, as torch records them
+
+    @property
+    def storage_key(self) -> str:
+        return self.storage.key
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def info(self, name: str = "") -> TensorInfo:
+        return TensorInfo(name=name, shape=self.shape, dtype=self.dtype)
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, step in reversed(list(zip(self.shape, self.stride))):
+            if size != 1 and step != expected:
+                return False
+            expected *= size
+        return True
+
+    def load(self) -> torch.Tensor:
+        """The tensor as a view on the file's memory map (no copy). Do not modify it.
+
+        A tensor saved with a conj/neg bit is the rare exception: it is materialized, so
+        that its bytes always mean what its values say."""
+        flat = self.storage.archive.storage_view(self.storage, self.dtype)
+        tensor = flat.as_strided(self.shape, self.stride, self.storage_offset)
+        if self.metadata:
+            torch._utils.set_tensor_metadata(tensor, self.metadata)
+            tensor = tensor.resolve_conj().resolve_neg()
+        return tensor
+
+
+# ------------------------------------------------------------------------ rebuilders
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise InputError(f"torch pickle has a malformed tensor {what}: {value!r}")
+    return tuple(value)
+
+
+def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: Any,
+            requires_grad: Any = False, metadata: Any = None) -> LazyTensor:
+    if not isinstance(storage, StorageRef) or not isinstance(dtype, torch.dtype):
+        raise InputError(f"torch pickle rebuilds a tensor from {storage!r}, not a storage")
+    shape, strides = _ints(size, "size"), _ints(stride, "stride")
+    (offset,) = _ints((offset,), "storage offset")
+    if len(shape) != len(strides) or not (metadata is None or isinstance(metadata, dict)):
+        raise InputError(f"torch pickle has a malformed tensor (size {shape}, stride {strides})")
+    lazy = LazyTensor(storage, offset, shape, strides, dtype, bool(requires_grad), False,
+                      dict(metadata) if metadata else None)
+    if lazy.numel:
+        last = offset + sum((s - 1) * st for s, st in zip(shape, strides))
+        if (last + 1) * dtype_size(dtype) > storage.nbytes:
+            raise InputError(
+                f"{storage.archive.where}: a tensor of shape {shape} reads past the end of "
+                f"storage {storage.key} ({storage.nbytes} bytes)")
+    return lazy
+
+
+def _rebuild_v1(storage: Any, offset: Any, size: Any, stride: Any) -> LazyTensor:
+    return _tensor(storage, offset, size, stride, getattr(storage, "dtype", None))
+
+
+def _rebuild_v2(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False,
+                backward_hooks: Any = None, metadata: Any = None) -> LazyTensor:
+    return _tensor(storage, offset, size, stride, getattr(storage, "dtype", None),
+                   requires_grad, metadata)
+
+
+def _rebuild_v3(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
+                backward_hooks: Any, dtype: Any, metadata: Any = None) -> LazyTensor:
+    return _tensor(storage, offset, size, stride, dtype, requires_grad, metadata)
+
+
+def _rebuild_parameter(data: Any, requires_grad: Any, backward_hooks: Any,
+                       state: Any = None) -> LazyTensor:
+    if not isinstance(data, LazyTensor):
+        raise InputError("torch pickle rebuilds a Parameter from a non-tensor")
+    return replace(data, requires_grad=bool(requires_grad), is_parameter=True)
+
+
+_PARAMETER_TYPES = ("torch.nn.Parameter", "torch.nn.parameter.Parameter")
+_TENSOR_TYPES = ("torch.Tensor", "torch._tensor.Tensor", *_PARAMETER_TYPES)
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> LazyTensor:
+    """A tensor (subclass) with Python attributes: the attributes are dropped."""
+    if not (isinstance(func, Checked) and func.source in _REBUILDERS and isinstance(args, tuple)):
+        raise InputError(f"torch pickle rebuilds a tensor through {func!r}")
+    if not (isinstance(new_type, TypeToken) and new_type.source in _TENSOR_TYPES):
+        raise InputError(f"torch pickle holds a tensor subclass {new_type!r}; not supported")
+    lazy = func(*args)
+    return replace(lazy, is_parameter=new_type.source in _PARAMETER_TYPES) if isinstance(
+        lazy, LazyTensor) else lazy
+
+
+def _unsupported(kind: str) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise InputError(f"the torch file holds a {kind} tensor; nemo-convert reads only "
+                         "dense CPU-loadable tensors")
+
+    return refuse
+
+
+_REBUILDERS = {
+    "torch._utils._rebuild_tensor": _rebuild_v1,
+    "torch._utils._rebuild_tensor_v2": _rebuild_v2,
+    "torch._utils._rebuild_tensor_v3": _rebuild_v3,
+    "torch._utils._rebuild_parameter": _rebuild_parameter,
+    "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
+}
+_TORCH_GLOBALS: dict[str, Any] = {name: Checked(name, fn) for name, fn in _REBUILDERS.items()}
+_TORCH_GLOBALS["torch._tensor._rebuild_from_type_v2"] = Checked(
+    "torch._tensor._rebuild_from_type_v2", _rebuild_from_type_v2)
+for _name, _kind in (("qtensor", "quantized"), ("sparse_tensor", "sparse"),
+                     ("nested_tensor", "nested"), ("wrapper_subclass", "wrapper-subclass"),
+                     ("meta_tensor_no_storage", "meta"),
+                     ("device_tensor_from_numpy", "device (numpy)"),
+                     ("device_tensor_from_cpu_tensor", "device")):
+    _TORCH_GLOBALS[f"torch._utils._rebuild_{_name}"] = Checked(
+        f"torch._utils._rebuild_{_name}", _unsupported(_kind))
+
+
+# -------------------------------------------------------------------------- archive
+class _Archive:
+    """The zip directory of one torch archive and, once needed, a map of its file."""
+
+    def __init__(self, region: ByteRegion) -> None:
+        self.region = region
+        self.where = region.path + (f" (member at byte {region.offset})" if region.offset else "")
+        self._lock = threading.Lock()
+        self._map: FileMap | None = None
+        self._storages: dict[str, StorageRef] = {}
+        self._data_offsets: dict[str, int] = {}
+        self._check_magic()
+        with region.open() as f:
+            try:
+                with zipfile.ZipFile(f) as zf:  # type: ignore[arg-type]
+                    self.members = {i.filename: i for i in zf.infolist()}
+                    self.prefix = self._find_prefix()
+                    self.data_pkl = zf.read(self.prefix + "data.pkl")
+                    order = self.members.get(self.prefix + "byteorder")
+                    byteorder = zf.read(order).decode("ascii", "replace") if order else None
+            except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError,
+                    EOFError, ValueError) as e:
+                raise InputError(f"{self.where}: corrupt torch zip archive: {e}") from e
+        if byteorder not in (None, sys.byteorder):
+            raise InputError(f"{self.where}: tensors are stored {byteorder}-endian; only "
+                             f"{sys.byteorder}-endian torch files are supported")
+
+    def _check_magic(self) -> None:
+        head = self.region.read(0, min(self.region.length, 512))
+        if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+            return
+        if head[:1] == b"\x80":
+            raise InputError(
+                f"{self.where}: this is the legacy (non-zip, torch < 1.6 or "
+                "_use_new_zipfile_serialization=False) torch.save format, which nemo-convert "
+                "does not support; re-save it with a current torch.save")
+        if head[257:262] == b"ustar":
+            raise InputError(f"{self.where}: this is a tar archive, not a torch.save zip file")
+        raise InputError(f"{self.where}: not a torch.save zip archive")
+
+    def _find_prefix(self) -> str:
+        candidates = [n for n in self.members
+                      if n == "data.pkl" or (n.endswith("/data.pkl") and n.count("/") == 1)]
+        if not candidates:
+            raise InputError(f"{self.where}: zip archive without data.pkl: not a torch.save "
+                             "file (TorchScript archives are not supported)")
+        first = min(candidates, key=lambda n: self.members[n].header_offset)
+        return first[: -len("data.pkl")]
+
+    def persistent_load(self, pid: Any) -> StorageRef:
+        """Answers ``("storage", storage_type, key, location, numel)`` ids."""
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise InputError(f"{self.where}: unknown persistent id in the torch pickle: {pid!r}")
+        _, stype, key, location, numel = pid
+        if not (isinstance(stype, StorageType) and isinstance(key, str)
+                and isinstance(numel, int) and numel >= 0):
+            raise InputError(f"{self.where}: malformed storage id in the torch pickle: {pid!r}")
+        ref = self._storages.get(key)
+        if ref is not None:
+            return ref
+        info = self.members.get(f"{self.prefix}data/{key}")
+        if info is None:
+            raise InputError(f"{self.where}: storage {key} is missing from the archive")
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+            raise InputError(f"{self.where}: storage {key} is compressed or encrypted; only "
+                             "uncompressed (STORED) torch archives can be read in place")
+        nbytes = numel * dtype_size(stype.dtype)
+        if info.file_size < nbytes:
+            raise InputError(f"{self.where}: storage {key} has {info.file_size} bytes, "
+                             f"needs {nbytes}")
+        ref = self._storages[key] = StorageRef(key, stype.dtype, nbytes, str(location), self)
+        return ref
+
+    def _data_offset(self, key: str) -> int:
+        """Offset of storage ``key``'s bytes in the region, from its local zip header."""
+        if key not in self._data_offsets:
+            info = self.members[f"{self.prefix}data/{key}"]
+            head = self.region.read(info.header_offset, _LOCAL_HEADER.size)
+            sig, name_len, extra_len = _LOCAL_HEADER.unpack(head)
+            if sig != b"PK\x03\x04":
+                raise InputError(f"{self.where}: bad zip header for storage {key}")
+            start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+            if start + info.file_size > self.region.length:
+                raise InputError(f"{self.where}: storage {key} runs past the end of the archive")
+            self._data_offsets[key] = start
+        return self._data_offsets[key]
+
+    def storage_view(self, ref: StorageRef, dtype: torch.dtype) -> torch.Tensor:
+        """The whole storage as a flat tensor of ``dtype`` on the file's memory map."""
+        with self._lock:
+            offset = self._data_offset(ref.key)
+            if self._map is None:
+                self._map = FileMap(self.region.path)
+            fmap = self._map
+        count = ref.nbytes // dtype_size(dtype)
+        return fmap.tensor(self.region.offset + offset, (count,), dtype)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._map is not None:
+                self._map.close()
+                self._map = None
+
+
+def _load(region: ByteRegion, trust_pickle: bool) -> tuple[Any, _Archive]:
+    archive = _Archive(region)
+    obj = safe_load(io.BytesIO(archive.data_pkl), trust=trust_pickle,
+                    extra_globals=_TORCH_GLOBALS, persistent_load=archive.persistent_load,
+                    where=archive.where)
+    return to_plain(obj), archive
+
+
+def read_torch_zip(region: ByteRegion, *, trust_pickle: bool = False) -> Any:
+    """The object tree of a ``torch.save`` archive: tensors are :class:`LazyTensor`,
+    configs (OmegaConf, AttributeDict, Namespace, OrderedDict) are plain dicts/lists.
+    The tensors keep the file's map alive; nothing else needs closing."""
+    return _load(region, trust_pickle)[0]
+
+
+# --------------------------------------------------------------------------- source
+class TorchZipSource:
+    """A :class:`~nemo_convert.tensors.base.TensorSource` over the tensors of a torch
+    archive. ``select`` names the top-level key to descend into; by default
+    ``state_dict`` when present (Lightning ``.ckpt``), else the whole top-level dict.
+    Nested dicts and lists are flattened with ``.`` joins; other values are skipped but
+    stay reachable in :attr:`tree` (the whole object tree).
+    """
+
+    def __init__(self, region: ByteRegion, *, trust_pickle: bool = False,
+                 select: str | None = None) -> None:
+        self.region = region
+        self.tree, self._archive = _load(region, trust_pickle)
+        where = self._archive.where
+        if select is not None:
+            if not isinstance(self.tree, dict) or select not in self.tree:
+                keys = sorted(map(str, self.tree)) if isinstance(self.tree, dict) else []
+                raise InputError(f"{where}: no top-level key {select!r} (keys: {keys})")
+            root = self.tree[select]
+        elif isinstance(self.tree, dict) and isinstance(self.tree.get("state_dict"), dict):
+            root = self.tree["state_dict"]
+        else:
+            root = self.tree
+        if not isinstance(root, (dict, list, tuple)):
+            raise InputError(f"{where}: holds a {type(root).__name__}, not a dict of tensors")
+        self._tensors: dict[str, LazyTensor] = {}
+        self._flatten(root, "", where)
+
+    def _flatten(self, node: Any, prefix: str, where: str) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for k, v in items:
+            name = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, LazyTensor):
+                if name in self._tensors:
+                    raise InputError(f"{where}: two tensors flatten to the name {name!r}")
+                self._tensors[name] = v
+            elif isinstance(v, (dict, list, tuple)):
+                self._flatten(v, name, where)
+
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def lazy(self, key: str) -> LazyTensor:
+        """The :class:`LazyTensor` record of ``key`` (storage, offset, stride)."""
+        return self._tensors[key]
+
+    def info(self, key: str) -> TensorInfo:
+        return self._tensors[key].info(key)
+
+    def load(self, key: str) -> torch.Tensor:
+        return self._tensors[key].load()
+
+    def group(self, key: str) -> str:
+        self._tensors[key]  # KeyError for unknown names
+        return self.region.path
+
+    def close(self) -> None:
+        self._archive.close()
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._tensors
+
+    def __enter__(self) -> "TorchZipSource":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_torch_file(path: str, **kw: Any) -> TorchZipSource:
+    """A :class:`TorchZipSource` over the whole file at ``path``."""
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    return TorchZipSource(ByteRegion(path, 0, os.path.getsize(path)), **kw)
+
+
+__all__ = ["LazyTensor", "StorageRef", "TorchZipSource", "open_torch_file", "read_torch_zip"]
