@@ -321,6 +321,20 @@ def test_reads_checkpoint_saved_by_torch(tmp_path: Any) -> None:
         assert src.extra_state_keys == [f"{P}mlp.linear_fc1._extra_state/shard_0_{L}"]
 
 
+def test_metadata_with_megatron_save_plans(tmp_path: Any) -> None:
+    """Megatron-Core 0.16 adds every rank's SavePlan to .metadata (``all_local_plans``)."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+
+    write_gpt(DirectorySink(str(tmp_path)), gpt_tensors())
+    path = tmp_path / "model_weights" / ".metadata"
+    md = pickle.loads(path.read_bytes())
+    md.all_local_plans = [SavePlan(items=[WriteItem(index=MetadataIndex("x"), type=WriteItemType.BYTE_IO)])]
+    path.write_bytes(pickle.dumps(md))
+    src = DistCheckpointSource.from_dir(tmp_path / "model_weights", strip_prefix="model.")
+    assert len(src.keys()) == 3 + 6 * L
+
+
 def test_chunks_split_along_a_second_axis(tmp_path: Any) -> None:
     qkv = torch.randn(L, QKV, H).bfloat16()
     proj = torch.randn(L, H, H)

@@ -136,7 +136,7 @@ def test_megatron_core_round_trip(tmp_path: Any) -> None:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0 and "MEGATRON-COMPAT OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 

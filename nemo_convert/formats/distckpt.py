@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import filesystem as _dcp_fs
 from torch.distributed.checkpoint import metadata as _dcp_md
+from torch.distributed.checkpoint import planner as _dcp_planner
 
 from nemo_convert.errors import InputError, NemoConvertError, UnsafePickleError
 
@@ -247,6 +248,7 @@ def _pure_windows(*parts: str) -> str:
 
 _MD = "torch.distributed.checkpoint.metadata"
 _OLD_MD = "torch.distributed._shard.sharded_tensor.metadata"
+_PLANNER = "torch.distributed.checkpoint.planner"
 _ALLOWED: dict[tuple[str, str], Any] = {
     **{(_MD, n): getattr(_dcp_md, n) for n in (
         "Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
@@ -257,6 +259,10 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     (_OLD_MD, "MEM_FORMAT_ENCODING"): _dcp_md._MEM_FORMAT_ENCODING,
     (_OLD_MD, "_MEM_FORMAT_ENCODING"): _dcp_md._MEM_FORMAT_ENCODING,
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _dcp_fs._StorageInfo,
+    ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"): _dcp_fs._StoragePrefix,
+    # Megatron-Core 0.16 also pickles every rank's save plan (``all_local_plans``).
+    **{(_PLANNER, n): getattr(_dcp_planner, n) for n in (
+        "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData") if hasattr(_dcp_planner, n)},
     ("torch", "Size"): torch.Size,
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
     ("collections", "OrderedDict"): collections.OrderedDict,
