@@ -10,11 +10,28 @@ import torch
 
 from nemo_convert.errors import ConfigError, ShapeError, UnsupportedError
 from nemo_convert.quant import (
-    ALGORITHMS, awq_search, builtin_calibration_texts, collect_activation_stats,
-    dequantize_fp8, dequantize_int4_awq, dequantize_int4_wo, dequantize_int8_wo,
-    dequantize_linear, fake_quantize_fp8, fp8_error_bound, fp8_kv_cache_scaling_factor,
-    merge_stats, pack_int4, quantize_fp8, quantize_int4_awq, quantize_int4_wo,
-    quantize_int8_wo, quantize_linear, tokenize_calibration, unpack_int4)
+    ALGORITHMS,
+    awq_search,
+    builtin_calibration_texts,
+    collect_activation_stats,
+    dequantize_fp8,
+    dequantize_int4_awq,
+    dequantize_int4_wo,
+    dequantize_int8_wo,
+    dequantize_linear,
+    fake_quantize_fp8,
+    fp8_error_bound,
+    fp8_kv_cache_scaling_factor,
+    merge_stats,
+    pack_int4,
+    quantize_fp8,
+    quantize_int4_awq,
+    quantize_int4_wo,
+    quantize_int8_wo,
+    quantize_linear,
+    tokenize_calibration,
+    unpack_int4,
+)
 from nemo_convert.quant import trtllm_names as tn
 
 FLOATS = [torch.bfloat16, torch.float16, torch.float32]
@@ -339,7 +356,7 @@ def _fake_quantize_llama(model: torch.nn.Module, algo: str, stats: dict,
         for weight, mods, st in groups:
             t = quantize_linear(algo, weight, st, group_size=group_size)
             deq = dequantize_linear(algo, t).to(weight.dtype)
-            for mod, part in zip(mods, deq.split([m.out_features for m in mods])):
+            for mod, part in zip(mods, deq.split([m.out_features for m in mods]), strict=True):
                 mod.weight.data.copy_(part)
                 if act_fp8:
                     scale = t["activation_scaling_factor"]

@@ -9,7 +9,6 @@ weights in the ``dist`` layout (``model_weights/``) or the ``legacy`` one
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,10 +134,8 @@ def artifact_name(data: bytes, basename: str) -> str:
     return f"{hashlib.md5(data).hexdigest()}_{basename}"
 
 
-def add_artifact(sink: MemberSink, path: str, basename: str | None = None) -> str:
-    """Copy a file into the archive root; returns its ``nemo:`` reference."""
-    with open(path, "rb") as f:
-        data = f.read()
-    name = artifact_name(data, basename or os.path.basename(path))
+def add_artifact_bytes(sink: MemberSink, data: bytes, basename: str) -> str:
+    """Store ``data`` in the archive root as an artifact; returns its ``nemo:`` reference."""
+    name = artifact_name(data, basename)
     sink.add_bytes(name, data)
     return "nemo:" + name

@@ -1,6 +1,6 @@
 """Key mappings as data (rules with inverses) and the planner that checks them."""
 
-from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Parallel, Rename, Tied,
+from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Parallel, Rename, Reshape, Tied,
                                         cfg_get)
 
-__all__ = ["Custom", "FuseGated", "FuseQKV", "Mapping", "Parallel", "Rename", "Tied", "cfg_get"]
+__all__ = ["Custom", "FuseGated", "FuseQKV", "Mapping", "Parallel", "Rename", "Reshape", "Tied", "cfg_get"]

@@ -16,7 +16,7 @@ import torch
 
 from nemo_convert.errors import MappingError, ShapeError
 from nemo_convert.mapping import ops
-from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Parallel, Rename, Rule,
+from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Parallel, Rename, Reshape, Rule,
                                         Tied, cfg_get, condition_holds)
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 
@@ -75,6 +75,12 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: i
             src, dst = (h, n) if to_nemo else (n, h)
             tasks.append(Task((src,), (dst,), lambda ts: (ts[0],),
                               (rule.parallel if to_nemo else Parallel.REPLICATED,), label="rename"))
+    elif isinstance(rule, Reshape):
+        shape = rule.resolve(cfg, "nemo" if to_nemo else "hf")
+        for (_, h), (_, n) in zip(_expand(rule.hf, layers), _expand(rule.nemo, layers)):
+            src, dst = (h, n) if to_nemo else (n, h)
+            tasks.append(Task((src,), (dst,), lambda ts, s=shape: (ts[0].reshape(s),),
+                              (rule.parallel if to_nemo else Parallel.REPLICATED,), label="reshape"))
     elif isinstance(rule, FuseQKV):
         geo = rule.geometry(cfg)
         qs, ks, vs, ns = (_expand(x, layers) for x in (rule.q, rule.k, rule.v, rule.nemo))

@@ -131,6 +131,30 @@ class FuseGated:
                        ffn=_pre_cfg(cfg, self.ffn), when=_pre_cfg(cfg, self.when))
 
 
+@dataclass(frozen=True)
+class Reshape:
+    """One HF tensor is one NeMo tensor of another shape with the same elements (e.g. a
+    class token ``[H]`` ⇄ ``[1, 1, H]``). ``nemo_shape`` entries are ints or config paths;
+    the HF shape is restored from the source on export via ``hf_shape``."""
+
+    hf: str
+    nemo: str
+    nemo_shape: tuple[Union[int, str], ...]
+    hf_shape: tuple[Union[int, str], ...]
+    parallel: Parallel = Parallel.REPLICATED
+    when: str | None = None
+
+    def prefixed(self, hf: str, nemo: str, cfg: str) -> "Reshape":
+        def fix(shape: tuple[Union[int, str], ...]) -> tuple[Union[int, str], ...]:
+            return tuple(_pre_cfg(cfg, s) if isinstance(s, str) else s for s in shape)  # type: ignore[misc]
+        return replace(self, hf=_pre(hf, self.hf), nemo=_pre(nemo, self.nemo), nemo_shape=fix(self.nemo_shape),
+                       hf_shape=fix(self.hf_shape), when=_pre_cfg(cfg, self.when))
+
+    def resolve(self, cfg: dict[str, Any], which: str) -> tuple[int, ...]:
+        shape = self.nemo_shape if which == "nemo" else self.hf_shape
+        return tuple(int(cfg_get(cfg, s)) if isinstance(s, str) else int(s) for s in shape)
+
+
 TensorFn = Callable[[Sequence[torch.Tensor], dict[str, Any]], Sequence[torch.Tensor]]
 
 
@@ -179,7 +203,7 @@ class Tied:
                        when=_pre_cfg(cfg, self.when))
 
 
-Rule = Union[Rename, FuseQKV, FuseGated, Custom, Tied]
+Rule = Union[Rename, Reshape, FuseQKV, FuseGated, Custom, Tied]
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,10 @@ class ModelFamily:
     :param tokenizer_files: HF tokenizer file names that travel with the model.
     :param hf_model_class: the ``transformers`` class name used by ``verify`` and tests.
     :param trtllm: optional TensorRT-LLM description for ``quantize`` (family specific).
+    :param add_tokens: tokens added to the SentencePiece tokenizer on import (NeVA adds
+        ``<extra_id_0>`` …); the vocabulary change is reported, embeddings are not resized.
+    :param import_options: names of family-specific keyword options that
+        ``config_to_nemo`` accepts (e.g. ``("embed_vision_tower",)``).
     """
 
     name: str
@@ -50,6 +54,8 @@ class ModelFamily:
     hf_model_class: str = "AutoModelForCausalLM"
     description: str = ""
     trtllm: Any = None
+    add_tokens: tuple[str, ...] = ()
+    import_options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,34 @@ See docs/quantization.md.
 from __future__ import annotations
 
 from nemo_convert.quant.algorithms import (
-    ALGORITHMS, DEFAULT_GROUP_SIZE, dequantize_linear, dequantizer, quantize_linear)
+    ALGORITHMS,
+    DEFAULT_GROUP_SIZE,
+    dequantize_linear,
+    dequantizer,
+    quantize_linear,
+)
 from nemo_convert.quant.awq import (
-    AwqSearchResult, awq_search, dequantize_int4_awq, quantize_int4_awq)
+    AwqSearchResult,
+    awq_search,
+    dequantize_int4_awq,
+    quantize_int4_awq,
+)
 from nemo_convert.quant.calibrate import (
-    Stats, builtin_calibration_texts, collect_activation_stats, merge_stats,
-    tokenize_calibration)
+    Stats,
+    builtin_calibration_texts,
+    collect_activation_stats,
+    merge_stats,
+    tokenize_calibration,
+)
 from nemo_convert.quant.fp8 import (
-    FP8_E4M3_MAX, dequantize_fp8, fake_quantize_fp8, fp8_error_bound,
-    fp8_kv_cache_scaling_factor, quantize_fp8)
-from nemo_convert.quant.int4 import (
-    dequantize_int4_wo, pack_int4, quantize_int4_wo, unpack_int4)
+    FP8_E4M3_MAX,
+    dequantize_fp8,
+    fake_quantize_fp8,
+    fp8_error_bound,
+    fp8_kv_cache_scaling_factor,
+    quantize_fp8,
+)
+from nemo_convert.quant.int4 import dequantize_int4_wo, pack_int4, quantize_int4_wo, unpack_int4
 from nemo_convert.quant.int8 import dequantize_int8_wo, quantize_int8_wo
 
 __all__ = [

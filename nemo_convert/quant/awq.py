@@ -27,11 +27,14 @@ from dataclasses import dataclass, field
 import torch
 
 from nemo_convert.errors import ConfigError, ShapeError
-from nemo_convert.quant.algorithms import (
-    DEFAULT_GROUP_SIZE, check_linear_weight, resolve_dtype)
+from nemo_convert.quant.algorithms import DEFAULT_GROUP_SIZE, check_linear_weight, resolve_dtype
 from nemo_convert.quant.int4 import (
-    check_int4_shape, dequantize_groupwise, dequantize_int4_wo, pack_int4,
-    quantize_groupwise)
+    check_int4_shape,
+    dequantize_groupwise,
+    dequantize_int4_wo,
+    pack_int4,
+    quantize_groupwise,
+)
 
 #: Lower bound on activation magnitudes before raising them to α (avoids 0^α).
 ACT_FLOOR = 1e-4

@@ -16,9 +16,10 @@ float32 on the model's device, so the same code runs on CPU and CUDA.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 

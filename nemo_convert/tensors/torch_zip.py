@@ -86,7 +86,7 @@ class LazyTensor:
         A tensor saved with a conj/neg bit is the rare exception: it is materialized, so
         that its bytes always mean what its values say."""
         flat = self.storage.archive.storage_view(self.storage, self.dtype)
-        tensor = flat.as_strided(self.shape, self.stride, self.storage_offset)
+        tensor = flat.as_strided(self.shape, self.stride, flat.storage_offset() + self.storage_offset)
         if self.metadata:
             torch._utils.set_tensor_metadata(tensor, self.metadata)
             tensor = tensor.resolve_conj().resolve_neg()
@@ -243,6 +243,8 @@ class _Archive:
             raise InputError(f"{self.where}: malformed storage id in the torch pickle: {pid!r}")
         ref = self._storages.get(key)
         if ref is not None:
+            if ref.dtype != stype.dtype:
+                raise InputError(f"{self.where}: storage {key} is used with two element types")
             return ref
         info = self.members.get(f"{self.prefix}data/{key}")
         if info is None:

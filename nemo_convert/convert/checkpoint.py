@@ -1,0 +1,73 @@
+"""Open any checkpoint we read, lazily, and describe it (``inspect``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_convert.errors import InputError, NemoConvertError
+from nemo_convert.formats.hf import is_hf_folder, open_hf
+from nemo_convert.formats.nemo import open_nemo
+from nemo_convert.plugins.manager import get_registry
+from nemo_convert.tensors.base import TensorSource
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint opened lazily: its format, config and tensors (logical NeMo names for
+    ``.nemo``, HF names for HF folders)."""
+
+    path: str
+    format: str  # "hf" or "nemo"
+    config: dict[str, Any]
+    source: TensorSource
+    layout: str | None
+    handle: Any = None  # the format object that owns the files
+
+    def close(self) -> None:
+        (self.handle or self.source).close()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_checkpoint(path: str, *, trust_pickle: bool = False) -> Checkpoint:
+    """Open an HF folder or a ``.nemo`` (tar, gzip, unpacked folder) lazily."""
+    if is_hf_folder(path):
+        hf = open_hf(path, trust_pickle=trust_pickle)
+        return Checkpoint(path, "hf", hf.config, hf.source, None, hf)
+    if os.path.exists(path):
+        nemo = open_nemo(path, trust_pickle=trust_pickle)
+        return Checkpoint(path, "nemo", nemo.config, nemo.source, nemo.layout, nemo)
+    raise InputError(f"{path}: no such file or folder")
+
+
+CONFIG_SUMMARY_KEYS = ("architectures", "model_type", "num_hidden_layers", "num_layers", "hidden_size",
+                       "intermediate_size", "ffn_hidden_size", "num_attention_heads", "num_key_value_heads",
+                       "num_query_groups", "head_dim", "kv_channels", "vocab_size", "tie_word_embeddings",
+                       "share_embeddings_and_output_weights", "torch_dtype", "dtype", "precision",
+                       "tensor_model_parallel_size", "pipeline_model_parallel_size", "target")
+
+
+def inspect_checkpoint(path: str, *, trust_pickle: bool = False) -> dict[str, Any]:
+    """Format, config summary and tensor table of a checkpoint (no tensor bytes read)."""
+    with open_checkpoint(path, trust_pickle=trust_pickle) as ck:
+        tensors = []
+        for k in ck.source.keys():
+            info = ck.source.info(k)
+            tensors.append({"name": k, "shape": list(info.shape), "dtype": str(info.dtype).replace("torch.", ""),
+                            "bytes": info.nbytes})
+        summary = {k: ck.config[k] for k in CONFIG_SUMMARY_KEYS if k in ck.config}
+        family = None
+        try:
+            reg = get_registry()
+            family = (reg.family_for_hf_config(ck.config) if ck.format == "hf"
+                      else reg.family_for_nemo_config(ck.config)).name
+        except NemoConvertError:
+            pass
+        return {"path": path, "format": ck.format, "layout": ck.layout, "family": family, "config": summary,
+                "num_tensors": len(tensors), "total_bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}

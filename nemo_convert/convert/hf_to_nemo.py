@@ -1,0 +1,124 @@
+"""Hugging Face folder → ``.nemo``."""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import torch
+
+from nemo_convert import __version__
+from nemo_convert.convert.common import SECTION, ConversionReport, dir_sink, registry_or_default
+from nemo_convert.dtypes import parse_dtype
+from nemo_convert.engine import Progress, apply_dtype, run_plan
+from nemo_convert.errors import InputError, NemoConvertError
+from nemo_convert.formats.hf import is_hf_folder, open_hf
+from nemo_convert.formats.nemo import CONFIG_MEMBER, add_artifact_bytes, dump_yaml
+from nemo_convert.formats.nemo_weights import LAYOUTS, make_weights_writer
+from nemo_convert.formats.sink import MemberSink
+from nemo_convert.formats.staging import staged_output
+from nemo_convert.formats.tar_writer import TarWriter
+from nemo_convert.hf_config import read_config_json
+from nemo_convert.mapping.planner import Plan, plan_conversion
+from nemo_convert.plugins.manager import Registry
+from nemo_convert.plugins.records import ModelFamily
+from nemo_convert.tensors.base import TensorSource
+
+PRECISION_OF_DTYPE = {torch.bfloat16: "bf16", torch.float16: 16, torch.float32: 32}
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, str], sink: MemberSink,
+                   folder: str, notes: list[str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """Pack every tokenizer file as a ``nemo:`` artifact (patched with the family's
+    ``add_tokens`` first, if any); return the NeMo ``tokenizer`` section and the refs."""
+    data = {name: _read(path) for name, path in sorted(files.items())}
+    if fam.add_tokens and "tokenizer.model" in data:
+        from nemo_convert.tokenizers import add_tokens_sentencepiece
+
+        data["tokenizer.model"], rep = add_tokens_sentencepiece(data["tokenizer.model"], fam.add_tokens,
+                                                                skip_existing=True)
+        notes.append(f"tokenizer.model: added {len(rep.added)} token(s) for {fam.name} "
+                     f"({', '.join(t for t, _ in rep.added) or 'none'}); vocabulary "
+                     f"{rep.old_vocab_size} → {rep.new_vocab_size}; embeddings were not resized")
+    refs = {name: add_artifact_bytes(sink, blob, name) for name, blob in data.items()}
+    if not refs:
+        return None, refs
+    if "tokenizer.model" in refs:
+        tok = {"library": "sentencepiece", "type": None, "model": refs["tokenizer.model"],
+               "vocab_file": None, "merge_file": None, "delimiter": None, "sentencepiece_legacy": False}
+    else:
+        name = hf_cfg.get("_name_or_path") or os.path.basename(os.path.normpath(folder))
+        tok = {"library": "huggingface", "type": name, "model": None, "vocab_file": None,
+               "merge_file": None, "delimiter": None, "use_fast": True}
+    return tok, refs
+
+
+def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSource, *,
+                allow_unmapped: tuple[str, ...] = (),
+                options: dict[str, Any] | None = None) -> tuple[dict[str, Any], Plan]:
+    """The NeMo config and the checked plan for importing ``source`` (headers only, no data)."""
+    cfg = family.config_to_nemo(copy.deepcopy(hf_cfg), **(options or {}))
+    ours = cfg.setdefault(SECTION, {})
+    ours.update({"version": __version__, "family": family.name, "source_format": "hf",
+                 "hf_config": copy.deepcopy(hf_cfg)})
+    if options:
+        ours["import_options"] = dict(options)
+    cfg.setdefault("target", family.nemo_target)
+    plan = plan_conversion(family.mapping(cfg), cfg, source, "to_nemo", allow_unmapped=allow_unmapped)
+    return cfg, plan
+
+
+def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | torch.dtype | None = None,
+              layout: str | None = None, overwrite: bool = False, packed: bool = True,
+              progress: Progress | None = None, registry: Registry | None = None,
+              allow_unmapped: tuple[str, ...] = (), trust_pickle: bool = False,
+              options: dict[str, Any] | None = None) -> ConversionReport:
+    """Convert a Hugging Face model folder into a ``.nemo``.
+
+    :param src: HF folder (``config.json`` + safetensors or ``pytorch_model*.bin``).
+    :param out: the ``.nemo`` to write (the unpacked folder form when ``packed=False``).
+    :param family: model family name; detected from ``config.json`` when None.
+    :param dtype: cast floating tensors (``"bf16"``, ``"fp16"``, ``"fp32"``); None keeps each.
+    :param layout: ``"dist"`` or ``"legacy"``; the family's default when None.
+    :param overwrite: replace an existing ``out``.
+    :param allow_unmapped: globs of source tensors to drop instead of failing.
+    :param options: family-specific import options (e.g. ``{"embed_vision_tower": True}``).
+    """
+    reg = registry_or_default(registry)
+    if not is_hf_folder(src):
+        raise InputError(f"{src}: not a Hugging Face model folder (no config.json)")
+    want = parse_dtype(dtype)
+    hf_cfg = read_config_json(src)
+    fam = reg.family(family) if family else reg.family_for_hf_config(hf_cfg)
+    layout = layout or fam.default_layout
+    if layout not in LAYOUTS:
+        raise NemoConvertError(f"unknown layout {layout!r} (use {' or '.join(LAYOUTS)})")
+    ckpt = open_hf(src, tokenizer_files=fam.tokenizer_files, trust_pickle=trust_pickle)
+    notes: list[str] = []
+    try:
+        cfg, plan = plan_import(fam, ckpt.config, ckpt.source, allow_unmapped=allow_unmapped, options=options)
+        warnings = apply_dtype(plan, want)
+        if want is not None:
+            cfg["precision"] = PRECISION_OF_DTYPE[want]
+        if ckpt.generation_config is not None:
+            cfg[SECTION]["hf_generation_config"] = ckpt.generation_config
+        with staged_output(out, overwrite=overwrite, is_dir=not packed) as stage:
+            with (TarWriter(stage) if packed else dir_sink(stage)) as sink:
+                tok, refs = pack_tokenizer(fam, ckpt.config, ckpt.extra_files, sink, src, notes)
+                if tok is not None:
+                    cfg["tokenizer"] = tok
+                    cfg[SECTION]["tokenizer_files"] = refs
+                sink.add_bytes(CONFIG_MEMBER, dump_yaml(cfg))
+                writer = make_weights_writer(layout, sink, plan.outputs())
+                stats = run_plan(plan, ckpt.source, writer.write, progress=progress, description="import")
+                writer.close()
+    finally:
+        ckpt.close()
+    return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,
+                            plan.dropped, warnings, notes)

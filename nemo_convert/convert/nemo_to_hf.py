@@ -1,0 +1,66 @@
+"""``.nemo`` → Hugging Face folder."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+
+from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
+from nemo_convert.dtypes import parse_dtype
+from nemo_convert.engine import Progress, apply_dtype, run_plan
+from nemo_convert.formats.hf import HFWeightsWriter, write_json
+from nemo_convert.formats.nemo import NemoCheckpoint, open_nemo
+from nemo_convert.formats.staging import staged_output
+from nemo_convert.hf_config import dtype_name_of_precision, set_dtype_name
+from nemo_convert.mapping.planner import plan_conversion
+from nemo_convert.plugins.manager import Registry
+
+DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def export_tokenizer(ckpt: NemoCheckpoint, folder: str) -> None:
+    """Write the tokenizer files the ``.nemo`` carries under their HF names."""
+    files = (ckpt.config.get(SECTION) or {}).get("tokenizer_files") or {}
+    for name, ref in files.items():
+        with open(os.path.join(folder, os.path.basename(name)), "wb") as f:
+            f.write(ckpt.artifact(ref))
+    if not files:
+        model = (ckpt.config.get("tokenizer") or {}).get("model")
+        if isinstance(model, str) and model:
+            with open(os.path.join(folder, "tokenizer.model"), "wb") as f:
+                f.write(ckpt.artifact(model))
+
+
+def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, overwrite: bool = False,
+              family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
+              progress: Progress | None = None, registry: Registry | None = None,
+              trust_pickle: bool = False) -> ConversionReport:
+    """Convert a ``.nemo`` (any layout) into a Hugging Face folder that ``transformers``
+    loads with no missing or unexpected keys."""
+    reg = registry_or_default(registry)
+    want = parse_dtype(dtype)
+    ckpt = open_nemo(src, trust_pickle=trust_pickle)
+    try:
+        fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
+        cfg = ckpt.config
+        hf_cfg = fam.config_to_hf(copy.deepcopy(cfg))
+        plan = plan_conversion(fam.mapping(cfg), cfg, ckpt.source, "to_hf")
+        warnings = apply_dtype(plan, want)
+        if want is None and ("dtype" in hf_cfg or "torch_dtype" in hf_cfg) and "precision" in cfg:
+            set_dtype_name(hf_cfg, dtype_name_of_precision(cfg["precision"]))
+        if want is not None:
+            set_dtype_name(hf_cfg, DTYPE_NAME[want])
+        with staged_output(out, overwrite=overwrite, is_dir=True) as stage:
+            write_json(os.path.join(stage, "config.json"), hf_cfg)
+            gen = (cfg.get(SECTION) or {}).get("hf_generation_config")
+            if gen is not None:
+                write_json(os.path.join(stage, "generation_config.json"), gen)
+            export_tokenizer(ckpt, stage)
+            writer = HFWeightsWriter(stage, plan.outputs(), max_shard_bytes=max_shard_bytes)
+            stats = run_plan(plan, ckpt.source, writer.write, progress=progress, description="export")
+            writer.close()
+    finally:
+        ckpt.close()
+    return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, None, plan.dropped, warnings)
