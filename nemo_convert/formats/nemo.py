@@ -106,7 +106,8 @@ def open_nemo(path: str, *, trust_pickle: bool = False) -> NemoCheckpoint:
         if container.exists(prefix + "model_weights/metadata.json"):
             from nemo_convert.formats.distckpt import DistCheckpointSource
 
-            dist = DistCheckpointSource(lambda n: container.region(prefix + "model_weights/" + n))
+            dist = DistCheckpointSource(lambda n: container.region(prefix + "model_weights/" + n),
+                                        name=f"{path}:model_weights")
             source: TensorSource = PrefixView(dist, "model.")
             layout = "dist"
             extra = list(getattr(dist, "extra_state_keys", []))
