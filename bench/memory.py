@@ -122,6 +122,7 @@ class ChildRun:
 
     returncode: int
     wall_seconds: float  # process start to exit, as seen by the parent
+    cpu_seconds: float  # user + system CPU time of the child (wait4 rusage)
     memory: MemoryPeaks
     result: dict[str, Any]  # what the child wrote to its result file (empty if none)
     stderr_tail: str
@@ -164,4 +165,5 @@ def run_measured(cmd: Sequence[str], *, result_path: str | None = None, interval
         with open(result_path, encoding="utf-8") as f:
             result = json.load(f)
     err = b"".join(err_chunks).decode("utf-8", "replace")
-    return ChildRun(proc.returncode, wall, mem, result, err[-4000:])
+    cpu = rusage.ru_utime + rusage.ru_stime
+    return ChildRun(proc.returncode, wall, cpu, mem, result, err[-4000:])

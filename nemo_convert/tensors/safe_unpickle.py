@@ -28,7 +28,8 @@ import io
 import pathlib
 import pickle
 import typing
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -64,7 +65,7 @@ class _Frozen:
 class Checked(_Frozen):
     """An allowed callable ``Checked(source, fn)``: our own argument-checking function."""
 
-    __slots__ = ("source", "fn")
+    __slots__ = ("source", "fn")  # noqa: RUF023 - positional order of __init__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -73,7 +74,7 @@ class Checked(_Frozen):
 class StorageType(_Frozen):
     """A torch storage class as a token: ``StorageType(source, dtype, untyped)``."""
 
-    __slots__ = ("source", "dtype", "untyped")
+    __slots__ = ("source", "dtype", "untyped")  # noqa: RUF023 - positional order
 
 
 class TypeToken(_Frozen):
@@ -89,7 +90,7 @@ class StandIn(metaclass=_FrozenMeta):
 
     source: str = "?"
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "StandIn":
+    def __new__(cls, *args: Any, **kwargs: Any) -> StandIn:
         obj = object.__new__(cls)
         obj.__dict__.update(args=args, kwargs=kwargs, state=None)
         return obj
@@ -408,6 +409,6 @@ def _state_get(obj: StandIn, *names: str) -> Any:
 
 
 __all__ = [
-    "Checked", "SafeUnpickler", "StandIn", "StorageType", "TRUST_HINT", "TypeToken",
+    "TRUST_HINT", "Checked", "SafeUnpickler", "StandIn", "StorageType", "TypeToken",
     "safe_load", "safe_load_pickle_bytes", "to_plain",
 ]

@@ -25,7 +25,13 @@ import torch
 
 from nemo_convert.errors import InputError
 from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, dtype_size
-from nemo_convert.tensors.safe_unpickle import Checked, StorageType, TypeToken, safe_load, to_plain
+from nemo_convert.tensors.safe_unpickle import (
+    Checked,
+    StorageType,
+    TypeToken,
+    safe_load,
+    to_plain,
+)
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, 22 bytes, name length, extra length
 
@@ -38,7 +44,7 @@ class StorageRef:
     dtype: torch.dtype  # the storage's element type (uint8 for untyped storages)
     nbytes: int
     location: str  # the device it was saved from ("cpu", "cuda:0"); ignored on load
-    archive: "_Archive" = field(repr=False)
+    archive: _Archive = field(repr=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,7 +92,8 @@ class LazyTensor:
         A tensor saved with a conj/neg bit is the rare exception: it is materialized, so
         that its bytes always mean what its values say."""
         flat = self.storage.archive.storage_view(self.storage, self.dtype)
-        tensor = flat.as_strided(self.shape, self.stride, flat.storage_offset() + self.storage_offset)
+        start = flat.storage_offset() + self.storage_offset
+        tensor = flat.as_strided(self.shape, self.stride, start)
         if self.metadata:
             torch._utils.set_tensor_metadata(tensor, self.metadata)
             tensor = tensor.resolve_conj().resolve_neg()
@@ -370,7 +377,7 @@ class TorchZipSource:
     def __contains__(self, key: object) -> bool:
         return key in self._tensors
 
-    def __enter__(self) -> "TorchZipSource":
+    def __enter__(self) -> TorchZipSource:
         return self
 
     def __exit__(self, *exc: object) -> None:
