@@ -14,7 +14,9 @@ from nemo_convert.convert.checkpoint import Checkpoint, inspect_checkpoint, open
 from nemo_convert.convert.common import SECTION, ConversionReport
 from nemo_convert.convert.hf_to_nemo import import_hf, plan_import
 from nemo_convert.convert.nemo_to_hf import export_hf
+from nemo_convert.convert.nemo_write import Parallelism
+from nemo_convert.convert.reshard import reshard
 from nemo_convert.plugins.manager import get_registry, registry_with
 
-__all__ = ["SECTION", "Checkpoint", "ConversionReport", "export_hf", "get_registry", "import_hf",
+__all__ = ["SECTION", "Checkpoint", "ConversionReport", "Parallelism", "reshard", "export_hf", "get_registry", "import_hf",
            "inspect_checkpoint", "open_checkpoint", "plan_import", "registry_with"]

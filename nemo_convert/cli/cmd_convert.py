@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--layout", choices=["dist", "legacy"],
                    help="weights layout: Megatron-Core distributed checkpoint (dist, default for GPT) or "
                         "one model_weights.ckpt (legacy)")
+    add_parallel_flags(p)
     p.add_argument("--unpacked", action="store_true", help="write the unpacked folder form instead of a tar")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     p.add_argument("--allow-unmapped", action="append", default=[], metavar="GLOB",
@@ -41,6 +42,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
     common_flags(e)
     e.set_defaults(func=run_export)
+
+
+def add_parallel_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")
+    p.add_argument("--pp", type=int, default=1, metavar="M", help="pipeline-parallel size (default 1)")
+    p.add_argument("--stage-layers", metavar="N,N,…",
+                   help="explicit layers per pipeline stage (default: an even split)")
+
+
+def parallelism(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from nemo_convert.convert.nemo_write import Parallelism
+    from nemo_convert.errors import NemoConvertError
+
+    stages = None
+    if args.stage_layers:
+        try:
+            stages = tuple(int(x) for x in args.stage_layers.split(","))
+        except ValueError:
+            raise NemoConvertError(f"--stage-layers {args.stage_layers!r}: expected integers like 4,4") from None
+    return Parallelism(args.tp, args.pp, stages)
 
 
 def parse_size(text: str) -> int:
@@ -72,7 +93,8 @@ def run_import(args: argparse.Namespace) -> int:
     _warn_trust(args)
     rep = api.import_hf(args.src, args.output, family=args.family, dtype=args.dtype, layout=args.layout,
                         overwrite=args.overwrite, packed=not args.unpacked, progress=make_progress(args),
-                        allow_unmapped=tuple(args.allow_unmapped), trust_pickle=args.trust_pickle)
+                        allow_unmapped=tuple(args.allow_unmapped), trust_pickle=args.trust_pickle,
+                        parallel=parallelism(args))
     report(args, rep, "wrote")
     return 0
 

@@ -12,10 +12,10 @@ import warnings
 from typing import Sequence
 
 from nemo_convert import __version__
-from nemo_convert.cli import cmd_convert, cmd_inspect, cmd_plugins  # noqa: I001
+from nemo_convert.cli import cmd_convert, cmd_inspect, cmd_plugins, cmd_reshard  # noqa: I001
 from nemo_convert.errors import NemoConvertError
 
-COMMANDS = (cmd_convert, cmd_inspect, cmd_plugins)
+COMMANDS = (cmd_convert, cmd_reshard, cmd_inspect, cmd_plugins)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_convert.convert.common import kinds_for
 from nemo_convert.errors import InputError, NemoConvertError
 from nemo_convert.formats.hf import is_hf_folder, open_hf
 from nemo_convert.formats.nemo import open_nemo
@@ -40,8 +41,8 @@ def open_checkpoint(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     if is_hf_folder(path):
         hf = open_hf(path, trust_pickle=trust_pickle)
         return Checkpoint(path, "hf", hf.config, hf.source, None, hf)
-    if os.path.exists(path):
-        nemo = open_nemo(path, trust_pickle=trust_pickle)
+    if os.path.exists(path):  # a .nemo tar or folder, or a NeMo 2.0 folder
+        nemo = open_nemo(path, trust_pickle=trust_pickle, kinds_for=kinds_for(get_registry()))
         return Checkpoint(path, "nemo", nemo.config, nemo.source, nemo.layout, nemo)
     raise InputError(f"{path}: no such file or folder")
 

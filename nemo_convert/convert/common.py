@@ -38,3 +38,19 @@ def registry_or_default(registry: Registry | None) -> Registry:
 @contextmanager
 def dir_sink(path: str) -> Iterator[DirectorySink]:
     yield DirectorySink(path)
+
+
+def kinds_for(registry: Registry, family: str | None = None):  # type: ignore[no-untyped-def]
+    """A ``cfg -> {logical name: Parallel}`` callback for the readers, from the family that
+    handles the config (empty when no installed family does)."""
+    from nemo_convert.errors import NemoConvertError
+    from nemo_convert.mapping.planner import nemo_parallel_kinds
+
+    def kinds(cfg: dict[str, Any]) -> dict[str, Any]:
+        try:
+            fam = registry.family(family) if family else registry.family_for_nemo_config(cfg)
+        except NemoConvertError:
+            return {}
+        return nemo_parallel_kinds(fam.mapping(cfg), cfg)
+
+    return kinds

@@ -9,18 +9,16 @@ from typing import Any
 import torch
 
 from nemo_convert import __version__
-from nemo_convert.convert.common import SECTION, ConversionReport, dir_sink, registry_or_default
+from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
+from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.dtypes import parse_dtype
-from nemo_convert.engine import Progress, apply_dtype, run_plan
+from nemo_convert.engine import Progress, apply_dtype
 from nemo_convert.errors import InputError, NemoConvertError
 from nemo_convert.formats.hf import is_hf_folder, open_hf
-from nemo_convert.formats.nemo import CONFIG_MEMBER, add_artifact_bytes, dump_yaml
-from nemo_convert.formats.nemo_weights import LAYOUTS, make_weights_writer
-from nemo_convert.formats.sink import MemberSink
-from nemo_convert.formats.staging import staged_output
-from nemo_convert.formats.tar_writer import TarWriter
+from nemo_convert.formats.nemo import artifact_name
+from nemo_convert.formats.nemo_weights import LAYOUTS
 from nemo_convert.hf_config import read_config_json
-from nemo_convert.mapping.planner import Plan, plan_conversion
+from nemo_convert.mapping.planner import Plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import ModelFamily
 from nemo_convert.tensors.base import TensorSource
@@ -33,10 +31,11 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, str], sink: MemberSink,
-                   folder: str, notes: list[str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
-    """Pack every tokenizer file as a ``nemo:`` artifact (patched with the family's
-    ``add_tokens`` first, if any); return the NeMo ``tokenizer`` section and the refs."""
+def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, str], folder: str,
+                   notes: list[str]) -> tuple[dict[str, Any] | None, dict[str, str], list[tuple[str, bytes]]]:
+    """Every tokenizer file as a ``nemo:`` artifact (the SentencePiece model patched with
+    the family's ``add_tokens`` first, if any): the NeMo ``tokenizer`` section, the refs
+    by HF file name, and the ``(member, bytes)`` artifacts to store."""
     data = {name: _read(path) for name, path in sorted(files.items())}
     if fam.add_tokens and "tokenizer.model" in data:
         from nemo_convert.tokenizers import add_tokens_sentencepiece
@@ -46,9 +45,10 @@ def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, st
         notes.append(f"tokenizer.model: added {len(rep.added)} token(s) for {fam.name} "
                      f"({', '.join(t for t, _ in rep.added) or 'none'}); vocabulary "
                      f"{rep.old_vocab_size} → {rep.new_vocab_size}; embeddings were not resized")
-    refs = {name: add_artifact_bytes(sink, blob, name) for name, blob in data.items()}
+    members = [(artifact_name(blob, name), blob) for name, blob in data.items()]
+    refs = {name: "nemo:" + member for name, (member, _) in zip(data, members)}
     if not refs:
-        return None, refs
+        return None, refs, members
     if "tokenizer.model" in refs:
         tok = {"library": "sentencepiece", "type": None, "model": refs["tokenizer.model"],
                "vocab_file": None, "merge_file": None, "delimiter": None, "sentencepiece_legacy": False}
@@ -56,7 +56,7 @@ def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, st
         name = hf_cfg.get("_name_or_path") or os.path.basename(os.path.normpath(folder))
         tok = {"library": "huggingface", "type": name, "model": None, "vocab_file": None,
                "merge_file": None, "delimiter": None, "use_fast": True}
-    return tok, refs
+    return tok, refs, members
 
 
 def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSource, *,
@@ -78,7 +78,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
               layout: str | None = None, overwrite: bool = False, packed: bool = True,
               progress: Progress | None = None, registry: Registry | None = None,
               allow_unmapped: tuple[str, ...] = (), trust_pickle: bool = False,
-              options: dict[str, Any] | None = None) -> ConversionReport:
+              options: dict[str, Any] | None = None, parallel: Parallelism | None = None) -> ConversionReport:
     """Convert a Hugging Face model folder into a ``.nemo``.
 
     :param src: HF folder (``config.json`` + safetensors or ``pytorch_model*.bin``).
@@ -89,6 +89,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     :param overwrite: replace an existing ``out``.
     :param allow_unmapped: globs of source tensors to drop instead of failing.
     :param options: family-specific import options (e.g. ``{"embed_vision_tower": True}``).
+    :param parallel: target tensor/pipeline parallelism (default TP=PP=1). The dist layout
+        stores global tensors and records the sizes; the legacy layout writes per-rank files.
     """
     reg = registry_or_default(registry)
     if not is_hf_folder(src):
@@ -108,16 +110,13 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
             cfg["precision"] = PRECISION_OF_DTYPE[want]
         if ckpt.generation_config is not None:
             cfg[SECTION]["hf_generation_config"] = ckpt.generation_config
-        with staged_output(out, overwrite=overwrite, is_dir=not packed) as stage:
-            with (TarWriter(stage) if packed else dir_sink(stage)) as sink:
-                tok, refs = pack_tokenizer(fam, ckpt.config, ckpt.extra_files, sink, src, notes)
-                if tok is not None:
-                    cfg["tokenizer"] = tok
-                    cfg[SECTION]["tokenizer_files"] = refs
-                sink.add_bytes(CONFIG_MEMBER, dump_yaml(cfg))
-                writer = make_weights_writer(layout, sink, plan.outputs())
-                stats = run_plan(plan, ckpt.source, writer.write, progress=progress, description="import")
-                writer.close()
+        tok, refs, artifacts = pack_tokenizer(fam, ckpt.config, ckpt.extra_files, src, notes)
+        if tok is not None:
+            cfg["tokenizer"] = tok
+            cfg[SECTION]["tokenizer_files"] = refs
+        kinds = nemo_parallel_kinds(fam.mapping(cfg), cfg)
+        stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds, par=parallel or Parallelism(),
+                           overwrite=overwrite, packed=packed, progress=progress, artifacts=artifacts)
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,

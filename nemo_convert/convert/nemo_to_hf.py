@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
+from nemo_convert.convert.common import SECTION, ConversionReport, kinds_for, registry_or_default
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype, run_plan
 from nemo_convert.formats.hf import HFWeightsWriter, write_json
@@ -41,7 +41,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     loads with no missing or unexpected keys."""
     reg = registry_or_default(registry)
     want = parse_dtype(dtype)
-    ckpt = open_nemo(src, trust_pickle=trust_pickle)
+    ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
         cfg = ckpt.config

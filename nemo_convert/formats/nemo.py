@@ -9,16 +9,20 @@ weights in the ``dist`` layout (``model_weights/``) or the ``legacy`` one
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import yaml
 
-from nemo_convert.errors import InputError, UnsupportedError
+from nemo_convert.errors import InputError
 from nemo_convert.formats.sink import MemberSink
 from nemo_convert.formats.tar_archive import Container, find_member, open_nemo_container
 from nemo_convert.tensors.base import TensorInfo, TensorSource
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nemo_convert.mapping.rules import Parallel
 
 CONFIG_MEMBER = "model_config.yaml"
 
@@ -90,19 +94,85 @@ class NemoCheckpoint:
         self.container.close()
 
 
-def _per_rank_dirs(container: Container, prefix: str) -> list[str]:
-    return sorted({n[len(prefix):].split("/", 1)[0] for n in container.names()
-                   if n.startswith(prefix) and (n[len(prefix):].startswith("mp_rank_")
-                                                or n[len(prefix):].startswith("tp_rank_"))})
+KindsFor = Callable[[dict[str, Any]], "dict[str, Parallel]"]
 
 
-def open_nemo(path: str, *, trust_pickle: bool = False) -> NemoCheckpoint:
-    """Open a ``.nemo`` (tar, gzipped tar, or folder) without extracting it."""
+class VocabTrimView:
+    """Presents vocab-parallel tensors trimmed to the true vocabulary (drops padding rows)."""
+
+    def __init__(self, inner: TensorSource, names: set[str], vocab: int) -> None:
+        self._inner, self._names, self._vocab = inner, names, vocab
+
+    def _trims(self, key: str) -> bool:
+        return key in self._names and self._inner.info(key).shape[0] > self._vocab
+
+    def keys(self) -> list[str]:
+        return self._inner.keys()
+
+    def info(self, key: str) -> TensorInfo:
+        i = self._inner.info(key)
+        return TensorInfo(key, (self._vocab, *i.shape[1:]), i.dtype) if self._trims(key) else i
+
+    def load(self, key: str) -> torch.Tensor:
+        t = self._inner.load(key)
+        return t[: self._vocab] if self._trims(key) else t
+
+    def group(self, key: str) -> str:
+        return self._inner.group(key)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _rank_folders(container: Container, prefix: str) -> list[str]:
+    from nemo_convert.sharding.layout import parse_rank_dir
+
+    tops = {n[len(prefix):].split("/", 1)[0] for n in container.names() if n.startswith(prefix) and "/" in n[len(prefix):]}
+    return sorted(t for t in tops if parse_rank_dir(t) is not None)
+
+
+def _stage_sizes(container: Container, prefix: str, tp_pp: tuple[int, int], trust_pickle: bool) -> list[int]:
+    """Layers per pipeline stage, counted from each stage's TP-rank-0 file."""
+    from nemo_convert.formats.nemo_weights import split_layer_name
+    from nemo_convert.sharding.layout import rank_dir
+    from nemo_convert.tensors.torch_zip import TorchZipSource
+
+    tp, pp = tp_pp
+    sizes = []
+    for p in range(pp):
+        zs = TorchZipSource(container.region(f"{prefix}{rank_dir(0, p, pp)}/model_weights.ckpt"),
+                            trust_pickle=trust_pickle)
+        try:
+            idx = {parts[1] for k in zs.keys() if (parts := split_layer_name(k.removeprefix("model.")))
+                   and parts[0] == "decoder.layers"}
+        finally:
+            zs.close()
+        sizes.append(len(idx))
+    return sizes
+
+
+def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | None = None) -> NemoCheckpoint:
+    """Open a ``.nemo`` (tar, gzipped tar, or folder) without extracting it.
+
+    Tensors come out under global logical names whatever the layout (dist, legacy, or
+    legacy per-rank — merged on demand), with vocabulary padding removed when the true
+    vocabulary size is known. ``kinds_for(cfg)`` gives each tensor's parallel kind (from
+    the model family); it is needed to merge per-rank files and to trim padding.
+    """
+    from nemo_convert.mapping.rules import Parallel
+
+    if os.path.isdir(path) and os.path.isdir(os.path.join(path, "weights")) \
+            and os.path.isdir(os.path.join(path, "context")):
+        from nemo_convert.formats.nemo2 import open_nemo2
+
+        return open_nemo2(path, kinds_for=kinds_for)
     container = open_nemo_container(path)
     try:
         cfg_name = find_member(container, CONFIG_MEMBER)
         prefix = cfg_name[: -len(CONFIG_MEMBER)]
         config = load_yaml(container.read_bytes(cfg_name), f"{path}:{cfg_name}")
+        kinds = kinds_for(config) if kinds_for is not None else {}
+        extra: list[str] = []
         if container.exists(prefix + "model_weights/metadata.json"):
             from nemo_convert.formats.distckpt import DistCheckpointSource
 
@@ -115,14 +185,24 @@ def open_nemo(path: str, *, trust_pickle: bool = False) -> NemoCheckpoint:
             from nemo_convert.tensors.torch_zip import TorchZipSource
 
             zs = TorchZipSource(container.region(prefix + "model_weights.ckpt"), trust_pickle=trust_pickle)
-            view = PrefixView(zs, "model.")
-            source, layout = view, "legacy"
-            extra = [k for k in zs.keys() if k.endswith("_extra_state")]
-        elif _per_rank_dirs(container, prefix):
-            raise UnsupportedError(f"{path}: per-rank (mp_rank_*/tp_rank_*) weights are read by the "
-                                   "parallelism support")
+            source, layout = PrefixView(zs, "model."), "legacy"
+        elif folders := _rank_folders(container, prefix):
+            from nemo_convert.formats.nemo_ranks import PerRankSource
+            from nemo_convert.sharding.layout import ParallelLayout, detect_ranks
+
+            tp, pp = detect_ranks(folders)
+            sizes = _stage_sizes(container, prefix, (tp, pp), trust_pickle)
+            playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes,
+                                          tied=bool(config.get("share_embeddings_and_output_weights")))
+            vocab = (config.get("nemo_convert") or {}).get("vocab_size")
+            source = PerRankSource(container, prefix, playout, kinds, vocab=vocab, trust_pickle=trust_pickle)
+            layout = "legacy"
         else:
-            raise InputError(f"{path}: has {CONFIG_MEMBER} but no weights (model_weights/ or model_weights.ckpt)")
+            raise InputError(f"{path}: has {CONFIG_MEMBER} but no weights (model_weights/, model_weights.ckpt "
+                             "or per-rank folders)")
+        vocab = (config.get("nemo_convert") or {}).get("vocab_size")
+        if vocab:
+            source = VocabTrimView(source, {k for k, v in kinds.items() if v is Parallel.VOCAB}, int(vocab))
         return NemoCheckpoint(path, container, prefix, config, layout, source, extra)
     except BaseException:
         container.close()

@@ -217,3 +217,32 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
     # Read one source file at a time; within it, in file order.
     tasks.sort(key=lambda t: (groups.get(t.inputs[0], ""), order.get(t.inputs[0], 0)) if t.inputs else ("", 0))
     return Plan(direction, tasks, dropped)
+
+
+def nemo_parallel_kinds(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Parallel]:
+    """The tensor-parallel kind of every NeMo tensor the mapping can produce (no I/O)."""
+    kinds: dict[str, Parallel] = {}
+    for part in mapping.parts():
+        layers = int(cfg_get(cfg, part.layers, 0) or 0)
+        for rule in part.rules:
+            if isinstance(rule, Tied) or not condition_holds(cfg, rule.when):
+                continue
+            if isinstance(rule, Custom):
+                par = rule.parallel if isinstance(rule.parallel, tuple) else (rule.parallel,) * len(rule.nemo)
+                for name, p in zip(rule.nemo, par):
+                    for _, n in _expand(name, layers):
+                        kinds[n] = p
+                continue
+            for _, n in _expand(rule.nemo, layers):
+                kinds[n] = rule.parallel
+    return kinds
+
+
+def identity_plan(source: TensorSource, kinds: dict[str, Parallel]) -> Plan:
+    """Every tensor of ``source`` copied unchanged (resharding, layout changes)."""
+    tasks = [Task((k,), (k,), lambda ts: (ts[0],), (kinds.get(k, Parallel.REPLICATED),), (source.info(k),),
+                  label="copy") for k in source.keys()]
+    groups = {k: source.group(k) for k in source.keys()}
+    order = {k: i for i, k in enumerate(source.keys())}
+    tasks.sort(key=lambda t: (groups[t.inputs[0]], order[t.inputs[0]]))
+    return Plan("to_nemo", tasks)

@@ -101,7 +101,12 @@ class Registry:
         for p in self.families.values():
             if target and target == p.record.nemo_target:
                 return p.record
-        raise PluginError(f"no installed model family handles NeMo target {target!r}; pass --family")
+        target2 = config.get("nemo2_target")
+        for p in self.families.values():
+            if target2 and target2 in p.record.nemo2_targets:
+                return p.record
+        raise PluginError(f"no installed model family handles NeMo target {target or config.get('nemo2_target')!r}; "
+                          "pass --family")
 
     def sharding(self, axis: str) -> ShardingStrategy:
         for p in self.sharding_strategies.values():

@@ -33,6 +33,8 @@ class ModelFamily:
     :param trtllm: optional TensorRT-LLM description for ``quantize`` (family specific).
     :param add_tokens: tokens added to the SentencePiece tokenizer on import (NeVA adds
         ``<extra_id_0>`` …); the vocabulary change is reported, embeddings are not resized.
+    :param nemo2_targets: NeMo 2.0 model classes (``_target_`` of ``context/model.yaml``)
+        this family reads.
     :param import_options: names of family-specific keyword options that
         ``config_to_nemo`` accepts (e.g. ``("embed_vision_tower",)``).
     """
@@ -56,6 +58,7 @@ class ModelFamily:
     trtllm: Any = None
     add_tokens: tuple[str, ...] = ()
     import_options: tuple[str, ...] = ()
+    nemo2_targets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

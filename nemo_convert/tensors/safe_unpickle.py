@@ -7,12 +7,11 @@ module a pickle asks for. The allow-list hands out harmless builtins and torch d
 or *our own* objects:
 
 * OmegaConf containers/nodes, Lightning's ``AttributeDict`` and ``argparse.Namespace``
-  become stand-ins that only record their pickled state; :func:`to_plain` turns them into
-  plain dicts, lists and scalars. omegaconf and lightning are never imported.
+  become stand-ins recording their pickled state; :func:`to_plain` makes them plain
+  dicts, lists and scalars. omegaconf and lightning are never imported.
 * numpy arrays, scalars and dtypes go through argument-checked wrappers around numpy's
-  data-only constructors (numpy is imported only if a pickle holds numpy data).
-* Callers add what their format needs (``extra_globals``): the torch zip reader adds its
-  lazy tensor rebuild functions.
+  data-only constructors (numpy is imported only for pickles holding numpy data).
+* Callers add what their format needs (``extra_globals``), e.g. tensor rebuilders.
 
 All of it is immutable, so a pickle's BUILD opcode cannot alter objects later loads
 share. ``trust=True`` resolves unlisted names normally, running whatever the pickle asks
@@ -27,6 +26,7 @@ import collections
 import io
 import pathlib
 import pickle
+import re
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -95,9 +95,6 @@ class StandIn(metaclass=_FrozenMeta):
         obj.__dict__.update(args=args, kwargs=kwargs, state=None)
         return obj
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
     def __setstate__(self, state: Any) -> None:
         self.__dict__["state"] = state
 
@@ -112,10 +109,6 @@ class OmegaContainer(StandIn):
 
 class OmegaValue(StandIn):
     """An omegaconf value node (``AnyNode``, ``StringNode``, …): state ``_val``."""
-
-
-class OmegaMetadata(StandIn):
-    """OmegaConf node metadata (types, flags); :func:`to_plain` drops it."""
 
 
 class AttrObject(StandIn):
@@ -163,10 +156,9 @@ def _reconstructor(cls: Any, base: Any, state: Any = None) -> Any:
 
 
 def _torch_size(dims: Any = ()) -> torch.Size:
-    dims = tuple(dims)
-    if not all(isinstance(d, int) for d in dims):
-        raise InputError("pickle builds torch.Size from non-integers")
-    return torch.Size(dims)
+    if not isinstance(dims, (tuple, list)) or not all(isinstance(d, int) for d in dims):
+        raise InputError("pickle builds torch.Size from something other than integers")
+    return torch.Size(tuple(dims))
 
 
 def _torch_device(kind: Any, index: Any = None) -> torch.device:
@@ -175,40 +167,72 @@ def _torch_device(kind: Any, index: Any = None) -> torch.device:
     return torch.device(kind) if index is None else torch.device(kind, index)
 
 
-def _numpy(multiarray: bool = False) -> Any:
+class NumpyDtype(StandIn):
+    """``numpy.dtype(spec)`` (a number, bool or string type); BUILD gives the byte order.
+
+    Real numpy dtypes and arrays are never exposed to the pickle: numpy's own
+    ``__setstate__`` trusts its input (a BUILD can mark a dtype as holding objects)."""
+
+
+class NumpyArray(StandIn):
+    """An ndarray; BUILD state ``(version, shape, dtype, fortran, raw bytes)``."""
+
+
+def _numpy() -> Any:
     try:
-        import numpy as np
+        import numpy
     except ImportError as e:  # pragma: no cover - numpy comes with torch wheels
         raise InputError("the pickle holds numpy data; install numpy to read it") from e
-    return (getattr(np, "_core", None) or np.core).multiarray if multiarray else np
+    return numpy
 
 
-def _np_reconstruct(cls: Any, shape: Any, typecode: Any) -> Any:
-    if cls is not _NDARRAY or not isinstance(shape, tuple) or not isinstance(typecode, bytes):
+def _np_dtype(spec: Any, align: Any = False, copy: Any = False) -> NumpyDtype:
+    if not (isinstance(spec, str) and re.fullmatch(r"[biufcSU]\d+", spec)):
+        raise InputError(f"pickle holds numpy dtype {spec!r}; only numbers, bools and "
+                         "strings are supported")
+    return NumpyDtype(spec)
+
+
+def _real_dtype(token: Any) -> Any:
+    state = token.state if isinstance(token, NumpyDtype) else None
+    order = state[1] if isinstance(state, tuple) and len(state) > 1 else "|"
+    if not isinstance(token, NumpyDtype) or order not in ("<", ">", "|", "="):
+        raise InputError(f"pickle holds a malformed numpy dtype {token!r}")
+    dtype = _numpy().dtype(token.args[0])
+    return dtype.newbyteorder(order) if order in "<>" else dtype
+
+
+def _np_reconstruct(cls: Any, shape: Any, typecode: Any) -> NumpyArray:
+    if cls is not _NDARRAY or shape != (0,) or not isinstance(typecode, bytes):  # as numpy
         raise InputError("pickle reconstructs a numpy array from unexpected arguments")
-    return _numpy(True)._reconstruct(_numpy().ndarray, shape, typecode)
+    return NumpyArray()
 
 
-def _np_dtype(spec: Any, align: Any = False, copy: Any = False) -> Any:
-    if not isinstance(spec, str):
-        raise InputError("pickle builds a numpy dtype from a non-string")
-    return _numpy().dtype(spec, bool(align), bool(copy))
+def _real_array(array: NumpyArray) -> Any:
+    state = array.state
+    if not (isinstance(state, tuple) and len(state) == 5 and isinstance(state[1], tuple)
+            and all(isinstance(d, int) and d >= 0 for d in state[1])):
+        raise InputError("pickle holds a malformed numpy array")
+    _, shape, token, fortran, raw = state
+    dtype = _real_dtype(token)
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) != dtype.itemsize * _prod(shape):
+        raise InputError(f"pickle holds a numpy array of shape {shape} with the wrong byte count")
+    flat = _numpy().frombuffer(bytearray(raw), dtype)
+    return flat.reshape(shape, order="F" if fortran else "C")
 
 
-def _np_frombuffer(buf: Any, dtype: Any, shape: Any, order: Any = "C") -> Any:
-    """``numpy._core.numeric._frombuffer`` (protocol-5 arrays)."""
-    np = _numpy()
-    if not (isinstance(dtype, np.dtype) and isinstance(shape, tuple) and order in "CF"):
-        raise InputError("pickle builds a numpy array from unexpected arguments")
-    return np.frombuffer(memoryview(buf), dtype).reshape(shape, order=order)
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
-def _np_scalar(dtype: Any, data: Any = None) -> Any:
-    if not isinstance(dtype, _numpy().dtype):
-        raise InputError("pickle builds a numpy scalar without a numpy dtype")
-    if not dtype.hasobject and not (isinstance(data, bytes) and len(data) == dtype.itemsize):
+def _np_scalar(token: Any, data: Any = None) -> Any:
+    dtype = _real_dtype(token)
+    if not (isinstance(data, bytes) and len(data) == dtype.itemsize):
         raise InputError("pickle builds a numpy scalar from malformed bytes")
-    return _numpy(True).scalar(dtype, data)
+    return _numpy().frombuffer(data, dtype)[0]
 
 
 # -------------------------------------------------------------------- allow-list
@@ -230,8 +254,8 @@ _ATTRIBUTE_DICTS = ("pytorch_lightning.utilities.parsing", "lightning.fabric.uti
 def _base_globals() -> dict[str, Any]:
     """The allow-list: dotted name → what the pickle gets."""
     g: dict[str, Any] = {}
-    for name in ("set", "frozenset", "slice", "complex", "range", "dict", "list", "tuple",
-                 "int", "float", "str", "bool", "object"):
+    for name in ("set", "frozenset", "slice", "complex", "dict", "list", "tuple", "int",
+                 "float", "str", "bool", "object"):  # no range: list(range(10**12))
         g[f"builtins.{name}"] = getattr(builtins, name)
     g["builtins.bytes"] = Checked("builtins.bytes", _bytes_like(bytes))
     g["builtins.bytearray"] = Checked("builtins.bytearray", _bytes_like(bytearray))
@@ -252,8 +276,8 @@ def _base_globals() -> dict[str, Any]:
         g[f"{module}.AttributeDict"] = _standin(AttributeDictStandIn, f"{module}.AttributeDict")
     for src, base in (("omegaconf.dictconfig.DictConfig", OmegaContainer),
                       ("omegaconf.listconfig.ListConfig", OmegaContainer),
-                      ("omegaconf.base.Metadata", OmegaMetadata),
-                      ("omegaconf.base.ContainerMetadata", OmegaMetadata),
+                      ("omegaconf.base.Metadata", StandIn),  # node types and flags
+                      ("omegaconf.base.ContainerMetadata", StandIn),
                       *((f"omegaconf.nodes.{n}", OmegaValue) for n in _OMEGA_NODES)):
         g[src] = _standin(base, src)
     for name, value in vars(torch).items():
@@ -273,8 +297,6 @@ def _base_globals() -> dict[str, Any]:
     for core in ("numpy.core.multiarray", "numpy._core.multiarray"):
         g[f"{core}._reconstruct"] = Checked(f"{core}._reconstruct", _np_reconstruct)
         g[f"{core}.scalar"] = Checked(f"{core}.scalar", _np_scalar)
-    for numeric in ("numpy.core.numeric._frombuffer", "numpy._core.numeric._frombuffer"):
-        g[numeric] = Checked(numeric, _np_frombuffer)
     g["numpy.ndarray"] = _NDARRAY
     g["numpy.dtype"] = Checked("numpy.dtype", _np_dtype)
     return g
@@ -363,10 +385,12 @@ def to_plain(obj: Any, _memo: dict[int, Any] | None = None) -> Any:
         if isinstance(obj_content, (dict, list, tuple)):
             return _plain_container(obj, obj_content, memo)
         result = obj_content  # None, "???" or an interpolation string
+    elif isinstance(obj, NumpyArray):
+        result = _real_array(obj)
+    elif isinstance(obj, NumpyDtype):
+        result = _real_dtype(obj)
     elif isinstance(obj, OmegaValue):
         result = to_plain(_state_get(obj, "_val", "val"), memo)
-    elif isinstance(obj, OmegaMetadata):
-        result = None
     elif isinstance(obj, AttrObject):
         return _plain_container(obj, obj.state if isinstance(obj.state, dict) else obj.kwargs, memo)
     elif isinstance(obj, (dict, list)):
@@ -406,9 +430,3 @@ def _state_get(obj: StandIn, *names: str) -> Any:
             if n in state:
                 return state[n]
     return None
-
-
-__all__ = [
-    "TRUST_HINT", "Checked", "SafeUnpickler", "StandIn", "StorageType", "TypeToken",
-    "safe_load", "safe_load_pickle_bytes", "to_plain",
-]

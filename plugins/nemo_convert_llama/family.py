@@ -59,6 +59,7 @@ LLAMA = ModelFamily(
     config_to_nemo=llama_config_to_nemo,
     config_to_hf=llama_config_to_hf,
     default_layout="dist",
+    nemo2_targets=("nemo.collections.llm.gpt.model.llama.LlamaModel",),
     hf_model_class="LlamaForCausalLM",
     description="Llama 2/3/3.1/3.2 (MHA, GQA, tied embeddings, llama3/linear RoPE scaling)",
 )

@@ -1,0 +1,39 @@
+"""``nemo-convert reshard``: change tensor/pipeline parallelism or the weights layout."""
+
+from __future__ import annotations
+
+import argparse
+
+from nemo_convert.cli.cmd_convert import _warn_trust, add_parallel_flags, parallelism
+from nemo_convert.cli.common import common_flags, report
+from nemo_convert.cli.progress import make_progress
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("reshard", help="change the TP/PP or weights layout of a .nemo",
+                       description="Rewrite a .nemo (any layout and TP/PP, or a NeMo 2.0 folder) with another "
+                                   "tensor/pipeline parallelism and/or weights layout, streaming one tensor at "
+                                   "a time. Converting between the dist and legacy layouts is a reshard too.")
+    p.add_argument("src", help=".nemo file, unpacked .nemo folder, or NeMo 2.0 checkpoint folder")
+    p.add_argument("-o", "--output", required=True, help="the .nemo to write")
+    add_parallel_flags(p)
+    p.add_argument("--layout", choices=["dist", "legacy"], help="weights layout (default: the input's)")
+    p.add_argument("--family", help="model family (default: from the config)")
+    p.add_argument("--unpacked", action="store_true", help="write the unpacked folder form instead of a tar")
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
+    common_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from nemo_convert import api
+
+    _warn_trust(args)
+    par = parallelism(args)
+    rep = api.reshard(args.src, args.output, tp=par.tp, pp=par.pp, stage_layers=par.stage_layers,
+                      layout=args.layout, overwrite=args.overwrite, packed=not args.unpacked, family=args.family,
+                      progress=make_progress(args), trust_pickle=args.trust_pickle)
+    report(args, rep, "wrote")
+    return 0

@@ -1,0 +1,76 @@
+"""``.nemo`` → ``.nemo`` with another tensor/pipeline parallelism or weights layout.
+
+Any layout and TP×PP in (dist, legacy, legacy per-rank, NeMo 2.0 folders), any out; each
+output tensor is assembled from just the input slices it needs, one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from nemo_convert.convert.common import SECTION, ConversionReport, kinds_for, registry_or_default
+from nemo_convert.convert.nemo_write import Parallelism, write_nemo
+from nemo_convert.engine import Progress
+from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name, open_nemo
+from nemo_convert.formats.nemo_ranks import WEIGHTS
+from nemo_convert.formats.nemo_weights import LAYOUTS
+from nemo_convert.errors import NemoConvertError
+from nemo_convert.mapping.planner import identity_plan, nemo_parallel_kinds, plan_conversion
+from nemo_convert.plugins.manager import Registry
+from nemo_convert.sharding.layout import parse_rank_dir
+
+
+def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]]:  # type: ignore[type-arg]
+    """The non-weight members of a ``.nemo`` (tokenizer files, …) to copy into a new one;
+    files a NeMo 2 folder keeps in ``context/`` become ``nemo:`` artifacts."""
+    if (cfg.get(SECTION) or {}).get("source_format") == "nemo2":
+        files = cfg[SECTION].get("tokenizer_files") or {}
+        out, refs = [], {}
+        for name, ref in files.items():
+            data = ckpt.artifact(ref)
+            member = artifact_name(data, name)
+            out.append((member, data))
+            refs[name] = "nemo:" + member
+        cfg[SECTION]["tokenizer_files"] = refs
+        if "tokenizer.model" in refs:
+            cfg["tokenizer"] = {"library": "sentencepiece", "type": None, "model": refs["tokenizer.model"]}
+        return out
+    skip_dirs = {"model_weights"}
+    out = []
+    for name in ckpt.container.names():
+        rel = name[len(ckpt.prefix):] if name.startswith(ckpt.prefix) else name
+        top = rel.split("/", 1)[0]
+        if rel in (CONFIG_MEMBER, WEIGHTS) or top in skip_dirs or parse_rank_dir(top) is not None:
+            continue
+        out.append((rel, ckpt.container.read_bytes(name)))
+    return out
+
+
+def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None = None,
+            stage_layers: tuple[int, ...] | None = None, overwrite: bool = False, packed: bool = True,
+            family: str | None = None, progress: Progress | None = None, registry: Registry | None = None,
+            trust_pickle: bool = False) -> ConversionReport:
+    """Rewrite a ``.nemo`` at another TP×PP and/or weights layout (``dist`` or ``legacy``).
+
+    The output is checked to be a complete model of its family before anything is written.
+    """
+    reg = registry_or_default(registry)
+    ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
+    try:
+        fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
+        cfg = copy.deepcopy(ckpt.config)
+        layout = layout or ckpt.layout
+        if layout not in LAYOUTS:
+            raise NemoConvertError(f"unknown layout {layout!r} (use {' or '.join(LAYOUTS)})")
+        mapping = fam.mapping(cfg)
+        plan_conversion(mapping, cfg, ckpt.source, "to_hf")  # proves the checkpoint is complete
+        kinds = nemo_parallel_kinds(mapping, cfg)
+        plan = identity_plan(ckpt.source, kinds)
+        artifacts = carried_artifacts(ckpt, cfg)
+        stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
+                           par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
+                           progress=progress, artifacts=artifacts)
+    finally:
+        ckpt.close()
+    return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,
+                            notes=[f"TP={tp} PP={pp}"])

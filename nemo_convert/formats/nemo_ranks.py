@@ -1,0 +1,127 @@
+"""The legacy per-rank ``.nemo`` layout: ``mp_rank_XX/model_weights.ckpt`` (PP = 1) or
+``tp_rank_XX_pp_rank_YYY/model_weights.ckpt``, each holding one rank's slices.
+
+Reading presents the *global* logical tensors, each merged from its rank slices on
+demand (one tensor in memory at a time). Writing runs a plan once per rank, slicing each
+produced tensor for that rank, so the archive is streamed rank file by rank file with no
+temporary copy.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from nemo_convert.engine import Progress, RunStats, run_plan
+from nemo_convert.errors import InputError, ShapeError
+from nemo_convert.formats.nemo import PrefixView
+from nemo_convert.formats.sink import MemberSink
+from nemo_convert.formats.tar_archive import Container
+from nemo_convert.formats.torch_save import TorchSaveWriter
+from nemo_convert.mapping.planner import Plan
+from nemo_convert.mapping.rules import Parallel
+from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout
+from nemo_convert.sharding.tensor import TensorParallel
+from nemo_convert.tensors.base import TensorInfo, TensorSource
+
+WEIGHTS = "model_weights.ckpt"
+_TP = TensorParallel()
+
+
+class PerRankSource:
+    """Global logical tensors merged from per-rank ``model_weights.ckpt`` files."""
+
+    def __init__(self, container: Container, prefix: str, layout: ParallelLayout,
+                 kinds: dict[str, Parallel], *, vocab: int | None = None, trust_pickle: bool = False) -> None:
+        from nemo_convert.tensors.torch_zip import TorchZipSource
+
+        self._layout = layout
+        self._kinds = kinds
+        self._vocab = vocab
+        self._ranks: dict[tuple[int, int], PrefixView] = {}
+        for p, t, folder in layout.rank_dirs():
+            member = f"{prefix}{folder}/{WEIGHTS}"
+            if not container.exists(member):
+                raise InputError(f"{container.path}: {folder}/ has no {WEIGHTS}")
+            zs = TorchZipSource(container.region(member), trust_pickle=trust_pickle)
+            self._ranks[(p, t)] = PrefixView(zs, "model.")
+        self._where: dict[str, tuple[int, str]] = {}
+        for p in range(layout.pp):
+            for local in self._ranks[(p, 0)].keys():
+                name = layout.global_name(local, p)
+                if p > 0 and layout.pp > 1 and name == TIED_EMBEDDING and name in self._where:
+                    continue  # the last stage's copy of a tied embedding
+                if name in self._where:
+                    raise InputError(f"{container.path}: {name} appears on more than one pipeline stage")
+                self._where[name] = (p, local)
+        self._infos: dict[str, TensorInfo] = {}
+
+    def _kind(self, key: str) -> Parallel:
+        return self._kinds.get(key, Parallel.REPLICATED)
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def info(self, key: str) -> TensorInfo:
+        if key not in self._infos:
+            p, local = self._where[key]
+            parts = [torch.empty(self._ranks[(p, t)].info(local).shape, device="meta",
+                                 dtype=self._ranks[(p, t)].info(local).dtype) for t in range(self._layout.tp)]
+            merged = self._merge(key, parts)
+            self._infos[key] = TensorInfo(key, tuple(merged.shape), merged.dtype)
+        return self._infos[key]
+
+    def _merge(self, key: str, parts: list[torch.Tensor]) -> torch.Tensor:
+        kind = self._kind(key)
+        if any(p.shape != parts[0].shape for p in parts):
+            raise ShapeError(f"{key}: the tensor-parallel slices differ in shape "
+                             f"({', '.join(str(list(p.shape)) for p in parts)})")
+        vocab = self._vocab if kind is Parallel.VOCAB else None
+        if vocab is not None and parts[0].shape[0] * len(parts) < vocab:
+            vocab = None
+        return _TP.merge(parts, kind, name=key, vocab=vocab)
+
+    def load(self, key: str) -> torch.Tensor:
+        p, local = self._where[key]
+        return self._merge(key, [self._ranks[(p, t)].load(local) for t in range(self._layout.tp)])
+
+    def group(self, key: str) -> str:
+        p, _ = self._where[key]
+        return f"stage{p:03d}"
+
+    def close(self) -> None:
+        for r in self._ranks.values():
+            r.close()
+
+
+def write_per_rank(sink: MemberSink, plan: Plan, source: TensorSource, layout: ParallelLayout,
+                   kinds: dict[str, Parallel], *, padded_vocab: int | None,
+                   progress: Progress | None = None,
+                   on_rank: Callable[[int, int], None] | None = None) -> RunStats:
+    """Run ``plan`` once per rank, writing that rank's slices into its folder's
+    ``model_weights.ckpt`` (``model.``-prefixed, layers renumbered per stage)."""
+    total = RunStats()
+    for p, t, folder in layout.rank_dirs():
+        tasks = [task for task in plan.tasks if task.outputs
+                 and any(p in layout.stages_of(o) for o in task.outputs)]
+        with sink.open_member(f"{folder}/{WEIGHTS}") as stream:
+            writer = TorchSaveWriter(stream)
+
+            def put(name: str, tensor: torch.Tensor, p: int = p, t: int = t, w: TorchSaveWriter = writer) -> None:
+                if p not in layout.stages_of(name):
+                    return
+                kind = kinds.get(name, Parallel.REPLICATED)
+                piece = _TP.split(tensor, kind, layout.tp, t, name=name,
+                                  padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
+                w.add("model." + layout.local_name(name, p), piece)
+
+            stats = run_plan(Plan(plan.direction, tasks, plan.dropped), source, put, progress=progress,
+                             description=f"{folder}")
+            writer.close()
+        total.tensors += stats.tensors
+        total.bytes += stats.bytes
+        total.seconds += stats.seconds
+        if on_rank is not None:
+            on_rank(p, t)
+    return total

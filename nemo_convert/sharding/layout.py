@@ -1,0 +1,104 @@
+"""Where each logical tensor lives in a TP×PP layout, and how rank folders are named.
+
+Logical names are the global, per-layer NeMo names (``decoder.layers.7.…``). A pipeline
+stage holds a contiguous run of layers renumbered from 0, the embedding (first stage),
+and the final norm and output layer (last stage); with tied embeddings and PP > 1 the last
+stage also holds a copy of the word embedding.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from nemo_convert.errors import InputError, UnsupportedError
+from nemo_convert.formats.nemo_weights import split_layer_name
+from nemo_convert.sharding.pipeline import PipelineParallel
+
+TIED_EMBEDDING = "embedding.word_embeddings.weight"
+_RANK_DIR = re.compile(r"^(?:mp_rank_(?P<mp>\d{2,})|tp_rank_(?P<tp>\d{2,})_pp_rank_(?P<pp>\d{3,}))$")
+
+
+def rank_dir(tp_rank: int, pp_rank: int, pp: int) -> str:
+    """NeMo's folder of one rank: ``mp_rank_XX`` (PP = 1) or ``tp_rank_XX_pp_rank_YYY``."""
+    return f"mp_rank_{tp_rank:02d}" if pp == 1 else f"tp_rank_{tp_rank:02d}_pp_rank_{pp_rank:03d}"
+
+
+def parse_rank_dir(name: str) -> tuple[int, int] | None:
+    """``(tp_rank, pp_rank)`` of a rank folder name, or None."""
+    m = _RANK_DIR.match(name)
+    if not m:
+        return None
+    if m["mp"] is not None:
+        return int(m["mp"]), 0
+    return int(m["tp"]), int(m["pp"])
+
+
+def detect_ranks(names: Sequence[str]) -> tuple[int, int]:
+    """TP and PP sizes from a set of rank folder names; checks the grid is complete."""
+    ranks = {r for r in (parse_rank_dir(n) for n in names) if r is not None}
+    if not ranks:
+        raise InputError("no per-rank folders (mp_rank_XX or tp_rank_XX_pp_rank_YYY)")
+    tp = max(t for t, _ in ranks) + 1
+    pp = max(p for _, p in ranks) + 1
+    missing = sorted({(t, p) for t in range(tp) for p in range(pp)} - ranks)
+    if missing:
+        raise InputError("per-rank folders are incomplete; missing "
+                         + ", ".join(rank_dir(t, p, pp) for t, p in missing))
+    return tp, pp
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """A TP×PP layout of a model with ``num_layers`` layers."""
+
+    tp: int
+    pp: int
+    stages: tuple[range, ...]
+    tied: bool = False
+
+    @classmethod
+    def make(cls, num_layers: int, tp: int = 1, pp: int = 1, *, stage_sizes: Sequence[int] | None = None,
+             tied: bool = False) -> "ParallelLayout":
+        if tp < 1:
+            raise UnsupportedError(f"tensor-parallel size must be ≥ 1, got {tp}")
+        stages = PipelineParallel().stage_layers(num_layers, pp, stage_sizes)
+        return cls(tp, pp, tuple(stages), tied)
+
+    def stage_of_layer(self, layer: int) -> int:
+        for s, r in enumerate(self.stages):
+            if layer in r:
+                return s
+        raise InputError(f"layer {layer} is outside the model's {self.stages[-1].stop} layers")
+
+    def stages_of(self, name: str) -> list[int]:
+        """The stages that hold logical tensor ``name``."""
+        parts = split_layer_name(name)
+        if parts is not None and parts[0] == "decoder.layers":
+            return [self.stage_of_layer(parts[1])]
+        last = self.pp - 1
+        if name.startswith("decoder.") or name.startswith("output_layer"):
+            return [last]
+        if self.tied and name == TIED_EMBEDDING and last > 0:
+            return [0, last]
+        return [0]
+
+    def local_name(self, name: str, stage: int) -> str:
+        """The name of ``name`` inside stage ``stage`` (layer index renumbered from 0)."""
+        parts = split_layer_name(name)
+        if parts is not None and parts[0] == "decoder.layers":
+            stack, i, rest = parts
+            return f"{stack}.{i - self.stages[stage].start}.{rest}"
+        return name
+
+    def global_name(self, local: str, stage: int) -> str:
+        parts = split_layer_name(local)
+        if parts is not None and parts[0] == "decoder.layers":
+            stack, i, rest = parts
+            return f"{stack}.{i + self.stages[stage].start}.{rest}"
+        return local
+
+    def rank_dirs(self) -> list[tuple[int, int, str]]:
+        """``(pp_rank, tp_rank, folder)`` for every rank, stage-major."""
+        return [(p, t, rank_dir(t, p, self.pp)) for p in range(self.pp) for t in range(self.tp)]

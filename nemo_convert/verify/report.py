@@ -1,0 +1,198 @@
+"""The result of ``verify``: per-tensor, config, tokenizer (and CLIP) comparisons."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Tensor statuses that count as a match.
+MATCHING = ("equal", "close", "skipped")
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: non-finite floats become the strings ``"inf"``, ``"-inf"``, ``"nan"``."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+@dataclass
+class SideInfo:
+    """One of the two checkpoints."""
+
+    path: str
+    format: str  # "hf" or "nemo"
+    layout: str | None = None
+    family: str | None = None
+
+
+@dataclass
+class TensorDiff:
+    """One tensor, by its HF name.
+
+    ``status``: ``equal`` (bit-identical), ``close`` (within tolerance, not identical),
+    ``different`` (beyond tolerance), ``shape`` / ``dtype`` (mismatch), ``missing_a`` /
+    ``missing_b`` (on one side only), ``skipped`` (on one side only, and not a weight:
+    the family drops it). ``max_abs`` = max |a − b|, ``max_rel`` = max |a − b| / |b|
+    (``inf`` where b = 0 and a ≠ b); ``mismatched`` counts elements with
+    |a − b| > atol + rtol·|b|; ``worst_index`` is where |a − b| is largest.
+    """
+
+    name: str
+    status: str
+    shape_a: list[int] | None = None
+    shape_b: list[int] | None = None
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    mismatched: int | None = None
+    numel: int | None = None
+    worst_index: list[int] | None = None
+    value_a: float | None = None
+    value_b: float | None = None
+    note: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in MATCHING
+
+
+@dataclass
+class ConfigDiff:
+    """One differing key path of the two HF configs (``kind``: changed, missing_a, missing_b)."""
+
+    path: str
+    kind: str
+    a: Any = None
+    b: Any = None
+
+
+@dataclass
+class TokenizerFileDiff:
+    name: str
+    status: str  # identical, equivalent (same JSON), different, missing_a, missing_b
+    diffs: list[ConfigDiff] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("identical", "equivalent")
+
+
+@dataclass
+class EncodingDiff:
+    """One tokenizer kind (``sentencepiece`` from ``tokenizer.model``, ``hf`` from
+    ``tokenizer.json``) loaded on both sides and run over the probe texts."""
+
+    kind: str
+    vocab_size_a: int
+    vocab_size_b: int
+    probes: int
+    differing: int
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    only_a: list[str] = field(default_factory=list)  # special/added tokens only A has
+    only_b: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.vocab_size_a == self.vocab_size_b and self.differing == 0 and not self.only_a and not self.only_b
+
+
+@dataclass
+class TokenizerReport:
+    files: list[TokenizerFileDiff] = field(default_factory=list)
+    encodings: list[EncodingDiff] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.files) and all(e.ok for e in self.encodings)
+
+
+@dataclass
+class ClipReport:
+    """Zero-shot probabilities (softmax of 100 · image · textᵀ) on both sides."""
+
+    image: str
+    texts: list[str]
+    probs_a: list[float]
+    probs_b: list[float]
+    max_abs_diff: float
+    image_reader: str  # "PIL" or "builtin"
+
+
+@dataclass
+class VerifyReport:
+    """Everything ``verify`` compared. ``ok`` is true when every tensor matches within
+    the tolerance, the HF configs are equal and the tokenizers behave identically. The
+    CLIP probabilities are informational."""
+
+    a: SideInfo
+    b: SideInfo
+    atol: float
+    rtol: float
+    tensors: list[TensorDiff] = field(default_factory=list)
+    config: list[ConfigDiff] = field(default_factory=list)
+    tokenizer: TokenizerReport = field(default_factory=TokenizerReport)
+    clip: ClipReport | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tensors_ok(self) -> bool:
+        return all(t.ok for t in self.tensors)
+
+    @property
+    def config_ok(self) -> bool:
+        return not self.config
+
+    @property
+    def tokenizer_ok(self) -> bool:
+        return self.tokenizer.ok
+
+    @property
+    def ok(self) -> bool:
+        return self.tensors_ok and self.config_ok and self.tokenizer_ok
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tensors:
+            out[t.status] = out.get(t.status, 0) + 1
+        return out
+
+    def worst(self, n: int = 10) -> list[TensorDiff]:
+        """The ``n`` worst tensors: non-matching first, then by largest absolute difference."""
+        def key(t: TensorDiff) -> tuple[int, float]:
+            return (0 if not t.ok else 1, -(t.max_abs if t.max_abs is not None else math.inf if not t.ok else 0.0))
+        return sorted(self.tensors, key=key)[:n]
+
+    def as_dict(self) -> dict[str, Any]:
+        def plain(obj: Any) -> Any:
+            return dict(obj.__dict__) if obj is not None else None
+
+        tok = self.tokenizer
+        return _clean({
+            "ok": self.ok,
+            "tensors_ok": self.tensors_ok,
+            "config_ok": self.config_ok,
+            "tokenizer_ok": self.tokenizer_ok,
+            "a": plain(self.a),
+            "b": plain(self.b),
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "counts": self.counts(),
+            "tensors": [plain(t) for t in self.tensors],
+            "config": [plain(c) for c in self.config],
+            "tokenizer": {
+                "ok": tok.ok,
+                "files": [{**plain(f), "diffs": [plain(d) for d in f.diffs]} for f in tok.files],
+                "encodings": [plain(e) for e in tok.encodings],
+                "notes": list(tok.notes),
+            },
+            "clip": plain(self.clip),
+            "notes": list(self.notes),
+        })
