@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from typing import Sequence
 
 from nemo_convert import __version__
-from nemo_convert.cli import cmd_convert, cmd_inspect, cmd_plugins, cmd_reshard  # noqa: I001
+from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_inspect, cmd_plugins, cmd_reshard,  # noqa: I001
+                              cmd_tokenizer, cmd_verify)
 from nemo_convert.errors import NemoConvertError
 
-COMMANDS = (cmd_convert, cmd_reshard, cmd_inspect, cmd_plugins)
+COMMANDS = (cmd_convert, cmd_reshard, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +37,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nemo_convert.formats.staging import install_signal_handlers
 
     install_signal_handlers()
-    warnings.simplefilter("default")
     try:
         return int(args.func(args) or 0)
     except NemoConvertError as exc:
