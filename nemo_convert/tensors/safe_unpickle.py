@@ -1,21 +1,14 @@
 """A restricted unpickler: pickles become data, never code.
 
 A pickle runs code only through the globals it names, which ``pickle`` resolves with
-``find_class``. :class:`SafeUnpickler` answers that from an explicit allow-list, refuses
-everything else (:class:`~nemo_convert.errors.UnsafePickleError`) and never imports a
-module a pickle asks for. The allow-list hands out harmless builtins and torch dtypes,
-or *our own* objects:
-
-* OmegaConf containers/nodes, Lightning's ``AttributeDict`` and ``argparse.Namespace``
-  become stand-ins recording their pickled state; :func:`to_plain` makes them plain
-  dicts, lists and scalars. omegaconf and lightning are never imported.
-* numpy arrays, scalars and dtypes go through argument-checked wrappers around numpy's
-  data-only constructors (numpy is imported only for pickles holding numpy data).
-* Callers add what their format needs (``extra_globals``), e.g. tensor rebuilders.
-
-All of it is immutable, so a pickle's BUILD opcode cannot alter objects later loads
-share. ``trust=True`` resolves unlisted names normally, running whatever the pickle asks
-for: callers must warn loudly before using it.
+``find_class``. :class:`SafeUnpickler` answers from an explicit allow-list, refuses the
+rest (:class:`~nemo_convert.errors.UnsafePickleError`) and never imports what a pickle
+names. It hands out harmless builtins and torch dtypes, immutable tokens, argument-checked
+functions, and *stand-ins* that only record pickled state: OmegaConf configs, Lightning's
+``AttributeDict``, ``argparse.Namespace``, numpy arrays and dtypes. :func:`to_plain`
+turns stand-ins into plain dicts, lists, scalars and numpy arrays. Callers add what their
+format needs through ``extra_globals`` (e.g. lazy tensor rebuilders). ``trust=True``
+resolves unlisted names normally, running what the pickle asks: callers must warn loudly.
 """
 
 from __future__ import annotations
@@ -24,6 +17,7 @@ import _compat_pickle
 import builtins
 import collections
 import io
+import math
 import pathlib
 import pickle
 import re
@@ -99,12 +93,11 @@ class StandIn(metaclass=_FrozenMeta):
         self.__dict__["state"] = state
 
     def __repr__(self) -> str:
-        return f"<{self.source} stand-in>"
+        return f"<stand-in {self.source}>"
 
 
 class OmegaContainer(StandIn):
-    """``DictConfig``/``ListConfig``: state ``_content`` is a dict/list of nodes, or
-    None, ``"???"`` or an interpolation string."""
+    """``DictConfig``/``ListConfig``: state ``_content`` is nodes, None or a string."""
 
 
 class OmegaValue(StandIn):
@@ -119,9 +112,6 @@ class AttributeDictStandIn(dict, metaclass=_FrozenMeta):
     """Lightning's ``AttributeDict``: a dict subclass; its items arrive by SETITEMS."""
 
     source: str = "?"
-
-    def __setstate__(self, state: Any) -> None:  # no instance attributes to restore
-        pass
 
 
 def _standin(base: type, source: str) -> type:
@@ -208,6 +198,15 @@ def _np_reconstruct(cls: Any, shape: Any, typecode: Any) -> NumpyArray:
     return NumpyArray()
 
 
+def _np_frombuffer(buf: Any, token: Any, shape: Any, order: Any = "C") -> NumpyArray:
+    """``numpy._core.numeric._frombuffer``: protocol-5 arrays."""
+    if not isinstance(buf, (bytes, bytearray, pickle.PickleBuffer)):
+        raise InputError("pickle builds a numpy array from a non-buffer")
+    array = NumpyArray()
+    array.__setstate__((1, shape, token, order == "F", bytes(memoryview(buf))))
+    return array
+
+
 def _real_array(array: NumpyArray) -> Any:
     state = array.state
     if not (isinstance(state, tuple) and len(state) == 5 and isinstance(state[1], tuple)
@@ -215,17 +214,10 @@ def _real_array(array: NumpyArray) -> Any:
         raise InputError("pickle holds a malformed numpy array")
     _, shape, token, fortran, raw = state
     dtype = _real_dtype(token)
-    if not isinstance(raw, (bytes, bytearray)) or len(raw) != dtype.itemsize * _prod(shape):
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) != dtype.itemsize * math.prod(shape):
         raise InputError(f"pickle holds a numpy array of shape {shape} with the wrong byte count")
     flat = _numpy().frombuffer(bytearray(raw), dtype)
     return flat.reshape(shape, order="F" if fortran else "C")
-
-
-def _prod(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _np_scalar(token: Any, data: Any = None) -> Any:
@@ -297,6 +289,8 @@ def _base_globals() -> dict[str, Any]:
     for core in ("numpy.core.multiarray", "numpy._core.multiarray"):
         g[f"{core}._reconstruct"] = Checked(f"{core}._reconstruct", _np_reconstruct)
         g[f"{core}.scalar"] = Checked(f"{core}.scalar", _np_scalar)
+    for numeric in ("numpy.core.numeric", "numpy._core.numeric"):
+        g[f"{numeric}._frombuffer"] = Checked(f"{numeric}._frombuffer", _np_frombuffer)
     g["numpy.ndarray"] = _NDARRAY
     g["numpy.dtype"] = Checked("numpy.dtype", _np_dtype)
     return g
@@ -368,12 +362,18 @@ def safe_load_pickle_bytes(data: bytes, *, trust: bool = False,
 _SCALARS = (str, bytes, int, float, bool, complex, type(None))
 
 
-def to_plain(obj: Any, _memo: dict[int, Any] | None = None) -> Any:
+def to_plain(obj: Any) -> Any:
     """Stand-ins → plain data: configs → dicts/lists/scalars, dict subclasses → ``dict``,
     paths → ``str``, stand-in classes → their dotted name. OmegaConf interpolations and
     ``"???"`` stay strings (as ``OmegaConf.to_container(resolve=False)``). Tensors, arrays
     and other objects are kept as they are; shared and cyclic references are preserved."""
-    memo: dict[int, Any] = {} if _memo is None else _memo
+    try:
+        return _plain(obj, {})
+    except (TypeError, RecursionError) as e:  # e.g. an array as a dict key; deep nesting
+        raise InputError(f"pickle holds data that cannot be made plain: {e}") from e
+
+
+def _plain(obj: Any, memo: dict[int, Any]) -> Any:
     if isinstance(obj, _SCALARS):
         return obj
     if id(obj) in memo:
@@ -390,15 +390,15 @@ def to_plain(obj: Any, _memo: dict[int, Any] | None = None) -> Any:
     elif isinstance(obj, NumpyDtype):
         result = _real_dtype(obj)
     elif isinstance(obj, OmegaValue):
-        result = to_plain(_state_get(obj, "_val", "val"), memo)
+        result = _plain(_state_get(obj, "_val", "val"), memo)
     elif isinstance(obj, AttrObject):
         return _plain_container(obj, obj.state if isinstance(obj.state, dict) else obj.kwargs, memo)
     elif isinstance(obj, (dict, list)):
         return _plain_container(obj, obj, memo)
     elif type(obj) is tuple:
-        result = tuple(to_plain(v, memo) for v in obj)
+        result = tuple(_plain(v, memo) for v in obj)
     elif isinstance(obj, (set, frozenset)):
-        result = type(obj)(to_plain(v, memo) for v in obj)
+        result = type(obj)(_plain(v, memo) for v in obj)
     elif isinstance(obj, pathlib.PurePath):
         result = str(obj)
     else:
@@ -408,25 +408,20 @@ def to_plain(obj: Any, _memo: dict[int, Any] | None = None) -> Any:
 
 
 def _plain_container(key_obj: Any, content: Any, memo: dict[int, Any]) -> Any:
-    """A new plain dict/list for ``content``, registered under ``key_obj`` before its
-    children are converted (so cycles terminate)."""
+    """A plain dict/list for ``content``, memoized before its children (cycles end)."""
     if isinstance(content, dict):
         out: Any = {}
         memo[id(key_obj)] = out
         for k, v in content.items():
-            out[to_plain(k, memo)] = to_plain(v, memo)
+            out[_plain(k, memo)] = _plain(v, memo)
         return out
     out = []
     memo[id(key_obj)] = out
-    out.extend(to_plain(v, memo) for v in content)
+    out.extend(_plain(v, memo) for v in content)
     return out
 
 
 def _state_get(obj: StandIn, *names: str) -> Any:
     """Field ``names[0]`` (or a fallback name) of a stand-in's pickled state dict."""
-    state = obj.state
-    if isinstance(state, dict):
-        for n in names:
-            if n in state:
-                return state[n]
-    return None
+    state = obj.state if isinstance(obj.state, dict) else {}
+    return next((state[n] for n in names if n in state), None)

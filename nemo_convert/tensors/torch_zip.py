@@ -114,8 +114,11 @@ def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: Any,
         raise InputError(f"torch pickle rebuilds a tensor from {storage!r}, not a storage")
     shape, strides = _ints(size, "size"), _ints(stride, "stride")
     (offset,) = _ints((offset,), "storage offset")
-    if len(shape) != len(strides) or not (metadata is None or isinstance(metadata, dict)):
-        raise InputError(f"torch pickle has a malformed tensor (size {shape}, stride {strides})")
+    flags_ok = metadata is None or isinstance(metadata, dict) and all(
+        k in ("conj", "neg") and isinstance(v, bool) for k, v in metadata.items())
+    if len(shape) != len(strides) or not flags_ok:
+        raise InputError(f"torch pickle has a malformed tensor (size {shape}, stride {strides}, "
+                         f"flags {metadata!r})")
     lazy = LazyTensor(storage, offset, shape, strides, dtype, bool(requires_grad), False,
                       dict(metadata) if metadata else None)
     if lazy.numel:
@@ -159,9 +162,7 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> La
         raise InputError(f"torch pickle rebuilds a tensor through {func!r}")
     if not (isinstance(new_type, TypeToken) and new_type.source in _TENSOR_TYPES):
         raise InputError(f"torch pickle holds a tensor subclass {new_type!r}; not supported")
-    lazy = func(*args)
-    return replace(lazy, is_parameter=new_type.source in _PARAMETER_TYPES) if isinstance(
-        lazy, LazyTensor) else lazy
+    return replace(func(*args), is_parameter=new_type.source in _PARAMETER_TYPES)
 
 
 def _unsupported(kind: str) -> Any:
@@ -212,7 +213,7 @@ class _Archive:
                     order = self.members.get(self.prefix + "byteorder")
                     byteorder = zf.read(order).decode("ascii", "replace") if order else None
             except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError,
-                    EOFError, ValueError) as e:
+                    EOFError, ValueError, RuntimeError) as e:  # RuntimeError: "encrypted"
                 raise InputError(f"{self.where}: corrupt torch zip archive: {e}") from e
         if byteorder not in (None, sys.byteorder):
             raise InputError(f"{self.where}: tensors are stored {byteorder}-endian; only "
@@ -270,8 +271,10 @@ class _Archive:
         """Offset of storage ``key``'s bytes in the region, from its local zip header."""
         if key not in self._data_offsets:
             info = self.members[f"{self.prefix}data/{key}"]
-            head = self.region.read(info.header_offset, _LOCAL_HEADER.size)
-            sig, name_len, extra_len = _LOCAL_HEADER.unpack(head)
+            sig, name_len, extra_len = b"", 0, 0
+            if 0 <= info.header_offset <= self.region.length - _LOCAL_HEADER.size:
+                head = self.region.read(info.header_offset, _LOCAL_HEADER.size)
+                sig, name_len, extra_len = _LOCAL_HEADER.unpack(head)
             if sig != b"PK\x03\x04":
                 raise InputError(f"{self.where}: bad zip header for storage {key}")
             start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
