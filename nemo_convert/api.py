@@ -16,7 +16,9 @@ from nemo_convert.convert.hf_to_nemo import import_hf, plan_import
 from nemo_convert.convert.nemo_to_hf import export_hf
 from nemo_convert.convert.nemo_write import Parallelism
 from nemo_convert.convert.reshard import reshard
+from nemo_convert.convert.tokenizer_patch import add_tokens
 from nemo_convert.plugins.manager import get_registry, registry_with
+from nemo_convert.verify import VerifyReport, verify
 
-__all__ = ["SECTION", "Checkpoint", "ConversionReport", "Parallelism", "reshard", "export_hf", "get_registry", "import_hf",
+__all__ = ["SECTION", "Checkpoint", "VerifyReport", "add_tokens", "verify", "ConversionReport", "Parallelism", "reshard", "export_hf", "get_registry", "import_hf",
            "inspect_checkpoint", "open_checkpoint", "plan_import", "registry_with"]

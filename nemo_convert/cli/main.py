@@ -11,11 +11,11 @@ import sys
 from typing import Sequence
 
 from nemo_convert import __version__
-from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_inspect, cmd_plugins, cmd_reshard,  # noqa: I001
-                              cmd_tokenizer, cmd_verify)
+from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_inspect, cmd_plugins, cmd_quantize,  # noqa: I001
+                              cmd_reshard, cmd_tokenizer, cmd_verify)
 from nemo_convert.errors import NemoConvertError
 
-COMMANDS = (cmd_convert, cmd_reshard, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
+COMMANDS = (cmd_convert, cmd_reshard, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import copy
 import os
+from typing import Any
 
 import torch
 
-from nemo_convert.convert.common import SECTION, ConversionReport, kinds_for, registry_or_default
+from nemo_convert.convert.common import (
+    SECTION,
+    ConversionReport,
+    kinds_for,
+    registry_or_default,
+)
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype, run_plan
 from nemo_convert.formats.hf import HFWeightsWriter, write_json
@@ -16,21 +22,30 @@ from nemo_convert.formats.staging import staged_output
 from nemo_convert.hf_config import dtype_name_of_precision, set_dtype_name
 from nemo_convert.mapping.planner import plan_conversion
 from nemo_convert.plugins.manager import Registry
+from nemo_convert.plugins.records import ModelFamily
 
 DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def export_tokenizer(ckpt: NemoCheckpoint, folder: str) -> None:
-    """Write the tokenizer files the ``.nemo`` carries under their HF names."""
+def tokenizer_files(ckpt: NemoCheckpoint) -> dict[str, bytes]:
+    """The tokenizer files a ``.nemo`` carries, under their HF names."""
     files = (ckpt.config.get(SECTION) or {}).get("tokenizer_files") or {}
-    for name, ref in files.items():
-        with open(os.path.join(folder, os.path.basename(name)), "wb") as f:
-            f.write(ckpt.artifact(ref))
-    if not files:
-        model = (ckpt.config.get("tokenizer") or {}).get("model")
-        if isinstance(model, str) and model:
-            with open(os.path.join(folder, "tokenizer.model"), "wb") as f:
-                f.write(ckpt.artifact(model))
+    if files:
+        return {os.path.basename(n): ckpt.artifact(ref) for n, ref in files.items()}
+    model = (ckpt.config.get("tokenizer") or {}).get("model")
+    if isinstance(model, str) and model:
+        return {"tokenizer.model": ckpt.artifact(model)}
+    return {}
+
+
+def hf_config_of(fam: ModelFamily, cfg: dict[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """The ``config.json`` that export writes for a NeMo config (and an optional cast)."""
+    hf_cfg = fam.config_to_hf(copy.deepcopy(cfg))
+    if dtype is not None:
+        set_dtype_name(hf_cfg, DTYPE_NAME[dtype])
+    elif ("dtype" in hf_cfg or "torch_dtype" in hf_cfg) and "precision" in cfg:
+        set_dtype_name(hf_cfg, dtype_name_of_precision(cfg["precision"]))
+    return hf_cfg
 
 
 def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, overwrite: bool = False,
@@ -45,19 +60,17 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
         cfg = ckpt.config
-        hf_cfg = fam.config_to_hf(copy.deepcopy(cfg))
+        hf_cfg = hf_config_of(fam, cfg, want)
         plan = plan_conversion(fam.mapping(cfg), cfg, ckpt.source, "to_hf")
         warnings = apply_dtype(plan, want)
-        if want is None and ("dtype" in hf_cfg or "torch_dtype" in hf_cfg) and "precision" in cfg:
-            set_dtype_name(hf_cfg, dtype_name_of_precision(cfg["precision"]))
-        if want is not None:
-            set_dtype_name(hf_cfg, DTYPE_NAME[want])
         with staged_output(out, overwrite=overwrite, is_dir=True) as stage:
             write_json(os.path.join(stage, "config.json"), hf_cfg)
             gen = (cfg.get(SECTION) or {}).get("hf_generation_config")
             if gen is not None:
                 write_json(os.path.join(stage, "generation_config.json"), gen)
-            export_tokenizer(ckpt, stage)
+            for name, data in tokenizer_files(ckpt).items():
+                with open(os.path.join(stage, name), "wb") as f:
+                    f.write(data)
             writer = HFWeightsWriter(stage, plan.outputs(), max_shard_bytes=max_shard_bytes)
             stats = run_plan(plan, ckpt.source, writer.write, progress=progress, description="export")
             writer.close()

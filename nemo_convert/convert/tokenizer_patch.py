@@ -131,6 +131,8 @@ def _check_args(src: str, out: str, tokens: Sequence[str], piece_type: str) -> l
     src_real, out_real = os.path.realpath(src), os.path.realpath(out)
     if os.path.isdir(src) and out_real.startswith(src_real + os.sep):
         raise InputError("the output must not be inside the input folder")
+    if src_real.startswith(out_real + os.sep):
+        raise InputError("the output must not be a folder that holds the input")
     return tokens
 
 

@@ -33,8 +33,7 @@ class HFView:
         self._cache: dict[str, torch.Tensor] = {}
         self.peak_cached = 0  # most task outputs held at once (for tests and the memory claim)
         if plan is None:
-            for k in source.keys():
-                self._infos[k] = source.info(k)
+            self._infos = {k: source.info(k) for k in source.keys()}  # noqa: SIM118 (a TensorSource)
         else:
             for task in plan.tasks:
                 for info in task.infos:

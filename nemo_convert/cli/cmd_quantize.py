@@ -1,0 +1,74 @@
+"""``nemo-convert quantize``: a ``.nemo`` or HF folder → a ``.qnemo`` (TensorRT-LLM checkpoint)."""
+
+from __future__ import annotations
+
+import argparse
+
+from nemo_convert.cli.common import common_flags, human_bytes, print_json, warn
+from nemo_convert.cli.progress import make_progress
+
+ALGOS = ("none", "int8_wo", "int4_wo", "fp8", "int4_awq")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "quantize", help="write a quantized TensorRT-LLM checkpoint (.qnemo) of a .nemo or HF folder",
+        description="Quantize a .nemo or Hugging Face model folder into a .qnemo: a TensorRT-LLM checkpoint "
+                    "(config.json + rank{i}.safetensors + tokenizer) for trtllm-build. Runs on CPU; "
+                    "fp8, int4_awq and --kv-cache fp8 calibrate with transformers first.")
+    p.add_argument("src", help=".nemo (file or folder) or Hugging Face model folder")
+    p.add_argument("-o", "--output", required=True, help="the .qnemo to write (a folder; a tar with --compress)")
+    p.add_argument("--algo", required=True, choices=ALGOS,
+                   help="none: plain checkpoint in the model dtype; int8_wo: W8A16; int4_wo: group-wise int4 "
+                        "weight-only (W4A16_AWQ without pre-scale); fp8: FP8 weights and activations; "
+                        "int4_awq: W4A16_AWQ")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the checkpoint (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the checkpoint (default 1)")
+    p.add_argument("--calib-data", metavar="FILE",
+                   help="calibration text, one sample per line (default: the built-in English sample)")
+    p.add_argument("--calib-size", type=int, default=64, metavar="N",
+                   help="calibration rows of --calib-seq-len tokens (default 64)")
+    p.add_argument("--calib-seq-len", type=int, default=512, metavar="T", help="tokens per row (default 512)")
+    p.add_argument("--calib-batch-size", type=int, default=4, metavar="B", help="rows per forward (default 4)")
+    p.add_argument("--kv-cache", choices=["none", "fp8"], default="none",
+                   help="fp8: add calibrated FP8 KV-cache scales (default none)")
+    p.add_argument("--group-size", type=int, default=128, choices=[64, 128], help="int4 group size (default 128)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],
+                   help="checkpoint dtype (default: the source's; quantized algorithms need bf16 or fp16)")
+    p.add_argument("--compress", action="store_true", help="write a plain tar instead of a folder")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where calibration and the quantization math run (default cpu)")
+    p.add_argument("--family", help="model family (default: detected)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
+    common_flags(p)
+    p.set_defaults(func=run_quantize)
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from nemo_convert.qnemo import quantize
+
+    if args.trust_pickle:
+        warn(args, "--trust-pickle: pickled files may now run arbitrary code on this machine")
+    rep = quantize(args.src, args.output, algo=args.algo, tp=args.tp, pp=args.pp, calib_data=args.calib_data,
+                   calib_size=args.calib_size, calib_seq_len=args.calib_seq_len,
+                   calib_batch_size=args.calib_batch_size, kv_cache=args.kv_cache, compress=args.compress,
+                   device=args.device, overwrite=args.overwrite, group_size=args.group_size, dtype=args.dtype,
+                   family=args.family, progress=make_progress(args), trust_pickle=args.trust_pickle)
+    for w in rep.warnings:
+        warn(args, w)
+    if args.json:
+        print_json(rep.as_dict())
+    elif not args.quiet:
+        algo = rep.quant_algo or "unquantized"
+        kv = f", KV cache {rep.kv_cache_quant_algo}" if rep.kv_cache_quant_algo else ""
+        Console(stderr=True).print(
+            f"wrote {rep.output}: {algo}{kv}, {rep.dtype}, TP {rep.tp} × PP {rep.pp} "
+            f"({len([f for f in rep.files if f.startswith('rank')])} rank files), {rep.tensors} tensors, "
+            f"{human_bytes(rep.bytes)} in {rep.seconds:.2f} s, family {rep.family}", highlight=False)
+        for n in rep.notes:
+            Console(stderr=True).print(f"note: {n}", highlight=False)
+    return 0

@@ -1,0 +1,139 @@
+"""``nemo-convert verify``: compare two checkpoints (tensors, config, tokenizer).
+
+Exit codes: 0 everything equal within the tolerance; 1 a difference beyond it (a result,
+not an error); 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from nemo_convert.cli.common import common_flags, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "verify", help="compare two checkpoints (tensors, config, tokenizer); exit 1 on a difference",
+        description="Compare checkpoints A and B in any formats nemo-convert reads (HF folder, .nemo in any "
+                    "layout) through the model family's mapping: both are brought to HF tensor names (a .nemo "
+                    "is streamed tensor by tensor), then every tensor is compared (bit-exact by default), the "
+                    "HF configs are diffed key by key and the tokenizers are compared by vocab size and the "
+                    "encodings of a probe text set. Exit 0 when everything matches within the tolerance, 1 on "
+                    "a difference, 2 on bad input.")
+    p.add_argument("a", metavar="A", help="HF folder, .nemo file or unpacked .nemo folder")
+    p.add_argument("b", metavar="B", help="HF folder, .nemo file or unpacked .nemo folder")
+    p.add_argument("--atol", type=float, default=0.0,
+                   help="absolute tolerance: |a-b| <= atol + rtol*|b| passes (default 0: exact)")
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exact)")
+    p.add_argument("--family", help="model family of .nemo inputs (default: from their config)")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="how many worst tensors to list (default 10)")
+    p.add_argument("--clip-image", metavar="IMG",
+                   help="also print CLIP zero-shot probabilities of --texts for this image on both sides, "
+                        "computed like NeMo's megatron_clip_infer.py")
+    p.add_argument("--texts", nargs="+", metavar="TEXT", help="candidate captions for --clip-image")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
+    common_flags(p)
+    p.set_defaults(func=run)
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return "0" if x == 0 else f"{x:.3g}"
+
+
+def _val(x: float | None) -> str:
+    return "-" if x is None else f"{x:.9g}"
+
+
+def _side(s: object) -> str:
+    layout = f", {s.layout} layout" if getattr(s, "layout", None) else ""  # type: ignore[attr-defined]
+    fam = f", family {s.family}" if getattr(s, "family", None) else ""  # type: ignore[attr-defined]
+    return f"{s.path} ({s.format}{layout}{fam})"  # type: ignore[attr-defined]
+
+
+def _short(v: object, limit: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def run(args: argparse.Namespace) -> int:
+    from nemo_convert.errors import InputError
+    from nemo_convert.verify import verify
+
+    if args.texts and not args.clip_image:
+        raise InputError("--texts needs --clip-image")
+    if args.top < 0:
+        raise InputError("--top must be >= 0")
+    rep = verify(args.a, args.b, atol=args.atol, rtol=args.rtol, family=args.family,
+                 trust_pickle=args.trust_pickle, clip_image=args.clip_image, texts=args.texts)
+    code = 0 if rep.ok else 1
+    if args.json:
+        print_json(rep.as_dict())
+        return code
+    if args.quiet:
+        return code
+    # Piped or captured output is not cut to 80 columns: tensor names must stay whole.
+    con = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    con.print(f"A: {_side(rep.a)}")
+    con.print(f"B: {_side(rep.b)}")
+    tol = "exact" if rep.atol == 0 and rep.rtol == 0 else f"atol {rep.atol:g}, rtol {rep.rtol:g}"
+    counts = rep.counts()
+    con.print(f"[bold]tensors[/]: {len(rep.tensors)} compared ({tol}): "
+              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    worst = [t for t in rep.worst(args.top) if not t.ok or t.status == "close"] if args.top else []
+    if worst:
+        table = Table("tensor", "status", "shape A / B", "dtype A / B", "max abs", "max rel", "mismatched",
+                      "worst at (A vs B)", title="worst tensors", title_justify="left")
+        for t in worst:
+            shapes = "×".join(map(str, t.shape_a or [])) if t.shape_a == t.shape_b else (
+                f"{'×'.join(map(str, t.shape_a)) if t.shape_a is not None else '-'} / "
+                f"{'×'.join(map(str, t.shape_b)) if t.shape_b is not None else '-'}")
+            dtypes = t.dtype_a if t.dtype_a == t.dtype_b else f"{t.dtype_a or '-'} / {t.dtype_b or '-'}"
+            where = (f"{t.worst_index}: {_val(t.value_a)} vs {_val(t.value_b)}" if t.worst_index is not None
+                     else (t.note or ""))
+            table.add_row(t.name, t.status, shapes, str(dtypes), _num(t.max_abs), _num(t.max_rel),
+                          "-" if t.mismatched is None else f"{t.mismatched}/{t.numel}", where)
+        con.print(table)
+    if rep.config:
+        con.print(f"[bold]config[/]: {len(rep.config)} difference(s)")
+        for c in rep.config:
+            con.print(f"  {c.path}: {_short(c.a) if c.kind != 'missing_a' else '(missing)'} → "
+                      f"{_short(c.b) if c.kind != 'missing_b' else '(missing)'}")
+    else:
+        con.print("[bold]config[/]: equal")
+    tok = rep.tokenizer
+    con.print(f"[bold]tokenizer[/]: {'equal' if tok.ok else 'different'}")
+    for f in tok.files:
+        if not f.ok:
+            extra = "; ".join(f"{d.path}: {_short(d.a, 30)} → {_short(d.b, 30)}" for d in f.diffs[:3])
+            con.print(f"  {f.name}: {f.status}{' (' + extra + ')' if extra else ''}")
+    for e in tok.encodings:
+        line = (f"  {e.kind}: vocab {e.vocab_size_a} vs {e.vocab_size_b}, "
+                f"{e.differing}/{e.probes} probe texts encode differently")
+        if e.only_a or e.only_b:
+            line += f"; tokens only in A: {e.only_a or '-'}, only in B: {e.only_b or '-'}"
+        con.print(line)
+        for ex in e.examples[:2]:
+            con.print(f"    {ex['text']!r}: A {ex['a']} vs B {ex['b']}")
+    for n in tok.notes + rep.notes:
+        con.print(f"  note: {n}")
+    if rep.clip is not None:
+        c = rep.clip
+        table = Table("text", "A", "B", title=f"CLIP zero-shot on {c.image} (image read with {c.image_reader})",
+                      title_justify="left")
+        for t, x, y in zip(c.texts, c.probs_a, c.probs_b):
+            table.add_row(t, f"{x:.4f}", f"{y:.4f}")
+        con.print(table)
+        con.print(f"  max |A - B| = {c.max_abs_diff:.3g}")
+    con.print("[bold green]OK[/]: the checkpoints match" if rep.ok
+              else "[bold red]MISMATCH[/]: the checkpoints differ")
+    return code

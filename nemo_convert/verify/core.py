@@ -1,0 +1,217 @@
+"""``verify``: compare two checkpoints, in any formats we read, through the family mapping."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import fnmatch
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
+from nemo_convert.convert.nemo_to_hf import hf_config_of, tokenizer_files
+from nemo_convert.errors import InputError, PluginError
+from nemo_convert.formats.hf import HFCheckpoint, is_hf_folder, open_hf
+from nemo_convert.formats.nemo import NemoCheckpoint, open_nemo
+from nemo_convert.mapping.planner import plan_conversion
+from nemo_convert.mapping.rules import Tied, condition_holds
+from nemo_convert.plugins.manager import Registry
+from nemo_convert.plugins.records import ModelFamily
+from nemo_convert.verify.configs import diff_config
+from nemo_convert.verify.report import ClipReport, SideInfo, TensorDiff, VerifyReport
+from nemo_convert.verify.tensors import HFView, compare_tensors
+from nemo_convert.verify.tokenizers import PROBE_TEXTS, compare_tokenizers
+
+DEFAULT_TOKENIZER_FILES: tuple[str, ...] = next(
+    f.default for f in dataclasses.fields(ModelFamily) if f.name == "tokenizer_files")  # type: ignore[misc]
+
+
+@dataclass
+class _Side:
+    info: SideInfo
+    ckpt: HFCheckpoint | NemoCheckpoint
+    view: HFView
+    hf_config: dict[str, Any]
+    family: ModelFamily | None
+    tokenizer_files: dict[str, bytes]
+    generation_config: dict[str, Any] | None
+    tied: dict[str, str] = field(default_factory=dict)  # HF name -> the HF name it is tied to
+    drops: list[str] = field(default_factory=list)  # HF globs that are not weights
+    dropped: list[str] = field(default_factory=list)  # source tensors the to_hf plan leaves out
+
+
+def _mapping_facts(fam: ModelFamily, nemo_cfg: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """Tied HF tensors and HF non-weight globs of the family, for this config."""
+    tied: dict[str, str] = {}
+    drops: list[str] = []
+    for part in fam.mapping(nemo_cfg).parts():
+        for rule in part.rules:
+            if isinstance(rule, Tied) and condition_holds(nemo_cfg, rule.when) and "{i}" not in rule.hf:
+                tied[rule.hf] = rule.same_as
+        drops.extend(p.replace("{i}", "*") for p in part.drop_hf)
+    return tied, drops
+
+
+def _read_folder_files(folder: str, names: Sequence[str]) -> dict[str, bytes]:
+    out = {}
+    for n in names:
+        p = os.path.join(folder, n)
+        if os.path.isfile(p):
+            with open(p, "rb") as f:
+                out[n] = f.read()
+    return out
+
+
+def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool) -> _Side:
+    if is_hf_folder(path):
+        hf = open_hf(path, trust_pickle=trust_pickle)
+        try:
+            fam: ModelFamily | None
+            try:
+                fam = reg.family(family) if family else reg.family_for_hf_config(hf.config)
+            except PluginError:
+                if family:
+                    raise
+                fam = None
+            side = _Side(SideInfo(path, "hf", None, fam.name if fam else None), hf, HFView(hf.source),
+                         hf.config, fam,
+                         _read_folder_files(path, fam.tokenizer_files if fam else DEFAULT_TOKENIZER_FILES),
+                         hf.generation_config)
+            if fam is not None:
+                try:
+                    side.tied, side.drops = _mapping_facts(fam, fam.config_to_nemo(copy.deepcopy(hf.config)))
+                except Exception:  # a config the family cannot translate: compare by names only
+                    pass
+            return side
+        except BaseException:
+            hf.close()
+            raise
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file or folder")
+    ck = open_nemo(path, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
+    try:
+        fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
+        cfg = ck.config
+        plan = plan_conversion(fam.mapping(cfg), cfg, ck.source, "to_hf")
+        side = _Side(SideInfo(path, "nemo", ck.layout, fam.name), ck, HFView(ck.source, plan),
+                     hf_config_of(fam, cfg), fam, tokenizer_files(ck),
+                     (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped))
+        side.tied, side.drops = _mapping_facts(fam, cfg)
+        return side
+    except BaseException:
+        ck.close()
+        raise
+
+
+def _one_sided(name: str, present: _Side, other: _Side, a_present: bool, atol: float, rtol: float) -> TensorDiff:
+    """A tensor only one side has: a tied copy, a non-weight, or really missing."""
+    tied_to = present.tied.get(name) or other.tied.get(name)
+    if tied_to and tied_to in other.view:
+        x, y = present.view.load(name), other.view.load(tied_to)
+        d = compare_tensors(name, x, y, atol=atol, rtol=rtol) if a_present else compare_tensors(
+            name, y, x, atol=atol, rtol=rtol)
+        d.note = (f"tied: {'B' if a_present else 'A'} has no {name}; compared with its {tied_to}")
+        return d
+    info = present.view.info(name)
+    shape, dtype = list(info.shape), str(info.dtype).replace("torch.", "")
+    if any(fnmatch.fnmatchcase(name, g) for g in present.drops + other.drops):
+        status, note = "skipped", "not a weight (the family drops it)"
+    else:
+        status, note = ("missing_b" if a_present else "missing_a"), None
+    if a_present:
+        return TensorDiff(name, status, shape_a=shape, dtype_a=dtype, note=note)
+    return TensorDiff(name, status, shape_b=shape, dtype_b=dtype, note=note)
+
+
+def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool) -> str:
+    if side.info.format == "hf":
+        return side.info.path
+    from nemo_convert.convert.nemo_to_hf import export_hf
+
+    out = os.path.join(tmp, "b" if os.path.exists(os.path.join(tmp, "a")) else "a")
+    export_hf(side.info.path, out, family=side.info.family, registry=registry, trust_pickle=trust_pickle)
+    return out
+
+
+def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str | None = None,
+           registry: Registry | None = None, trust_pickle: bool = False,
+           clip_image: str | None = None, texts: Sequence[str] | None = None,
+           probe_texts: Sequence[str] = PROBE_TEXTS) -> VerifyReport:
+    """Compare checkpoints ``a`` and ``b`` (HF folders or ``.nemo`` in any layout).
+
+    Both sides are brought to HF tensor names (a ``.nemo`` is streamed through its
+    family's ``to_hf`` plan, tensor by tensor); then every tensor is compared (bit
+    equality, else ``|a - b| <= atol + rtol * |b|``), the HF configs are diffed key by key,
+    and the tokenizers are compared by vocab size and the encodings of a probe set.
+
+    :param family: the model family of ``.nemo`` sides (default: from their config);
+        for an HF side, default: detected from ``config.json`` (none needed).
+    :param clip_image: also compute CLIP zero-shot probabilities of ``texts`` for this
+        image on both sides (informational; needs ``transformers.CLIPModel``).
+    :raises NemoConvertError: bad input (unreadable checkpoint, unknown family, …).
+    """
+    for label, v in (("atol", atol), ("rtol", rtol)):
+        if not v >= 0:
+            raise InputError(f"{label} must be a number >= 0, not {v}")
+    if clip_image is not None and not texts:
+        raise InputError("the CLIP check needs texts (--texts \"a dog\" \"a cat\" …)")
+    if clip_image is not None and not os.path.isfile(clip_image):
+        raise InputError(f"{clip_image}: no such image file")
+    reg = registry_or_default(registry)
+    side_a = _open_side(a, family, reg, trust_pickle)
+    try:
+        side_b = _open_side(b, family, reg, trust_pickle)
+    except BaseException:
+        side_a.ckpt.close()
+        raise
+    try:
+        rep = VerifyReport(side_a.info, side_b.info, float(atol), float(rtol))
+        names_b = set(side_b.view.names())
+        for name in side_a.view.names():
+            if name in names_b:
+                ia, ib = side_a.view.info(name), side_b.view.info(name)
+                if ia.shape != ib.shape:
+                    rep.tensors.append(TensorDiff(name, "shape", list(ia.shape), list(ib.shape),
+                                                  str(ia.dtype).replace("torch.", ""),
+                                                  str(ib.dtype).replace("torch.", "")))
+                    continue
+                x, y = side_a.view.load(name), side_b.view.load(name)
+                rep.tensors.append(compare_tensors(name, x, y, atol=atol, rtol=rtol))
+                del x, y
+            else:
+                rep.tensors.append(_one_sided(name, side_a, side_b, True, atol, rtol))
+        names_a = set(side_a.view.names())
+        for name in side_b.view.names():
+            if name not in names_a:
+                rep.tensors.append(_one_sided(name, side_b, side_a, False, atol, rtol))
+        side_a.view.release()
+        side_b.view.release()
+
+        rep.config = diff_config(side_a.hf_config, side_b.hf_config)
+        ga, gb = side_a.generation_config, side_b.generation_config
+        if ga is not None and gb is not None:
+            rep.config += diff_config(ga, gb, "generation_config")
+        elif (ga is None) != (gb is None):
+            rep.notes.append(f"only {'A' if ga is not None else 'B'} has a generation config; not compared")
+        rep.tokenizer = compare_tokenizers(side_a.tokenizer_files, side_b.tokenizer_files, probe_texts)
+        for label, s in (("A", side_a), ("B", side_b)):
+            if s.dropped:
+                rep.notes.append(f"{label}: {len(s.dropped)} tensor(s) that are not weights were not compared "
+                                 f"({', '.join(s.dropped[:3])}{', …' if len(s.dropped) > 3 else ''})")
+    finally:
+        side_a.ckpt.close()
+        side_b.ckpt.close()
+
+    if clip_image is not None:
+        from nemo_convert.verify.clip import zero_shot
+
+        with tempfile.TemporaryDirectory(prefix="nemo-convert-verify-") as tmp:
+            fa = _hf_folder(side_a, tmp, reg, trust_pickle)
+            fb = _hf_folder(side_b, tmp, reg, trust_pickle)
+            pa, reader = zero_shot(fa, clip_image, list(texts or ()), tokenizer_folders=[fb])
+            pb, _ = zero_shot(fb, clip_image, list(texts or ()), tokenizer_folders=[fa])
+        rep.clip = ClipReport(clip_image, list(texts or ()), pa, pb,
+                              max(abs(x - y) for x, y in zip(pa, pb)), reader)
+    return rep

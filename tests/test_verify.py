@@ -1,0 +1,416 @@
+"""``nemo-convert verify`` / :func:`nemo_convert.verify.verify`: HF folders and ``.nemo``
+(dist, legacy) compared through the family mapping: tensors, configs, tokenizers, and the
+CLIP zero-shot check. Tiny random models built here; nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from nemo_convert import api
+from nemo_convert.cli.main import main
+from nemo_convert.errors import NemoConvertError
+from nemo_convert.verify import HFView, compare_tensors, verify
+from tiny_models import corpus, make_tiny_llama
+
+K_PROJ = "model.layers.1.self_attn.k_proj.weight"  # fused into linear_qkv in the .nemo
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _edit_hf(src: str, dst: Path, *, tensors: Callable[[dict[str, torch.Tensor]], None] | None = None,
+             config: Callable[[dict[str, Any]], None] | None = None) -> str:
+    """A copy of the HF folder ``src`` with its weights and/or config.json edited."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    if tensors is not None:
+        path = dst / "model.safetensors"
+        data = {k: v.clone() for k, v in load_file(str(path)).items()}
+        tensors(data)
+        save_file(data, str(path), metadata={"format": "pt"})
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("verify")
+    hf = make_tiny_llama(str(root / "hf"))
+    out = {"hf": hf}
+    for layout in ("dist", "legacy"):
+        out[layout] = str(root / f"{layout}.nemo")
+        api.import_hf(hf, out[layout], layout=layout)
+    return out
+
+
+# -- equal ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["dist", "legacy"])
+def test_hf_vs_its_nemo_is_ok(llama: dict[str, str], layout: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rep = verify(llama["hf"], llama[layout])
+    assert rep.ok and rep.tensors_ok and rep.config_ok and rep.tokenizer_ok
+    assert rep.counts() == {"equal": len(rep.tensors)} and len(rep.tensors) == 21
+    assert (rep.a.format, rep.b.format, rep.b.layout, rep.b.family) == ("hf", "nemo", layout, "llama")
+    assert [e.kind for e in rep.tokenizer.encodings] == ["sentencepiece"]
+    code, out, _ = _run(capsys, "verify", llama["hf"], llama[layout])
+    assert code == 0 and "OK" in out and "MISMATCH" not in out
+    code, out, _ = _run(capsys, "verify", llama[layout], llama["hf"], "--json")
+    assert code == 0 and json.loads(out)["ok"] is True
+
+
+def test_nemo_vs_nemo_across_layouts(llama: dict[str, str], tmp_path: Path) -> None:
+    rep = verify(llama["dist"], llama["legacy"])
+    assert rep.ok and len(rep.tensors) == 21
+    from nemo_convert.convert.nemo_write import Parallelism
+
+    ranks = str(tmp_path / "tp2pp2.nemo")  # per-rank folders, merged on read
+    api.import_hf(llama["hf"], ranks, layout="legacy", parallel=Parallelism(tp=2, pp=2))
+    rep = verify(ranks, llama["hf"])
+    assert rep.ok and len(rep.tensors) == 21
+
+
+def test_streams_one_task_at_a_time(llama: dict[str, str]) -> None:
+    from nemo_convert.convert.common import kinds_for
+    from nemo_convert.formats.nemo import open_nemo
+    from nemo_convert.mapping.planner import plan_conversion
+    from nemo_convert.plugins.manager import get_registry
+
+    reg = get_registry()
+    ck = open_nemo(llama["dist"], kinds_for=kinds_for(reg))
+    try:
+        fam = reg.family_for_nemo_config(ck.config)
+        view = HFView(ck.source, plan_conversion(fam.mapping(ck.config), ck.config, ck.source, "to_hf"))
+        for name in view.names():
+            assert tuple(view.load(name).shape) == view.info(name).shape
+        assert view.peak_cached == 3  # q, k, v of one split: never more than one task's outputs
+        assert not view._cache
+    finally:
+        ck.close()
+
+
+# -- tensor differences ------------------------------------------------------------------------
+
+
+def test_single_flipped_element_is_found(llama: dict[str, str], tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    def flip(t: dict[str, torch.Tensor]) -> None:
+        t[K_PROJ][3, 5] = -t[K_PROJ][3, 5]
+
+    bad = _edit_hf(llama["hf"], tmp_path / "bad", tensors=flip)
+    rep = verify(bad, llama["dist"])
+    assert not rep.ok and rep.config_ok and rep.tokenizer_ok
+    (diff,) = [t for t in rep.tensors if not t.ok]
+    assert (diff.name, diff.status, diff.mismatched, diff.worst_index) == (K_PROJ, "different", 1, [3, 5])
+    assert diff.value_a == -diff.value_b and diff.max_abs == pytest.approx(2 * abs(diff.value_b))
+    assert rep.worst(1)[0].name == K_PROJ
+    code, out, err = _run(capsys, "verify", bad, llama["legacy"])
+    assert code == 1 and K_PROJ in out and "MISMATCH" in out and "error" not in err
+    code, out, _ = _run(capsys, "verify", bad, llama["legacy"], "--json")
+    data = json.loads(out)
+    assert code == 1 and data["ok"] is False and data["counts"] == {"equal": 20, "different": 1}
+    assert [t["name"] for t in data["tensors"] if t["status"] != "equal"] == [K_PROJ]
+
+
+def test_tolerance(llama: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def nudge(t: dict[str, torch.Tensor]) -> None:
+        t[K_PROJ][0, 0] += 1e-5
+        t["model.norm.weight"][7] *= 1 + 1e-4
+
+    near = _edit_hf(llama["hf"], tmp_path / "near", tensors=nudge)
+    code, _, _ = _run(capsys, "verify", near, llama["dist"], "-q")
+    assert code == 1
+    code, out, _ = _run(capsys, "verify", near, llama["dist"], "--atol", "1e-3", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ok"] and data["counts"] == {"equal": 19, "close": 2}
+    close = {t["name"]: t for t in data["tensors"] if t["status"] == "close"}
+    assert close[K_PROJ]["max_abs"] == pytest.approx(1e-5, rel=1e-2) and close[K_PROJ]["mismatched"] == 0
+    assert _run(capsys, "verify", near, llama["dist"], "--atol", "1e-6", "-q")[0] == 1
+    assert _run(capsys, "verify", near, llama["dist"], "--rtol", "1e-2", "-q")[0] == 0
+
+
+def test_dtype_mismatch(llama: dict[str, str], tmp_path: Path) -> None:
+    bf16 = str(tmp_path / "bf16.nemo")
+    api.import_hf(llama["hf"], bf16, dtype="bf16")
+    rep = verify(llama["hf"], bf16, atol=1.0)
+    assert not rep.tensors_ok and {t.status for t in rep.tensors} == {"dtype"}
+    assert rep.tensors[0].dtype_a == "float32" and rep.tensors[0].dtype_b == "bfloat16"
+    assert [c.path for c in rep.config] == ["dtype"]
+
+
+def test_missing_and_tied_tensors(tmp_path: Path) -> None:
+    hf = make_tiny_llama(str(tmp_path / "tied"), tie_word_embeddings=True)
+    nemo = str(tmp_path / "tied.nemo")
+    api.import_hf(hf, nemo)
+
+    def add_head(t: dict[str, torch.Tensor]) -> None:
+        t["lm_head.weight"] = t["model.embed_tokens.weight"].clone()
+
+    with_head = _edit_hf(hf, tmp_path / "with_head", tensors=add_head)
+    rep = verify(with_head, nemo)
+    assert rep.ok
+    (head,) = [t for t in rep.tensors if t.name == "lm_head.weight"]
+    assert head.status == "equal" and "tied" in (head.note or "")
+
+    def drop(t: dict[str, torch.Tensor]) -> None:
+        del t["model.norm.weight"]
+
+    rep = verify(_edit_hf(hf, tmp_path / "no_norm", tensors=drop), nemo)
+    assert [(t.name, t.status) for t in rep.tensors if not t.ok] == [("model.norm.weight", "missing_a")]
+
+
+def test_compare_tensors_edge_cases(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nemo_convert.verify.tensors as vt
+
+    monkeypatch.setattr(vt, "CHUNK", 1000)
+    nan, inf = float("nan"), float("inf")
+    a = torch.tensor([1.0, nan, inf, -0.0, 2.0])
+    assert compare_tensors("x", a, a.clone()).status == "equal"
+    b = torch.tensor([1.0, nan, inf, 0.0, 2.0])
+    d = compare_tensors("x", a, b)
+    assert (d.status, d.max_abs, d.mismatched) == ("close", 0.0, 0)  # -0.0 vs 0.0: equal numbers, other bits
+    d = compare_tensors("x", a, torch.tensor([1.0, 0.0, inf, 0.0, 2.0]))
+    assert d.status == "different" and d.max_abs == inf and d.worst_index == [1]
+    d = compare_tensors("x", torch.tensor([0.5]), torch.tensor([0.0]))
+    assert d.max_rel == inf and d.max_abs == 0.5
+    assert compare_tensors("x", torch.zeros(2, 3), torch.zeros(3, 2)).status == "shape"
+    assert compare_tensors("x", torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int32)).status == "dtype"
+    big = torch.randn(3, 2000)
+    other = big.clone()
+    other[2, 1234] += 1
+    other[0, 5] += 0.25
+    d = compare_tensors("big", big, other, atol=0.5)
+    assert (d.status, d.mismatched, d.worst_index) == ("different", 1, [2, 1234])  # found across chunks
+
+
+# -- config and tokenizer differences -----------------------------------------------------------
+
+
+def test_config_change_reported_with_key_path(llama: dict[str, str], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    def change(cfg: dict[str, Any]) -> None:
+        cfg["rms_norm_eps"] = 1e-6
+        cfg["rope_parameters"]["rope_theta"] = 5e5
+        cfg["extra_field"] = {"x": 1}
+
+    other = _edit_hf(llama["hf"], tmp_path / "cfg", config=change)
+    rep = verify(other, llama["dist"])
+    assert rep.tensors_ok and rep.tokenizer_ok and not rep.ok
+    assert [(c.path, c.kind, c.a, c.b) for c in rep.config] == [
+        ("rms_norm_eps", "changed", 1e-6, 1e-5), ("rope_parameters.rope_theta", "changed", 5e5, 1e4),
+        ("extra_field", "missing_b", {"x": 1}, None)]
+    code, out, _ = _run(capsys, "verify", other, llama["dist"])
+    assert code == 1 and "rms_norm_eps" in out and "rope_parameters.rope_theta" in out
+    code, out, _ = _run(capsys, "verify", other, llama["dist"], "--json")
+    assert {c["path"] for c in json.loads(out)["config"]} == {"rms_norm_eps", "rope_parameters.rope_theta",
+                                                                "extra_field"}
+
+
+def test_patched_tokenizer_reported(llama: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nemo_convert.convert.tokenizer_patch import add_tokens
+
+    patched = str(tmp_path / "patched.nemo")
+    add_tokens(llama["dist"], patched, ["<image>", "<extra_id_0>"])
+    rep = verify(llama["hf"], patched)
+    assert rep.tensors_ok and rep.config_ok and not rep.tokenizer_ok and not rep.ok
+    assert [(f.name, f.status) for f in rep.tokenizer.files] == [("tokenizer.model", "different")]
+    (enc,) = rep.tokenizer.encodings
+    assert (enc.kind, enc.vocab_size_a, enc.vocab_size_b) == ("sentencepiece", 300, 302)
+    assert enc.only_a == [] and enc.only_b == ["<extra_id_0>", "<image>"]
+    examples = {ex["text"]: ex for ex in enc.examples}
+    assert enc.differing == 6 and {"<image>", "<extra_id_0>"} <= set(examples)
+    assert 300 in examples["<image>"]["b"] and 300 not in examples["<image>"]["a"]
+    code, out, _ = _run(capsys, "verify", llama["hf"], patched)
+    assert code == 1 and "vocab 300 vs 302" in out
+    # The same tokenizer patched the same way on both sides: equal again.
+    patched2 = str(tmp_path / "patched2.nemo")
+    add_tokens(llama["legacy"], patched2, ["<image>", "<extra_id_0>"])
+    assert verify(patched, patched2).ok
+
+
+def test_hf_tokenizer_json_compared(tmp_path: Path) -> None:
+    from nemo_convert.verify import compare_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(corpus(), trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>"],
+                                                          show_progress=False))
+    a = tok.to_str().encode()
+    data = json.loads(a)
+    assert compare_tokenizers({"tokenizer.json": a}, {"tokenizer.json": json.dumps(data, indent=4).encode()}).ok
+    data["added_tokens"].append({"id": 120, "content": "<image>", "single_word": False, "lstrip": False,
+                                 "rstrip": False, "normalized": False, "special": True})
+    rep = compare_tokenizers({"tokenizer.json": a}, {"tokenizer.json": json.dumps(data).encode()})
+    assert not rep.ok and rep.files[0].diffs[0].path == "added_tokens"
+    (enc,) = rep.encodings
+    assert (enc.kind, enc.vocab_size_a, enc.vocab_size_b, enc.only_b) == ("hf", 120, 121, ["<image>"])
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+def test_bad_input_exit_2(llama: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["verify", llama["hf"], str(tmp_path / "nope")],
+                 ["verify", llama["hf"], llama["dist"], "--atol", "-1"],
+                 ["verify", llama["hf"], llama["dist"], "--texts", "a dog"],
+                 ["verify", llama["hf"], llama["dist"], "--family", "nosuchfamily"]):
+        code, _, err = _run(capsys, *argv)
+        assert code == 2 and err.startswith("nemo-convert: error:") and err.count("\n") == 1, (argv, err)
+    junk = tmp_path / "junk.nemo"
+    junk.write_bytes(b"no tar here")
+    assert _run(capsys, "verify", str(junk), llama["dist"])[0] == 2
+    with pytest.raises(NemoConvertError):
+        verify(llama["hf"], llama["dist"], clip_image=str(tmp_path / "missing.png"), texts=["x"])
+
+
+# -- CLIP zero-shot -------------------------------------------------------------------------------
+
+
+def _png(path: Path, pixels: torch.Tensor, *, filters: bool = False, mode: str = "rgb") -> None:
+    """Write an 8-bit PNG; with ``filters``, rows use random filter types 0-4."""
+    h, w, c = pixels.shape
+    rng = random.Random(0)
+    rows, prev = [], bytes(w * c)
+    for y in range(h):
+        line = bytes(pixels[y].reshape(-1).tolist())
+        f = rng.randint(0, 4) if filters else 0
+        enc = bytearray(line)
+        for i in range(len(line)):
+            left = line[i - c] if i >= c else 0
+            up, ul = prev[i], prev[i - c] if i >= c else 0
+            if f == 1:
+                enc[i] = (line[i] - left) & 0xFF
+            elif f == 2:
+                enc[i] = (line[i] - up) & 0xFF
+            elif f == 3:
+                enc[i] = (line[i] - ((left + up) >> 1)) & 0xFF
+            elif f == 4:
+                p = left + up - ul
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - ul)
+                pred = left if pa <= pb and pa <= pc else (up if pb <= pc else ul)
+                enc[i] = (line[i] - pred) & 0xFF
+        rows.append(bytes([f]) + bytes(enc))
+        prev = line
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ctype = {"rgb": 2, "rgba": 6, "gray": 0}[mode]
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, ctype, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
+
+
+def test_builtin_image_readers(tmp_path: Path) -> None:
+    from nemo_convert.verify.image import read_png, read_pnm
+
+    g = torch.Generator().manual_seed(1)
+    rgb = torch.randint(0, 256, (9, 11, 3), generator=g, dtype=torch.uint8)
+    for mode, pix in (("rgb", rgb), ("rgba", torch.cat([rgb, rgb[..., :1]], -1)), ("gray", rgb[..., :1])):
+        _png(tmp_path / "x.png", pix, filters=True, mode=mode)
+        want = pix[..., :3] if mode != "gray" else pix.expand(9, 11, 3)
+        assert torch.equal(read_png((tmp_path / "x.png").read_bytes()), want), mode
+    ppm = b"P6\n# a comment\n11 9\n255\n" + bytes(rgb.reshape(-1).tolist())
+    assert torch.equal(read_pnm(ppm), rgb)
+
+
+def _clip_folder(folder: Path, seed: int = 0) -> str:
+    """A tiny random ``CLIPModel`` with a CLIP-like tokenizer.json (BOS/EOS added by its post-processor)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import CLIPConfig, CLIPModel
+
+    cfg = CLIPConfig(text_config=dict(vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, max_position_embeddings=16, bos_token_id=0,
+                                      eos_token_id=1, pad_token_id=1),
+                     vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48,
+                                        num_hidden_layers=2, num_attention_heads=4), projection_dim=16)
+    torch.manual_seed(seed)
+    model = CLIPModel(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    model.save_pretrained(str(folder))
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(corpus(), trainers.BpeTrainer(
+        vocab_size=110, special_tokens=["<|startoftext|>", "<|endoftext|>", "<unk>"], show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<|startoftext|> $A <|endoftext|>",
+                                                       special_tokens=[("<|startoftext|>", 0), ("<|endoftext|>", 1)])
+    tok.save(str(folder / "tokenizer.json"))
+    return str(folder)
+
+
+TEXTS = ["a dog", "the quick brown fox", "tensor parallel ranks"]
+
+
+def _expected_probs(folder: str, image: str) -> list[float]:
+    """NeMo's formula, written out independently: normalised features, softmax(100·i·tᵀ)."""
+    from tokenizers import Tokenizer
+    from transformers import CLIPModel
+
+    from nemo_convert.verify.image import clip_preprocess
+
+    model = CLIPModel.from_pretrained(folder).eval()
+    pixels, _ = clip_preprocess(image, 32)
+    tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    with torch.no_grad():
+        img = model.get_image_features(pixel_values=pixels).pooler_output[0]
+        txt = torch.stack([model.get_text_features(input_ids=torch.tensor([tok.encode(t).ids])).pooler_output[0]
+                           for t in TEXTS])
+    logits = 100 * (img / img.norm()) @ (txt / txt.norm(dim=-1, keepdim=True)).T
+    return torch.softmax(logits, -1).tolist()
+
+
+def test_clip_zero_shot_hf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _clip_folder(tmp_path / "a")
+    b = _clip_folder(tmp_path / "b", seed=1)
+    image = tmp_path / "img.png"
+    _png(image, torch.randint(0, 256, (40, 56, 3), generator=torch.Generator().manual_seed(2), dtype=torch.uint8))
+    rep = verify(a, a, clip_image=str(image), texts=TEXTS)
+    assert rep.ok and rep.clip is not None and rep.clip.max_abs_diff == 0.0
+    assert sum(rep.clip.probs_a) == pytest.approx(1.0)
+    assert rep.clip.probs_a == pytest.approx(_expected_probs(a, str(image)), abs=1e-5)
+    rep = verify(a, b, clip_image=str(image), texts=TEXTS)
+    assert not rep.ok and rep.clip is not None and rep.clip.probs_b == pytest.approx(_expected_probs(b, str(image)),
+                                                                                     abs=1e-5)
+    code, out, _ = _run(capsys, "verify", a, a, "--clip-image", str(image), "--texts", *TEXTS)
+    assert code == 0 and "CLIP zero-shot" in out and "a dog" in out
+    code, out, _ = _run(capsys, "verify", a, b, "--clip-image", str(image), "--texts", *TEXTS, "--json")
+    data = json.loads(out)
+    assert code == 1 and data["clip"]["texts"] == TEXTS and len(data["clip"]["probs_b"]) == 3
+
+
+def test_clip_zero_shot_nemo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nemo_convert.plugins.manager import get_registry
+
+    if "clip" not in get_registry().families:
+        pytest.skip("the CLIP model family (nemo_convert_clip) is not installed")
+    hf = _clip_folder(tmp_path / "hf")
+    nemo = str(tmp_path / "clip.nemo")
+    api.import_hf(hf, nemo)
+    image = tmp_path / "img.png"
+    _png(image, torch.randint(0, 256, (48, 36, 3), generator=torch.Generator().manual_seed(3), dtype=torch.uint8))
+    rep = verify(hf, nemo, clip_image=str(image), texts=TEXTS)
+    assert rep.ok and rep.b.family == "clip" and rep.b.layout == "legacy"
+    assert rep.clip is not None and rep.clip.probs_a == rep.clip.probs_b
+    assert rep.clip.probs_a == pytest.approx(_expected_probs(hf, str(image)), abs=1e-5)
+    code, out, _ = _run(capsys, "verify", nemo, hf, "--clip-image", str(image), "--texts", *TEXTS)
+    assert code == 0 and "CLIP zero-shot" in out
