@@ -49,6 +49,7 @@ class RunStats:
     bytes: int = 0
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    non_finite: dict[str, int] = field(default_factory=dict)  # tensor -> NaN/Inf count (check_finite)
 
 
 def apply_dtype(plan: Plan, dtype: torch.dtype | None) -> list[str]:
@@ -92,6 +93,10 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
                 if tuple(out.shape) != info.shape or out.dtype != info.dtype:
                     raise InputError(f"internal error: {info.name} came out as {list(out.shape)} {out.dtype}, "
                                      f"planned {list(info.shape)} {info.dtype}")
+                if plan.check_finite and out.dtype.is_floating_point:
+                    bad = int(out.numel() - torch.isfinite(out).sum())
+                    if bad:
+                        stats.non_finite[info.name] = bad
                 sink(info.name, out)
                 stats.tensors += 1
                 stats.bytes += info.nbytes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nemo_convert.cli.common import common_flags, report
+from nemo_convert.cli.common import common_flags, finite_flag, report
 from nemo_convert.cli.progress import make_progress
 
 
@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="drop source tensors matching GLOB instead of failing (repeatable)")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled .bin files (DANGEROUS; only for files you trust)")
+    finite_flag(p)
     common_flags(p)
     p.set_defaults(func=run_import)
 
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     e.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
+    finite_flag(e)
     common_flags(e)
     e.set_defaults(func=run_export)
 
@@ -94,7 +96,7 @@ def run_import(args: argparse.Namespace) -> int:
     rep = api.import_hf(args.src, args.output, family=args.family, dtype=args.dtype, layout=args.layout,
                         overwrite=args.overwrite, packed=not args.unpacked, progress=make_progress(args),
                         allow_unmapped=tuple(args.allow_unmapped), trust_pickle=args.trust_pickle,
-                        parallel=parallelism(args))
+                        parallel=parallelism(args), check_finite=args.check_finite)
     report(args, rep, "wrote")
     return 0
 
@@ -105,6 +107,6 @@ def run_export(args: argparse.Namespace) -> int:
     _warn_trust(args)
     rep = api.export_hf(args.src, args.output, dtype=args.dtype, overwrite=args.overwrite, family=args.family,
                         max_shard_bytes=parse_size(args.max_shard_size), progress=make_progress(args),
-                        trust_pickle=args.trust_pickle)
+                        trust_pickle=args.trust_pickle, check_finite=args.check_finite)
     report(args, rep, "wrote")
     return 0

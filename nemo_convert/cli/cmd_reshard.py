@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from nemo_convert.cli.cmd_convert import _warn_trust, add_parallel_flags, parallelism
-from nemo_convert.cli.common import common_flags, report
+from nemo_convert.cli.common import common_flags, finite_flag, report
 from nemo_convert.cli.progress import make_progress
 
 
@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
+    finite_flag(p)
     common_flags(p)
     p.set_defaults(func=run)
 
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     par = parallelism(args)
     rep = api.reshard(args.src, args.output, tp=par.tp, pp=par.pp, stage_layers=par.stage_layers,
                       layout=args.layout, overwrite=args.overwrite, packed=not args.unpacked, family=args.family,
-                      progress=make_progress(args), trust_pickle=args.trust_pickle)
+                      progress=make_progress(args), trust_pickle=args.trust_pickle,
+                      check_finite=args.check_finite)
     report(args, rep, "wrote")
     return 0

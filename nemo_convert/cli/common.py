@@ -17,6 +17,11 @@ def common_flags(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
         p.add_argument("--json", action="store_true", help="print a machine-readable JSON result on stdout")
 
 
+def finite_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--check-finite", action="store_true",
+                   help="count NaN/Inf values in every written tensor and report the tensors that have any")
+
+
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")

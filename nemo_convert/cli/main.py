@@ -7,6 +7,7 @@ Exit codes: 0 success; 2 bad input or a refused operation (one-line message);
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Sequence
 
@@ -37,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nemo_convert.formats.staging import install_signal_handlers
 
     install_signal_handlers()
+    if hasattr(signal, "SIGXFSZ"):  # a file-size limit makes writes fail with EFBIG, cleaned up like any error
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         return int(args.func(args) or 0)
     except NemoConvertError as exc:

@@ -26,9 +26,18 @@ class ConversionReport:
     dropped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    non_finite: dict[str, int] = field(default_factory=dict)  # with check_finite: tensor -> NaN/Inf count
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def finite_warning(non_finite: dict[str, int]) -> list[str]:
+    if not non_finite:
+        return []
+    names = ", ".join(f"{k} ({n})" for k, n in sorted(non_finite.items())[:8])
+    more = f" and {len(non_finite) - 8} more" if len(non_finite) > 8 else ""
+    return [f"{len(non_finite)} tensor(s) hold NaN or Inf values: {names}{more}"]
 
 
 def registry_or_default(registry: Registry | None) -> Registry:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from nemo_convert import __version__
-from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
+from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, registry_or_default
 from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype
@@ -78,7 +78,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
               layout: str | None = None, overwrite: bool = False, packed: bool = True,
               progress: Progress | None = None, registry: Registry | None = None,
               allow_unmapped: tuple[str, ...] = (), trust_pickle: bool = False,
-              options: dict[str, Any] | None = None, parallel: Parallelism | None = None) -> ConversionReport:
+              options: dict[str, Any] | None = None, parallel: Parallelism | None = None,
+              check_finite: bool = False) -> ConversionReport:
     """Convert a Hugging Face model folder into a ``.nemo``.
 
     :param src: HF folder (``config.json`` + safetensors or ``pytorch_model*.bin``).
@@ -89,6 +90,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     :param overwrite: replace an existing ``out``.
     :param allow_unmapped: globs of source tensors to drop instead of failing.
     :param options: family-specific import options (e.g. ``{"embed_vision_tower": True}``).
+    :param check_finite: count NaN/Inf in every tensor and report the tensors that have any.
     :param parallel: target tensor/pipeline parallelism (default TP=PP=1). The dist layout
         stores global tensors and records the sizes; the legacy layout writes per-rank files.
     """
@@ -105,6 +107,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     notes: list[str] = []
     try:
         cfg, plan = plan_import(fam, ckpt.config, ckpt.source, allow_unmapped=allow_unmapped, options=options)
+        plan.check_finite = check_finite
         warnings = apply_dtype(plan, want)
         if want is not None:
             cfg["precision"] = PRECISION_OF_DTYPE[want]
@@ -119,5 +122,5 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
                            overwrite=overwrite, packed=packed, progress=progress, artifacts=artifacts)
     finally:
         ckpt.close()
-    return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,
-                            plan.dropped, warnings, notes)
+    return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout, plan.dropped,
+                            warnings + finite_warning(stats.non_finite), notes, stats.non_finite)

@@ -51,7 +51,7 @@ def hf_config_of(fam: ModelFamily, cfg: dict[str, Any], dtype: torch.dtype | Non
 def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, overwrite: bool = False,
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
               progress: Progress | None = None, registry: Registry | None = None,
-              trust_pickle: bool = False) -> ConversionReport:
+              trust_pickle: bool = False, check_finite: bool = False) -> ConversionReport:
     """Convert a ``.nemo`` (any layout) into a Hugging Face folder that ``transformers``
     loads with no missing or unexpected keys."""
     reg = registry_or_default(registry)
@@ -62,6 +62,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
         cfg = ckpt.config
         hf_cfg = hf_config_of(fam, cfg, want)
         plan = plan_conversion(fam.mapping(cfg), cfg, ckpt.source, "to_hf")
+        plan.check_finite = check_finite
         warnings = apply_dtype(plan, want)
         with staged_output(out, overwrite=overwrite, is_dir=True) as stage:
             write_json(os.path.join(stage, "config.json"), hf_cfg)
@@ -76,4 +77,5 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
             writer.close()
     finally:
         ckpt.close()
-    return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, None, plan.dropped, warnings)
+    return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, None, plan.dropped,
+                            warnings + finite_warning(stats.non_finite), non_finite=stats.non_finite)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 
-from nemo_convert.convert.common import SECTION, ConversionReport, kinds_for, registry_or_default
+from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, kinds_for, registry_or_default
 from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.engine import Progress
 from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name, open_nemo
@@ -49,7 +49,7 @@ def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]
 def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None = None,
             stage_layers: tuple[int, ...] | None = None, overwrite: bool = False, packed: bool = True,
             family: str | None = None, progress: Progress | None = None, registry: Registry | None = None,
-            trust_pickle: bool = False) -> ConversionReport:
+            trust_pickle: bool = False, check_finite: bool = False) -> ConversionReport:
     """Rewrite a ``.nemo`` at another TP×PP and/or weights layout (``dist`` or ``legacy``).
 
     The output is checked to be a complete model of its family before anything is written.
@@ -66,6 +66,7 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
         plan_conversion(mapping, cfg, ckpt.source, "to_hf")  # proves the checkpoint is complete
         kinds = nemo_parallel_kinds(mapping, cfg)
         plan = identity_plan(ckpt.source, kinds)
+        plan.check_finite = check_finite
         artifacts = carried_artifacts(ckpt, cfg)
         stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
                            par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
@@ -73,4 +74,5 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,
-                            notes=[f"TP={tp} PP={pp}"])
+                            warnings=finite_warning(stats.non_finite), notes=[f"TP={tp} PP={pp}"],
+                            non_finite=stats.non_finite)

@@ -116,12 +116,13 @@ def write_per_rank(sink: MemberSink, plan: Plan, source: TensorSource, layout: P
                                   padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
                 w.add("model." + layout.local_name(name, p), piece)
 
-            stats = run_plan(Plan(plan.direction, tasks, plan.dropped), source, put, progress=progress,
+            stats = run_plan(Plan(plan.direction, tasks, plan.dropped, plan.check_finite), source, put, progress=progress,
                              description=f"{folder}")
             writer.close()
         total.tensors += stats.tensors
         total.bytes += stats.bytes
         total.seconds += stats.seconds
+        total.non_finite.update(stats.non_finite)
         if on_rank is not None:
             on_rank(p, t)
     return total

@@ -48,6 +48,7 @@ class Plan:
     direction: Direction
     tasks: list[Task]
     dropped: list[str] = field(default_factory=list)
+    check_finite: bool = False  # count NaN/Inf in every floating output while streaming
 
     def outputs(self) -> list[TensorInfo]:
         return [i for t in self.tasks for i in t.infos]
