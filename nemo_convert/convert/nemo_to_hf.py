@@ -11,6 +11,7 @@ import torch
 from nemo_convert.convert.common import (
     SECTION,
     ConversionReport,
+    finite_warning,
     kinds_for,
     registry_or_default,
 )
