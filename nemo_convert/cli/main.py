@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import argparse
 import signal
+import warnings
 import sys
 from typing import Sequence
 
 from nemo_convert import __version__
-from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_inspect, cmd_plugins, cmd_quantize,  # noqa: I001
-                              cmd_reshard, cmd_tokenizer, cmd_verify)
+from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect, cmd_plugins,  # noqa: I001
+                              cmd_quantize, cmd_reshard, cmd_tokenizer, cmd_verify)
 from nemo_convert.errors import NemoConvertError
 
-COMMANDS = (cmd_convert, cmd_reshard, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
+COMMANDS = (cmd_convert, cmd_reshard, cmd_from_ckpt, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,12 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:
+    return f"nemo-convert: warning: {message}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
     from nemo_convert.formats.staging import install_signal_handlers
 
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     install_signal_handlers()
     if hasattr(signal, "SIGXFSZ"):  # a file-size limit makes writes fail with EFBIG, cleaned up like any error
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

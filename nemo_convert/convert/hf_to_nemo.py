@@ -13,10 +13,11 @@ from nemo_convert.convert.common import SECTION, ConversionReport, finite_warnin
 from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype
-from nemo_convert.errors import InputError, NemoConvertError
+from nemo_convert.errors import ConfigError, InputError, NemoConvertError
 from nemo_convert.formats.hf import is_hf_folder, open_hf
 from nemo_convert.formats.nemo import artifact_name
 from nemo_convert.formats.nemo_weights import LAYOUTS
+from nemo_convert.formats.staging import refuse_overlap
 from nemo_convert.hf_config import read_config_json
 from nemo_convert.mapping.planner import Plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry
@@ -63,7 +64,10 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
                 allow_unmapped: tuple[str, ...] = (),
                 options: dict[str, Any] | None = None) -> tuple[dict[str, Any], Plan]:
     """The NeMo config and the checked plan for importing ``source`` (headers only, no data)."""
-    cfg = family.config_to_nemo(copy.deepcopy(hf_cfg), **(options or {}))
+    try:
+        cfg = family.config_to_nemo(copy.deepcopy(hf_cfg), **(options or {}))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"config.json does not describe a {family.name} model: {type(exc).__name__}: {exc}") from None
     ours = cfg.setdefault(SECTION, {})
     ours.update({"version": __version__, "family": family.name, "source_format": "hf",
                  "hf_config": copy.deepcopy(hf_cfg)})
@@ -95,6 +99,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
         stores global tensors and records the sizes; the legacy layout writes per-rank files.
     """
     reg = registry_or_default(registry)
+    refuse_overlap(src, out)
     if not is_hf_folder(src):
         raise InputError(f"{src}: not a Hugging Face model folder (no config.json)")
     want = parse_dtype(dtype)

@@ -19,7 +19,8 @@ from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype, run_plan
 from nemo_convert.formats.hf import HFWeightsWriter, write_json
 from nemo_convert.formats.nemo import NemoCheckpoint, open_nemo
-from nemo_convert.formats.staging import staged_output
+from nemo_convert.errors import ConfigError
+from nemo_convert.formats.staging import refuse_overlap, staged_output
 from nemo_convert.hf_config import dtype_name_of_precision, set_dtype_name
 from nemo_convert.mapping.planner import plan_conversion
 from nemo_convert.plugins.manager import Registry
@@ -41,7 +42,10 @@ def tokenizer_files(ckpt: NemoCheckpoint) -> dict[str, bytes]:
 
 def hf_config_of(fam: ModelFamily, cfg: dict[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:
     """The ``config.json`` that export writes for a NeMo config (and an optional cast)."""
-    hf_cfg = fam.config_to_hf(copy.deepcopy(cfg))
+    try:
+        hf_cfg = fam.config_to_hf(copy.deepcopy(cfg))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"the NeMo config does not describe a {fam.name} model: {type(exc).__name__}: {exc}") from None
     if dtype is not None:
         set_dtype_name(hf_cfg, DTYPE_NAME[dtype])
     elif ("dtype" in hf_cfg or "torch_dtype" in hf_cfg) and "precision" in cfg:
@@ -56,6 +60,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     """Convert a ``.nemo`` (any layout) into a Hugging Face folder that ``transformers``
     loads with no missing or unexpected keys."""
     reg = registry_or_default(registry)
+    refuse_overlap(src, out)
     want = parse_dtype(dtype)
     ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
     try:

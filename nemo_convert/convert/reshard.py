@@ -13,6 +13,7 @@ from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.engine import Progress
 from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name, open_nemo
 from nemo_convert.formats.nemo_ranks import WEIGHTS
+from nemo_convert.formats.staging import refuse_overlap
 from nemo_convert.formats.nemo_weights import LAYOUTS
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.mapping.planner import identity_plan, nemo_parallel_kinds, plan_conversion
@@ -55,6 +56,7 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
     The output is checked to be a complete model of its family before anything is written.
     """
     reg = registry_or_default(registry)
+    refuse_overlap(src, out)
     ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)

@@ -63,6 +63,9 @@ def load_yaml(data: bytes, where: str) -> dict[str, Any]:
         raise InputError(f"{where}: the config is not a mapping")
     if isinstance(cfg.get("model"), dict) and len(cfg) == 1:
         cfg = cfg["model"]
+    for section in ("nemo_convert", "tokenizer"):
+        if cfg.get(section) is not None and not isinstance(cfg[section], dict):
+            raise InputError(f"{where}: the {section!r} section is not a mapping")
     return cfg
 
 

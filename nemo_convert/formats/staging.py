@@ -217,3 +217,12 @@ def cleanup_stale_staging(folder: str, *, max_age_s: float = 3600.0) -> list[str
             _remove(entry.path)
             removed.append(entry.path)
     return removed
+
+
+def refuse_overlap(src: str, target: str) -> None:
+    """Refuse an output that is the input, lies inside it, or contains it: overwriting it
+    would destroy the input."""
+    a, b = os.path.realpath(src), os.path.realpath(target)
+    if a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep):
+        raise OutputExistsError(f"{target}: the output would overwrite or sit inside the input {src}; "
+                                "choose another output path")

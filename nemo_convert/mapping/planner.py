@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from nemo_convert.errors import MappingError, ShapeError
+from nemo_convert.errors import ConfigError, MappingError, ShapeError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Parallel, Rename, Reshape, Rule,
                                         Tied, cfg_get, condition_holds)
@@ -59,6 +59,14 @@ class Plan:
     @property
     def total_bytes(self) -> int:
         return sum(t.out_bytes for t in self.tasks)
+
+
+def _layer_count(cfg: dict[str, Any], path: str) -> int:
+    value = cfg_get(cfg, path, 0) or 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"config field {path} = {value!r} is not a layer count") from None
 
 
 def _expand(name: str, layers: int) -> list[tuple[int | None, str]]:
@@ -153,7 +161,7 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
     drops: list[str] = []
     rule_of: dict[int, Rule] = {}
     for part in mapping.parts():
-        layers = int(cfg_get(cfg, part.layers, 0) or 0)
+        layers = _layer_count(cfg, part.layers)
         for rule in part.rules:
             if not condition_holds(cfg, rule.when):
                 continue
@@ -200,7 +208,10 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
                 raise ShapeError(f"{a.name} {list(a.shape)} should equal {b.name} {list(b.shape)} (tied)")
             continue
         metas = [torch.empty(source.info(k).shape, dtype=source.info(k).dtype, device="meta") for k in t.inputs]
-        outs = t.fn(metas)
+        try:
+            outs = t.fn(metas)
+        except ShapeError as exc:
+            raise ShapeError(f"{', '.join(t.inputs)} → {', '.join(t.outputs)}: {exc}") from None
         if len(outs) != len(t.outputs):
             raise MappingError(f"a {t.label} op returned {len(outs)} tensors for {len(t.outputs)} outputs")
         t.infos = tuple(TensorInfo(n, tuple(o.shape), o.dtype) for n, o in zip(t.outputs, outs))
@@ -224,7 +235,7 @@ def nemo_parallel_kinds(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Para
     """The tensor-parallel kind of every NeMo tensor the mapping can produce (no I/O)."""
     kinds: dict[str, Parallel] = {}
     for part in mapping.parts():
-        layers = int(cfg_get(cfg, part.layers, 0) or 0)
+        layers = _layer_count(cfg, part.layers)
         for rule in part.rules:
             if isinstance(rule, Tied) or not condition_holds(cfg, rule.when):
                 continue

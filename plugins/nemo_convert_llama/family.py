@@ -7,6 +7,7 @@ from typing import Any
 from nemo_convert import ModelFamily
 from nemo_convert.mapping import FuseGated, FuseQKV, Mapping, Parallel, Rename, Tied, cfg_get
 from nemo_convert_llama.config import NEMO_GPT_TARGET, llama_config_to_hf, llama_config_to_nemo
+from nemo_convert_llama.trtllm import LLAMA_TRTLLM
 
 L = "model.layers.{i}."
 D = "decoder.layers.{i}."
@@ -19,7 +20,7 @@ def llama_mapping(cfg: dict[str, Any]) -> Mapping:
     mlp_bias = biases.get("mlp", bool(cfg.get("bias")))
     rules = [
         Rename("model.embed_tokens.weight", "embedding.word_embeddings.weight", Parallel.VOCAB,
-               shape=(None, "hidden_size")),
+               shape=("nemo_convert.vocab_size", "hidden_size")),
         Rename(L + "input_layernorm.weight", D + "self_attention.linear_qkv.layer_norm_weight",
                shape=("hidden_size",)),
         FuseQKV(L + "self_attn.q_proj.weight", L + "self_attn.k_proj.weight", L + "self_attn.v_proj.weight",
@@ -32,7 +33,7 @@ def llama_mapping(cfg: dict[str, Any]) -> Mapping:
         Rename(L + "mlp.down_proj.weight", D + "mlp.linear_fc2.weight", Parallel.ROW,
                shape=("hidden_size", "ffn_hidden_size")),
         Rename("model.norm.weight", "decoder.final_layernorm.weight", shape=("hidden_size",)),
-        Rename("lm_head.weight", "output_layer.weight", Parallel.VOCAB, shape=(None, "hidden_size"),
+        Rename("lm_head.weight", "output_layer.weight", Parallel.VOCAB, shape=("nemo_convert.vocab_size", "hidden_size"),
                when="!share_embeddings_and_output_weights"),
         Tied("lm_head.weight", "model.embed_tokens.weight", when="share_embeddings_and_output_weights"),
     ]
@@ -61,5 +62,6 @@ LLAMA = ModelFamily(
     default_layout="dist",
     nemo2_targets=("nemo.collections.llm.gpt.model.llama.LlamaModel",),
     hf_model_class="LlamaForCausalLM",
+    trtllm=LLAMA_TRTLLM,
     description="Llama 2/3/3.1/3.2 (MHA, GQA, tied embeddings, llama3/linear RoPE scaling)",
 )
