@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from nemo_convert.convert.checkpoint import Checkpoint, inspect_checkpoint, open_checkpoint
 from nemo_convert.convert.common import SECTION, ConversionReport
+from nemo_convert.convert.from_ckpt import from_ckpt
 from nemo_convert.convert.hf_to_nemo import import_hf, plan_import
 from nemo_convert.convert.nemo_to_hf import export_hf
 from nemo_convert.convert.nemo_write import Parallelism
 from nemo_convert.convert.reshard import reshard
 from nemo_convert.convert.tokenizer_patch import add_tokens
 from nemo_convert.plugins.manager import get_registry, registry_with
+from nemo_convert.qnemo import QuantizeReport, quantize
 from nemo_convert.verify import VerifyReport, verify
 
-__all__ = ["SECTION", "Checkpoint", "VerifyReport", "add_tokens", "verify", "ConversionReport", "Parallelism", "reshard", "export_hf", "get_registry", "import_hf",
+__all__ = ["SECTION", "Checkpoint", "QuantizeReport", "quantize", "VerifyReport", "add_tokens", "verify", "ConversionReport", "Parallelism", "reshard", "export_hf", "from_ckpt", "get_registry", "import_hf",
            "inspect_checkpoint", "open_checkpoint", "plan_import", "registry_with"]

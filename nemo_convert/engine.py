@@ -17,7 +17,7 @@ import torch
 from nemo_convert.dtypes import SHORT, cast_for_output, lossy_cast
 from nemo_convert.errors import InputError
 from nemo_convert.mapping.planner import Plan
-from nemo_convert.tensors.base import TensorInfo, TensorSource
+from nemo_convert.tensors.base import TensorSource
 
 Sink = Callable[[str, torch.Tensor], None]
 
@@ -72,12 +72,17 @@ def apply_dtype(plan: Plan, dtype: torch.dtype | None) -> list[str]:
 
 
 def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress | None = None,
-             description: str = "converting") -> RunStats:
-    """Stream every task of ``plan`` from ``source`` into ``sink``."""
+             description: str = "converting", own_progress: bool = True) -> RunStats:
+    """Stream every task of ``plan`` from ``source`` into ``sink``.
+
+    With ``own_progress=False`` the caller has started ``progress`` (one bar over several
+    plans) and finishes it.
+    """
     progress = progress or NoProgress()
     stats = RunStats()
     t0 = time.perf_counter()
-    progress.start(description, plan.total_bytes, sum(len(t.outputs) for t in plan.tasks))
+    if own_progress:
+        progress.start(description, plan.total_bytes, sum(len(t.outputs) for t in plan.tasks))
     try:
         for task in plan.tasks:
             inputs = [source.load(k) for k in task.inputs]
@@ -103,10 +108,18 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
             progress.advance(task.out_bytes, len(task.outputs))
             del inputs, outputs
     finally:
-        progress.finish()
+        if own_progress:
+            progress.finish()
     stats.seconds = time.perf_counter() - t0
     return stats
 
 
-def planned_infos(plan: Plan) -> list[TensorInfo]:
-    return plan.outputs()
+def merge_stats(parts: list[RunStats]) -> RunStats:
+    out = RunStats()
+    for s in parts:
+        out.tensors += s.tensors
+        out.bytes += s.bytes
+        out.seconds = max(out.seconds, s.seconds)
+        out.warnings += s.warnings
+        out.non_finite.update(s.non_finite)
+    return out

@@ -22,6 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_parallel_flags(p)
     p.add_argument("--unpacked", action="store_true", help="write the unpacked folder form instead of a tar")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a family-specific import option (repeatable), e.g. embed_vision_tower=true "
+                        "for LLaVA; see docs/families/")
+    p.add_argument("--embed-vision-tower", action="store_true",
+                   help="LLaVA: store the vision tower in the .nemo (self-contained; export reproduces the "
+                        "full HF checkpoint). Same as --option embed_vision_tower=true")
     p.add_argument("--allow-unmapped", action="append", default=[], metavar="GLOB",
                    help="drop source tensors matching GLOB instead of failing (repeatable)")
     p.add_argument("--trust-pickle", action="store_true",
@@ -66,6 +72,26 @@ def parallelism(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return Parallelism(args.tp, args.pp, stages)
 
 
+def parse_options(args: argparse.Namespace) -> dict[str, object]:
+    """``--option KEY=VALUE`` pairs, values read as YAML scalars (true, 3, 0.5, text)."""
+    import yaml
+
+    from nemo_convert.errors import NemoConvertError
+
+    out: dict[str, object] = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise NemoConvertError(f"--option {item!r}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    if getattr(args, "embed_vision_tower", False):
+        out["embed_vision_tower"] = True
+    return out
+
+
 def parse_size(text: str) -> int:
     from nemo_convert.errors import NemoConvertError
 
@@ -96,7 +122,8 @@ def run_import(args: argparse.Namespace) -> int:
     rep = api.import_hf(args.src, args.output, family=args.family, dtype=args.dtype, layout=args.layout,
                         overwrite=args.overwrite, packed=not args.unpacked, progress=make_progress(args),
                         allow_unmapped=tuple(args.allow_unmapped), trust_pickle=args.trust_pickle,
-                        parallel=parallelism(args), check_finite=args.check_finite)
+                        parallel=parallelism(args), check_finite=args.check_finite,
+                        options=parse_options(args) or None, workers=args.workers)
     report(args, rep, "wrote")
     return 0
 
@@ -107,6 +134,6 @@ def run_export(args: argparse.Namespace) -> int:
     _warn_trust(args)
     rep = api.export_hf(args.src, args.output, dtype=args.dtype, overwrite=args.overwrite, family=args.family,
                         max_shard_bytes=parse_size(args.max_shard_size), progress=make_progress(args),
-                        trust_pickle=args.trust_pickle, check_finite=args.check_finite)
+                        trust_pickle=args.trust_pickle, check_finite=args.check_finite, workers=args.workers)
     report(args, rep, "wrote")
     return 0

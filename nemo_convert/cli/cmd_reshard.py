@@ -36,6 +36,6 @@ def run(args: argparse.Namespace) -> int:
     rep = api.reshard(args.src, args.output, tp=par.tp, pp=par.pp, stage_layers=par.stage_layers,
                       layout=args.layout, overwrite=args.overwrite, packed=not args.unpacked, family=args.family,
                       progress=make_progress(args), trust_pickle=args.trust_pickle,
-                      check_finite=args.check_finite)
+                      check_finite=args.check_finite, workers=args.workers)
     report(args, rep, "wrote")
     return 0

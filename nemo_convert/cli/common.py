@@ -44,6 +44,12 @@ def report(args: argparse.Namespace, rep: Any, verb: str) -> None:
     """Print a conversion report: JSON with ``--json``, a summary line otherwise."""
     for w in rep.warnings:
         warn(args, w)
+    if not getattr(args, "json", False) and not getattr(args, "quiet", False):
+        for note in getattr(rep, "notes", []) or []:
+            Console(stderr=True).print(f"note: {note}", highlight=False)
+    workers = getattr(args, "workers", None)
+    if workers is not None and not workers.is_main:
+        return
     if getattr(args, "json", False):
         print_json(rep.as_dict())
     elif not getattr(args, "quiet", False):

@@ -47,8 +47,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_signal_handlers()
     if hasattr(signal, "SIGXFSZ"):  # a file-size limit makes writes fail with EFBIG, cleaned up like any error
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    from nemo_convert.workers import from_env, shutdown
+
     try:
-        return int(args.func(args) or 0)
+        args.workers = from_env()  # several processes under torchrun
+        if not args.workers.is_main:
+            args.quiet = True
+        try:
+            return int(args.func(args) or 0)
+        finally:
+            shutdown(args.workers)
     except NemoConvertError as exc:
         if debug:
             raise

@@ -28,12 +28,13 @@ class RichProgress:
                              console=self._console)
         self._bar.start()
         self._task = self._bar.add_task(description, total=max(total_bytes, 1),
-                                        tensors=f"0/{total_tensors}")
+                                        tensors=f"0/{total_tensors}" if total_tensors else "0")
 
     def advance(self, nbytes: int, ntensors: int) -> None:
         if self._bar is not None and self._task is not None:
             self._done += ntensors
-            self._bar.update(self._task, advance=nbytes, tensors=f"{self._done}/{self._total}")
+            count = f"{self._done}/{self._total}" if self._total else str(self._done)
+            self._bar.update(self._task, advance=nbytes, tensors=count)
 
     def finish(self) -> None:
         if self._bar is not None:

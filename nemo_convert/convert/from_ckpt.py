@@ -25,12 +25,10 @@ from nemo_convert import __version__
 from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
 from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.engine import Progress
-from nemo_convert.errors import (ConfigError, InputError, MappingError, NemoConvertError, OutputExistsError,
-                                 ShapeError)
+from nemo_convert.errors import ConfigError, InputError, MappingError, NemoConvertError, OutputExistsError, ShapeError
 from nemo_convert.formats.nemo import VocabTrimView, artifact_name
 from nemo_convert.formats.nemo_weights import LAYOUTS
-from nemo_convert.formats.ptl_ckpt import (Located, TrainingCheckpoint, locate,
-                                           open_training_checkpoint)
+from nemo_convert.formats.ptl_ckpt import Located, TrainingCheckpoint, locate, open_training_checkpoint
 from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import identity_plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.mapping.rules import Parallel
@@ -81,14 +79,35 @@ def _pick_config(obj: Any) -> dict[str, Any] | None:
     return None
 
 
+class _HparamsLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that also reads ``!!python/tuple`` (which PyYAML's ``dump`` writes
+    for tuples in Lightning's ``hparams.yaml``) as a list; every other tag that would build a
+    Python object is refused by name."""
+
+
+def _tuple_as_list(loader: yaml.SafeLoader, node: yaml.Node) -> list[Any]:
+    return loader.construct_sequence(node, deep=True)  # type: ignore[arg-type]
+
+
+def _refuse_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
+    raise InputError(f"YAML tag {node.tag!r} would build a Python object; nemo-convert reads YAML safely "
+                     "and refuses it")
+
+
+_HparamsLoader.add_constructor("tag:yaml.org,2002:python/tuple", _tuple_as_list)
+_HparamsLoader.add_multi_constructor("tag:yaml.org,2002:python/", _refuse_tag)
+
+
 def read_hparams(path: str) -> dict[str, Any]:
-    """The model config of a Lightning ``hparams.yaml`` (``cfg:`` key), read with
-    ``yaml.safe_load`` (no tags that build Python objects)."""
+    """The model config of a Lightning ``hparams.yaml`` (``cfg:`` key), read as plain data
+    (a safe loader: no tag can import or call anything)."""
     try:
         with open(path, "rb") as f:
-            data = yaml.safe_load(f.read().decode("utf-8"))
+            data = yaml.load(f.read().decode("utf-8"), Loader=_HparamsLoader)
     except FileNotFoundError:
         raise InputError(f"{path}: no such hparams file") from None
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{path}: not a safe YAML file ({first})") from None
@@ -125,7 +144,7 @@ def model_config(ck: TrainingCheckpoint, hparams: str | None) -> tuple[dict[str,
 
 # -------------------------------------------------------------------------- tokenizer
 def _artifact_basename(ref: str) -> str:
-    name = os.path.basename(ref[5:] if ref.startswith("nemo:") else ref)
+    name = os.path.basename(ref.removeprefix("nemo:"))
     m = _HASHED.match(name)
     return m["base"] if m else name
 
@@ -205,7 +224,7 @@ def _sentencepiece_size(data: bytes) -> int | None:
         sp = spm.SentencePieceProcessor()
         sp.LoadFromSerializedProto(data)
         return int(sp.GetPieceSize())
-    except Exception:  # not installed, or not a SentencePiece model
+    except Exception:  # noqa: BLE001 - not installed, or not a SentencePiece model
         return None
 
 
@@ -314,8 +333,8 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
             cfg, list(dict.fromkeys(bases)), allow_missing=allow_missing_tokenizer)
         warnings += tok_warnings
         source = ck.weights(kinds, tied=bool(cfg.get("share_embeddings_and_output_weights")))
-        spm = data_of.get("tokenizer.model") if (cfg.get("tokenizer") or {}).get("library", "sentencepiece") \
-            == "sentencepiece" else None
+        tok = cfg.get("tokenizer") if isinstance(cfg.get("tokenizer"), dict) else {}
+        spm = data_of.get("tokenizer.model") if tok.get("library", "sentencepiece") == "sentencepiece" else None
         vocab, vocab_note = true_vocab_size(cfg, source, kinds, src_tp, vocab_size, spm)
         if vocab_note:
             notes.append(vocab_note)

@@ -17,10 +17,11 @@ from nemo_convert.errors import ConfigError, InputError, NemoConvertError
 from nemo_convert.formats.hf import is_hf_folder, open_hf
 from nemo_convert.formats.nemo import artifact_name
 from nemo_convert.formats.nemo_weights import LAYOUTS
-from nemo_convert.formats.staging import refuse_overlap
+from nemo_convert.formats.staging import check_target, refuse_overlap
 from nemo_convert.hf_config import read_config_json
 from nemo_convert.mapping.planner import Plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry
+from nemo_convert.workers import SINGLE, Workers
 from nemo_convert.plugins.records import ModelFamily
 from nemo_convert.tensors.base import TensorSource
 
@@ -34,24 +35,31 @@ def _read(path: str) -> bytes:
 
 def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, str], folder: str,
                    notes: list[str]) -> tuple[dict[str, Any] | None, dict[str, str], list[tuple[str, bytes]]]:
-    """Every tokenizer file as a ``nemo:`` artifact (the SentencePiece model patched with
-    the family's ``add_tokens`` first, if any): the NeMo ``tokenizer`` section, the refs
-    by HF file name, and the ``(member, bytes)`` artifacts to store."""
+    """Every tokenizer file as a ``nemo:`` artifact, plus — for a family with
+    ``add_tokens`` — the patched SentencePiece model that NeMo's ``tokenizer.model`` uses.
+    Returns the NeMo ``tokenizer`` section, the refs of the HF originals by file name,
+    and the ``(member, bytes)`` artifacts to store."""
     data = {name: _read(path) for name, path in sorted(files.items())}
-    if fam.add_tokens and "tokenizer.model" in data:
-        from nemo_convert.tokenizers import add_tokens_sentencepiece
-
-        data["tokenizer.model"], rep = add_tokens_sentencepiece(data["tokenizer.model"], fam.add_tokens,
-                                                                skip_existing=True)
-        notes.append(f"tokenizer.model: added {len(rep.added)} token(s) for {fam.name} "
-                     f"({', '.join(t for t, _ in rep.added) or 'none'}); vocabulary "
-                     f"{rep.old_vocab_size} → {rep.new_vocab_size}; embeddings were not resized")
     members = [(artifact_name(blob, name), blob) for name, blob in data.items()]
+    # ``tokenizer_files`` always names the HF originals: export gives them back unchanged.
     refs = {name: "nemo:" + member for name, (member, _) in zip(data, members)}
     if not refs:
         return None, refs, members
+    model_ref = refs.get("tokenizer.model")
+    if fam.add_tokens and "tokenizer.model" in data:
+        from nemo_convert.tokenizers import add_tokens_sentencepiece
+
+        patched, rep = add_tokens_sentencepiece(data["tokenizer.model"], fam.add_tokens, skip_existing=True)
+        if patched != data["tokenizer.model"]:
+            member = artifact_name(patched, "tokenizer.model")
+            members.append((member, patched))
+            model_ref = "nemo:" + member
+        notes.append(f"tokenizer.model: added {len(rep.added)} token(s) for {fam.name} "
+                     f"({', '.join(t for t, _ in rep.added) or 'none'}); vocabulary "
+                     f"{rep.old_vocab_size} → {rep.new_vocab_size}; embeddings were not resized; "
+                     "export restores the original tokenizer files")
     if "tokenizer.model" in refs:
-        tok = {"library": "sentencepiece", "type": None, "model": refs["tokenizer.model"],
+        tok = {"library": "sentencepiece", "type": None, "model": model_ref,
                "vocab_file": None, "merge_file": None, "delimiter": None, "sentencepiece_legacy": False}
     else:
         name = hf_cfg.get("_name_or_path") or os.path.basename(os.path.normpath(folder))
@@ -64,8 +72,11 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
                 allow_unmapped: tuple[str, ...] = (),
                 options: dict[str, Any] | None = None) -> tuple[dict[str, Any], Plan]:
     """The NeMo config and the checked plan for importing ``source`` (headers only, no data)."""
+    opts = dict(options or {})
+    if family.source_options is not None:
+        opts = {**family.source_options(copy.deepcopy(hf_cfg), list(source.keys())), **opts}
     try:
-        cfg = family.config_to_nemo(copy.deepcopy(hf_cfg), **(options or {}))
+        cfg = family.config_to_nemo(copy.deepcopy(hf_cfg), **opts)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"config.json does not describe a {family.name} model: {type(exc).__name__}: {exc}") from None
     ours = cfg.setdefault(SECTION, {})
@@ -83,7 +94,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
               progress: Progress | None = None, registry: Registry | None = None,
               allow_unmapped: tuple[str, ...] = (), trust_pickle: bool = False,
               options: dict[str, Any] | None = None, parallel: Parallelism | None = None,
-              check_finite: bool = False) -> ConversionReport:
+              check_finite: bool = False,
+              workers: Workers = SINGLE) -> ConversionReport:
     """Convert a Hugging Face model folder into a ``.nemo``.
 
     :param src: HF folder (``config.json`` + safetensors or ``pytorch_model*.bin``).
@@ -100,11 +112,16 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     """
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
+    check_target(out, overwrite=overwrite)
     if not is_hf_folder(src):
         raise InputError(f"{src}: not a Hugging Face model folder (no config.json)")
     want = parse_dtype(dtype)
     hf_cfg = read_config_json(src)
     fam = reg.family(family) if family else reg.family_for_hf_config(hf_cfg)
+    unknown = sorted(set(options or {}) - set(fam.import_options))
+    if unknown:
+        raise NemoConvertError(f"family {fam.name!r} has no import option(s) {', '.join(unknown)} "
+                               f"(it accepts: {', '.join(fam.import_options) or 'none'})")
     layout = layout or fam.default_layout
     if layout not in LAYOUTS:
         raise NemoConvertError(f"unknown layout {layout!r} (use {' or '.join(LAYOUTS)})")
@@ -124,7 +141,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
             cfg[SECTION]["tokenizer_files"] = refs
         kinds = nemo_parallel_kinds(fam.mapping(cfg), cfg)
         stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds, par=parallel or Parallelism(),
-                           overwrite=overwrite, packed=packed, progress=progress, artifacts=artifacts)
+                           overwrite=overwrite, packed=packed, progress=progress, artifacts=artifacts,
+                           unstacked=fam.dist_unstacked, workers=workers)
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout, plan.dropped,

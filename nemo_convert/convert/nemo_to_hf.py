@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from typing import Any
@@ -16,15 +17,16 @@ from nemo_convert.convert.common import (
     registry_or_default,
 )
 from nemo_convert.dtypes import parse_dtype
-from nemo_convert.engine import Progress, apply_dtype, run_plan
+from nemo_convert.engine import Progress, apply_dtype, merge_stats, run_plan
 from nemo_convert.formats.hf import HFWeightsWriter, write_json
 from nemo_convert.formats.nemo import NemoCheckpoint, open_nemo
 from nemo_convert.errors import ConfigError
-from nemo_convert.formats.staging import refuse_overlap, staged_output
+from nemo_convert.formats.staging import check_target, refuse_overlap, staged_output
 from nemo_convert.hf_config import dtype_name_of_precision, set_dtype_name
-from nemo_convert.mapping.planner import plan_conversion
+from nemo_convert.mapping.planner import Plan, plan_conversion
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import ModelFamily
+from nemo_convert.workers import SINGLE, Workers
 
 DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -56,11 +58,14 @@ def hf_config_of(fam: ModelFamily, cfg: dict[str, Any], dtype: torch.dtype | Non
 def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, overwrite: bool = False,
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
               progress: Progress | None = None, registry: Registry | None = None,
-              trust_pickle: bool = False, check_finite: bool = False) -> ConversionReport:
+              trust_pickle: bool = False, check_finite: bool = False,
+              workers: Workers = SINGLE) -> ConversionReport:
     """Convert a ``.nemo`` (any layout) into a Hugging Face folder that ``transformers``
-    loads with no missing or unexpected keys."""
+    loads with no missing or unexpected keys. With several ``workers`` each process
+    writes the safetensors shards it owns."""
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
+    check_target(out, overwrite=overwrite)
     want = parse_dtype(dtype)
     ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
     try:
@@ -70,17 +75,32 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
         plan = plan_conversion(fam.mapping(cfg), cfg, ckpt.source, "to_hf")
         plan.check_finite = check_finite
         warnings = apply_dtype(plan, want)
-        with staged_output(out, overwrite=overwrite, is_dir=True) as stage:
-            write_json(os.path.join(stage, "config.json"), hf_cfg)
-            gen = (cfg.get(SECTION) or {}).get("hf_generation_config")
-            if gen is not None:
-                write_json(os.path.join(stage, "generation_config.json"), gen)
-            for name, data in tokenizer_files(ckpt).items():
-                with open(os.path.join(stage, name), "wb") as f:
-                    f.write(data)
-            writer = HFWeightsWriter(stage, plan.outputs(), max_shard_bytes=max_shard_bytes)
-            stats = run_plan(plan, ckpt.source, writer.write, progress=progress, description="export")
-            writer.close()
+        with contextlib.ExitStack() as stack:
+            stage = stack.enter_context(staged_output(out, overwrite=overwrite, is_dir=True)) \
+                if workers.is_main else None
+            stage = workers.broadcast(stage)
+            error: BaseException | None = None
+            try:
+                if workers.is_main:
+                    write_json(os.path.join(stage, "config.json"), hf_cfg)
+                    gen = (cfg.get(SECTION) or {}).get("hf_generation_config")
+                    if gen is not None:
+                        write_json(os.path.join(stage, "generation_config.json"), gen)
+                    for name, data in tokenizer_files(ckpt).items():
+                        with open(os.path.join(stage, name), "wb") as f:
+                            f.write(data)
+                writer = HFWeightsWriter(stage, plan.outputs(), max_shard_bytes=max_shard_bytes,
+                                         owned=workers.owns, write_index=workers.is_main)
+                mine = Plan(plan.direction, [t for t in plan.tasks if any(writer.wants(o) for o in t.outputs)],
+                            plan.dropped, plan.check_finite)
+                stats = run_plan(mine, ckpt.source, writer.write, progress=progress, description="export")
+                writer.close()
+            except Exception as exc:  # shared so that every process stops
+                error = exc
+            failure = workers.agree(error)
+            if failure is not None:
+                raise failure
+            stats = merge_stats(workers.gather(stats))
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, None, plan.dropped,

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from nemo_convert.convert.common import SECTION, dir_sink
-from nemo_convert.engine import Progress, RunStats, run_plan
+from nemo_convert.engine import NoProgress, Progress, RunStats, merge_stats, run_plan
 from nemo_convert.errors import UnsupportedError
 from nemo_convert.formats.nemo import CONFIG_MEMBER, dump_yaml
-from nemo_convert.formats.nemo_ranks import write_per_rank
-from nemo_convert.formats.nemo_weights import make_weights_writer
+from nemo_convert.formats.nemo_ranks import WEIGHTS, write_rank_file
+from nemo_convert.formats.nemo_weights import DistWeightsWriter, LegacyWeightsWriter, finish_dist
+from nemo_convert.formats.sink import DirectorySink, MemberSink
 from nemo_convert.formats.staging import staged_output
 from nemo_convert.formats.tar_writer import TarWriter
 from nemo_convert.mapping.ops import padded_vocab_size
@@ -19,6 +20,7 @@ from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout
 from nemo_convert.sharding.tensor import TensorParallel
 from nemo_convert.tensors.base import TensorSource
+from nemo_convert.workers import SINGLE, Workers, split_balanced
 
 
 @dataclass(frozen=True)
@@ -60,14 +62,74 @@ def vocab_sizes(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], tp:
     return vocab, padded_vocab_size(vocab, int(cfg.get("make_vocab_size_divisible_by") or 1), tp)
 
 
+@dataclass
+class WeightPart:
+    """One output file of the weights (a dist data file, a rank's ``model_weights.ckpt``, …):
+    the unit of work a process owns."""
+
+    member: str
+    write: Callable[[MemberSink, Progress | None], tuple[RunStats, Any]]
+    nbytes: int
+
+
+#: Target size of one dist-checkpoint data file. Always at least two files (as Megatron
+#: writes), so that several processes share even a small model.
+DIST_PART_BYTES = 1 << 30
+
+
+def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str, Parallel],
+                 playout: ParallelLayout, padded: int | None, unstacked: tuple[str, ...] = ()) -> list[WeightPart]:
+    """The output parts of the weights, defined by the plan alone (never by the number of
+    processes), in archive order."""
+    infos = plan.outputs()
+    if layout == "dist":
+        sizes = [t.out_bytes for t in plan.tasks]
+        groups = split_balanced(sizes, max(2, -(-sum(sizes) // DIST_PART_BYTES)))
+        parts = []
+        for k, idx in enumerate(groups):
+            sub = Plan(plan.direction, [plan.tasks[i] for i in idx], plan.dropped, plan.check_finite)
+
+            def write(sink: MemberSink, progress: Progress | None, sub: Plan = sub, k: int = k) -> tuple[RunStats, Any]:
+                w = DistWeightsWriter(sink, infos, data_file=f"__{k}_0.distcp", unstacked=unstacked)
+                stats = run_plan(sub, source, w.write, progress=progress, own_progress=False)
+                return stats, w.close(finalize=False)
+            parts.append(WeightPart(f"model_weights/__{k}_0.distcp", write, sub.total_bytes))
+
+        def extras(sink: MemberSink, progress: Progress | None) -> tuple[RunStats, Any]:
+            w = DistWeightsWriter(sink, infos, data_file=f"__{len(groups)}_0.distcp", unstacked=unstacked)
+            w.add_extra_states()
+            return RunStats(), w.close(finalize=False)
+        parts.append(WeightPart(f"model_weights/__{len(groups)}_0.distcp", extras, 0))
+        return parts
+    if playout.tp * playout.pp > 1:
+        parts = []
+        for p, t, folder in playout.rank_dirs():
+            def write_rank(sink: MemberSink, progress: Progress | None, p: int = p, t: int = t) -> tuple[RunStats, Any]:
+                return write_rank_file(sink, plan, source, playout, kinds, pp_rank=p, tp_rank=t,
+                                       padded_vocab=padded, progress=progress), None
+            nbytes = sum(i.nbytes for i in infos if p in playout.stages_of(i.name)) // playout.tp
+            parts.append(WeightPart(f"{folder}/{WEIGHTS}", write_rank, nbytes))
+        return parts
+
+    def write_single(sink: MemberSink, progress: Progress | None) -> tuple[RunStats, Any]:
+        w = LegacyWeightsWriter(sink, infos)
+        stats = run_plan(plan, source, w.write, progress=progress, own_progress=False)
+        w.close()
+        return stats, None
+    return [WeightPart(WEIGHTS, write_single, plan.total_bytes)]
+
+
 def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, *, layout: str,
                kinds: dict[str, Parallel], par: Parallelism = Parallelism(), overwrite: bool = False,
                packed: bool = True, progress: Progress | None = None,
-               artifacts: Sequence[tuple[str, bytes]] = ()) -> RunStats:
+               artifacts: Sequence[tuple[str, bytes]] = (), workers: Workers = SINGLE,
+               unstacked: tuple[str, ...] = ()) -> RunStats:
     """Stage and write a complete ``.nemo`` (config, artifacts, weights) at ``out``.
 
     ``cfg`` is completed with the parallel sizes and vocabulary sizes; ``artifacts`` are
-    ``(member name, bytes)`` pairs already referenced from ``cfg``.
+    ``(member name, bytes)`` pairs already referenced from ``cfg``. With several
+    ``workers`` each process writes the weight parts it owns and process 0 the rest;
+    the result is byte-identical to a one-process run.
     """
     vocab, padded = vocab_sizes(cfg, plan, kinds, par.tp)
     playout = check_geometry(cfg, plan, kinds, par, padded)
@@ -79,15 +141,81 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
         ours["padded_vocab_size"] = padded
     if par.stage_layers is not None:
         ours["pipeline_stage_layers"] = list(par.stage_layers)
-    per_rank = layout == "legacy" and par.tp * par.pp > 1
+    parts = weight_parts(layout, plan, source, kinds, playout, padded, unstacked)
+    progress = progress or NoProgress()
+    mine = [p for i, p in enumerate(parts) if workers.owns(i)]
+    progress.start("write", sum(p.nbytes for p in mine), 0)
+    try:
+        if workers.world == 1:
+            return _write_alone(out, cfg, parts, layout, overwrite, packed, progress, artifacts)
+        return _write_together(out, cfg, parts, layout, overwrite, packed, progress, artifacts, workers)
+    finally:
+        progress.finish()
+
+
+def _write_alone(out: str, cfg: dict[str, Any], parts: list[WeightPart], layout: str, overwrite: bool,
+                 packed: bool, progress: Progress, artifacts: Sequence[tuple[str, bytes]]) -> RunStats:
     with staged_output(out, overwrite=overwrite, is_dir=not packed) as stage:
         with (TarWriter(stage) if packed else dir_sink(stage)) as sink:
             for name, data in artifacts:
                 sink.add_bytes(name, data)
             sink.add_bytes(CONFIG_MEMBER, dump_yaml(cfg))
-            if per_rank:
-                return write_per_rank(sink, plan, source, playout, kinds, padded_vocab=padded, progress=progress)
-            writer = make_weights_writer(layout, sink, plan.outputs())
-            stats = run_plan(plan, source, writer.write, progress=progress, description="write")
-            writer.close()
-            return stats
+            results = [part.write(sink, progress) for part in parts]
+            if layout == "dist":
+                finish_dist(sink, [rec for _, rec in results])
+    return merge_stats([st for st, _ in results])
+
+
+def _write_together(out: str, cfg: dict[str, Any], parts: list[WeightPart], layout: str, overwrite: bool,
+                    packed: bool, progress: Progress, artifacts: Sequence[tuple[str, bytes]],
+                    workers: Workers) -> RunStats:
+    """Every process writes its parts as files in a shared staging folder; process 0 then
+    adds the config, artifacts and metadata (and, for a packed ``.nemo``, streams the parts
+    into the tar in archive order, deleting each after it is copied)."""
+    import contextlib
+    import os
+    import shutil
+
+    with contextlib.ExitStack() as stack:
+        stage = None
+        if workers.is_main:
+            stage = stack.enter_context(staged_output(out, overwrite=overwrite, is_dir=not packed))
+        stage = workers.broadcast(stage)
+        parts_dir = stage if not packed else stage + ".parts"
+        if workers.is_main and packed:
+            os.makedirs(parts_dir, exist_ok=True)
+            stack.callback(shutil.rmtree, parts_dir, True)
+        workers.barrier()
+        error: BaseException | None = None
+        results: dict[int, tuple[RunStats, Any]] = {}
+        try:
+            sink = DirectorySink(parts_dir)
+            for i, part in enumerate(parts):
+                if workers.owns(i):
+                    results[i] = part.write(sink, progress)
+        except Exception as exc:  # shared below so that every process stops
+            error = exc
+        all_results = workers.gather({i: r for i, r in results.items()})
+        failure = workers.agree(error)
+        if failure is not None:
+            raise failure
+        merged = {i: r for d in all_results for i, r in d.items()}
+        if workers.is_main:
+            try:
+                with (TarWriter(stage) if packed else contextlib.nullcontext(DirectorySink(stage))) as final:
+                    for name, data in artifacts:
+                        final.add_bytes(name, data)
+                    final.add_bytes(CONFIG_MEMBER, dump_yaml(cfg))
+                    if packed:
+                        for part in parts:
+                            path = os.path.join(parts_dir, *part.member.split("/"))
+                            final.add_file(part.member, path)
+                            os.unlink(path)
+                    if layout == "dist":
+                        finish_dist(final, [merged[i][1] for i in range(len(parts))])
+            except Exception as exc:
+                error = exc
+        failure = workers.agree(error)
+        if failure is not None:
+            raise failure
+    return merge_stats([merged[i][0] for i in range(len(parts))])

@@ -13,11 +13,12 @@ from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.engine import Progress
 from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name, open_nemo
 from nemo_convert.formats.nemo_ranks import WEIGHTS
-from nemo_convert.formats.staging import refuse_overlap
+from nemo_convert.formats.staging import check_target, refuse_overlap
 from nemo_convert.formats.nemo_weights import LAYOUTS
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.mapping.planner import identity_plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry
+from nemo_convert.workers import SINGLE, Workers
 from nemo_convert.sharding.layout import parse_rank_dir
 
 
@@ -50,13 +51,14 @@ def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]
 def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None = None,
             stage_layers: tuple[int, ...] | None = None, overwrite: bool = False, packed: bool = True,
             family: str | None = None, progress: Progress | None = None, registry: Registry | None = None,
-            trust_pickle: bool = False, check_finite: bool = False) -> ConversionReport:
+            trust_pickle: bool = False, check_finite: bool = False, workers: Workers = SINGLE) -> ConversionReport:
     """Rewrite a ``.nemo`` at another TP×PP and/or weights layout (``dist`` or ``legacy``).
 
     The output is checked to be a complete model of its family before anything is written.
     """
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
+    check_target(out, overwrite=overwrite)
     ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
@@ -72,7 +74,7 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
         artifacts = carried_artifacts(ckpt, cfg)
         stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
                            par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
-                           progress=progress, artifacts=artifacts)
+                           progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked, workers=workers)
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,

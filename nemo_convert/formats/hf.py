@@ -7,7 +7,7 @@ import glob
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -133,38 +133,55 @@ def assign_shards(infos: Sequence[TensorInfo], max_shard_bytes: int) -> list[lis
 
 class HFWeightsWriter:
     """Streams tensors, in plan order, into ``model-0000i-of-0000N.safetensors`` files
-    plus ``model.safetensors.index.json``."""
+    plus ``model.safetensors.index.json``.
+
+    Shards are fixed by the tensor list alone. With ``owned`` a process writes only the
+    shards it owns (tensors of other shards are ignored) and ``write_index`` says whether
+    it writes the index; several processes then produce exactly the one-process files.
+    """
 
     def __init__(self, folder: str, infos: Sequence[TensorInfo], *,
-                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                 owned: Callable[[int], bool] = lambda i: True, write_index: bool = True) -> None:
         self.folder = folder
         self._shards = assign_shards(infos, max_shard_bytes)
         n = len(self._shards)
         self._names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-        self._current: SafetensorsStreamWriter | None = None
-        self._index = 0
-        weight_map = {info.name: self._names[i] for i, shard in enumerate(self._shards) for info in shard}
-        total = sum(i.nbytes for i in infos)
-        with open(os.path.join(folder, SAFE_INDEX), "w", encoding="utf-8") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
-                      f, indent=2)
-            f.write("\n")
-        if not infos:
+        self._shard_of = {info.name: i for i, shard in enumerate(self._shards) for info in shard}
+        self._owned = {i for i in range(n) if owned(i)}
+        self._writers: dict[int, SafetensorsStreamWriter] = {}
+        if write_index:
+            weight_map = {name: self._names[i] for name, i in self._shard_of.items()}
+            total = sum(i.nbytes for i in infos)
+            with open(os.path.join(folder, SAFE_INDEX), "w", encoding="utf-8") as f:
+                json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+                          f, indent=2)
+                f.write("\n")
+        if not infos and 0 in self._owned:
             SafetensorsStreamWriter(os.path.join(folder, self._names[0]), [], {"format": "pt"}).close()
 
+    def wants(self, name: str) -> bool:
+        """Whether this writer writes tensor ``name`` (its shard is owned)."""
+        return self._shard_of.get(name, -1) in self._owned
+
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if self._current is None:
-            self._current = SafetensorsStreamWriter(os.path.join(self.folder, self._names[self._index]),
-                                                    self._shards[self._index], {"format": "pt"})
-        self._current.write(name, tensor)
-        if self._current.done:
-            self._current = None
-            self._index += 1
+        i = self._shard_of[name]
+        if i not in self._owned:
+            return
+        w = self._writers.get(i)
+        if w is None:
+            w = self._writers[i] = SafetensorsStreamWriter(os.path.join(self.folder, self._names[i]),
+                                                           self._shards[i], {"format": "pt"})
+        w.write(name, tensor)
 
     def close(self) -> None:
-        if self._current is not None:
-            self._current.close()
-            raise InputError("internal error: HF writer closed before every tensor was written")
+        unfinished = [i for i in self._owned if not (i in self._writers and self._writers[i].done)
+                      and self._shards[i]]
+        for w in self._writers.values():
+            w.close()
+        if unfinished:
+            raise InputError("internal error: HF writer closed before every tensor was written "
+                             f"(shards {', '.join(self._names[i] for i in unfinished)})")
 
 
 def write_json(path: str, obj: Any) -> None:

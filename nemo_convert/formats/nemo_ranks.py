@@ -2,14 +2,12 @@
 ``tp_rank_XX_pp_rank_YYY/model_weights.ckpt``, each holding one rank's slices.
 
 Reading presents the *global* logical tensors, each merged from its rank slices on
-demand (one tensor in memory at a time). Writing runs a plan once per rank, slicing each
-produced tensor for that rank, so the archive is streamed rank file by rank file with no
-temporary copy.
+demand (one tensor in memory at a time). Writing runs the stage's part of a plan once per rank
+file, slicing each produced tensor for that rank, so the archive is streamed rank file by
+rank file with no temporary copy.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 
@@ -21,7 +19,7 @@ from nemo_convert.formats.tar_archive import Container
 from nemo_convert.formats.torch_save import TorchSaveWriter
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
-from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout
+from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout, rank_dir
 from nemo_convert.sharding.tensor import TensorParallel
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 
@@ -95,34 +93,26 @@ class PerRankSource:
             r.close()
 
 
-def write_per_rank(sink: MemberSink, plan: Plan, source: TensorSource, layout: ParallelLayout,
-                   kinds: dict[str, Parallel], *, padded_vocab: int | None,
-                   progress: Progress | None = None,
-                   on_rank: Callable[[int, int], None] | None = None) -> RunStats:
-    """Run ``plan`` once per rank, writing that rank's slices into its folder's
-    ``model_weights.ckpt`` (``model.``-prefixed, layers renumbered per stage)."""
-    total = RunStats()
-    for p, t, folder in layout.rank_dirs():
-        tasks = [task for task in plan.tasks if task.outputs
-                 and any(p in layout.stages_of(o) for o in task.outputs)]
-        with sink.open_member(f"{folder}/{WEIGHTS}") as stream:
-            writer = TorchSaveWriter(stream)
+def write_rank_file(sink: MemberSink, plan: Plan, source: TensorSource, layout: ParallelLayout,
+                    kinds: dict[str, Parallel], *, pp_rank: int, tp_rank: int, padded_vocab: int | None,
+                    progress: Progress | None = None) -> RunStats:
+    """Run the part of ``plan`` that stage ``pp_rank`` needs and write TP rank ``tp_rank``'s
+    slices into its folder's ``model_weights.ckpt`` (``model.``-prefixed, layers
+    renumbered per stage)."""
+    p, t = pp_rank, tp_rank
+    tasks = [task for task in plan.tasks if task.outputs and any(p in layout.stages_of(o) for o in task.outputs)]
+    with sink.open_member(f"{rank_dir(t, p, layout.pp)}/{WEIGHTS}") as stream:
+        writer = TorchSaveWriter(stream)
 
-            def put(name: str, tensor: torch.Tensor, p: int = p, t: int = t, w: TorchSaveWriter = writer) -> None:
-                if p not in layout.stages_of(name):
-                    return
-                kind = kinds.get(name, Parallel.REPLICATED)
-                piece = _TP.split(tensor, kind, layout.tp, t, name=name,
-                                  padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
-                w.add("model." + layout.local_name(name, p), piece)
+        def put(name: str, tensor: torch.Tensor) -> None:
+            if p not in layout.stages_of(name):
+                return
+            kind = kinds.get(name, Parallel.REPLICATED)
+            piece = _TP.split(tensor, kind, layout.tp, t, name=name,
+                              padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
+            writer.add("model." + layout.local_name(name, p), piece)
 
-            stats = run_plan(Plan(plan.direction, tasks, plan.dropped, plan.check_finite), source, put, progress=progress,
-                             description=f"{folder}")
-            writer.close()
-        total.tensors += stats.tensors
-        total.bytes += stats.bytes
-        total.seconds += stats.seconds
-        total.non_finite.update(stats.non_finite)
-        if on_rank is not None:
-            on_rank(p, t)
-    return total
+        stats = run_plan(Plan(plan.direction, tasks, plan.dropped, plan.check_finite), source, put,
+                         progress=progress, own_progress=False)
+        writer.close()
+    return stats

@@ -219,6 +219,12 @@ def cleanup_stale_staging(folder: str, *, max_age_s: float = 3600.0) -> list[str
     return removed
 
 
+def check_target(target: str, *, overwrite: bool) -> None:
+    """Fail early (before any work) when ``target`` exists and ``overwrite`` is false."""
+    if os.path.lexists(target) and not overwrite:
+        raise OutputExistsError(f"{target} exists; pass --overwrite to replace it")
+
+
 def refuse_overlap(src: str, target: str) -> None:
     """Refuse an output that is the input, lies inside it, or contains it: overwriting it
     would destroy the input."""

@@ -33,6 +33,11 @@ class ModelFamily:
     :param trtllm: optional TensorRT-LLM description for ``quantize`` (family specific).
     :param add_tokens: tokens added to the SentencePiece tokenizer on import (NeVA adds
         ``<extra_id_0>`` …); the vocabulary change is reported, embeddings are not resized.
+    :param source_options: ``source_options(hf_config, source_tensor_names) -> options``:
+        options derived from the checkpoint itself (e.g. which key spelling it uses),
+        passed to ``config_to_nemo`` under the user's explicit options.
+    :param dist_unstacked: logical-name prefixes that the dist layout stores one key per
+        layer instead of stacking (modules NeMo keeps per layer, like NeVA's HF tower).
     :param nemo2_targets: NeMo 2.0 model classes (``_target_`` of ``context/model.yaml``)
         this family reads.
     :param import_options: names of family-specific keyword options that
@@ -59,6 +64,8 @@ class ModelFamily:
     add_tokens: tuple[str, ...] = ()
     import_options: tuple[str, ...] = ()
     nemo2_targets: tuple[str, ...] = ()
+    source_options: "Callable[[dict[str, Any], Sequence[str]], dict[str, Any]] | None" = None
+    dist_unstacked: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ pipeline stage number their layers from 0, as TensorRT-LLM's own converters writ
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from nemo_convert.hf_config import read_rope
 from nemo_convert.mapping.rules import Parallel
@@ -61,7 +62,7 @@ class TrtTensor:
     @property
     def prefix(self) -> str:
         """The linear's name (``name`` without ``.weight``): the prefix of its scale tensors."""
-        return self.name[: -len(".weight")] if self.name.endswith(".weight") else self.name
+        return self.name.removesuffix(".weight")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ class PipelineParallel:
             if len(sizes) != pp or sum(sizes) != num_layers or any(s < 1 for s in sizes):
                 raise UnsupportedError(f"stage sizes {list(sizes)} do not split {num_layers} layers into {pp} stages")
         else:
-            if pp > num_layers:
+            if pp > max(num_layers, 1):
                 raise UnsupportedError(f"pipeline size {pp} is larger than the number of layers ({num_layers})")
             if num_layers % pp:
                 raise UnsupportedError(f"{num_layers} layers do not split evenly into {pp} pipeline stages; "

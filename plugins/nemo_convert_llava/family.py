@@ -1,0 +1,141 @@
+"""LLaVA ⇄ NeVA, composed from the other families' mappings (nothing here is a copy).
+
+* the language model is the Llama family's mapping under the HF prefix ``language_model.``
+  (NeVA keeps the GPT names: ``decoder.layers.{i}.…``, ``embedding.word_embeddings.…``);
+* the projector (``multi_modal_projector.linear_1/2``) becomes NeVA's ``mlp2x_gelu`` adapter,
+  ``embedding.word_embeddings.adapter_layer.mm_projector_adapter.mm_projector.{0,2}``;
+* the vision tower is the CLIP family's vision tower. NeVA attaches the HF
+  ``CLIPVisionModel`` itself (``mm_cfg.vision_encoder.from_hf``) at
+  ``embedding.word_embeddings.vision_encoder``, so when the tower is embedded its tensors
+  keep their HF names there (``…vision_encoder.vision_model.encoder.layers.{i}.…``);
+  when it is not, the CLIP tower's tensors are declared droppable (and reported).
+
+HF checkpoints spell these parts several ways (see :data:`config.SPELLINGS`); the mapping
+is built for the spelling recorded in the config, so export writes the source's spelling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from nemo_convert import ModelFamily
+from nemo_convert.mapping import Custom, FuseGated, FuseQKV, Mapping, Rename, Reshape, Tied, cfg_get
+from nemo_convert_clip.family import clip_vision_tower_mapping
+from nemo_convert_llama.family import llama_mapping
+from nemo_convert_llava.config import (HUB_SPELLING, NEVA_EXTRA_TOKENS, NEVA_TARGET, llava_config_to_hf,
+                                       llava_config_to_nemo, llava_source_options)
+
+#: NeVA's projector adapter (logical name, no ``model.``).
+PROJECTOR = "embedding.word_embeddings.adapter_layer.mm_projector_adapter.mm_projector."
+#: Where NeVA attaches the HF vision tower (an HF ``CLIPVisionModel``: ``vision_model.…``).
+VISION_ENCODER = "embedding.word_embeddings.vision_encoder.vision_model."
+VISION_CFG = "mm_cfg.vision_encoder."
+
+
+# -- composition helpers (candidates for nemo_convert.mapping) ---------------------------
+_HF_FIELDS: dict[type, tuple[str, ...]] = {Rename: ("hf",), Reshape: ("hf",), FuseQKV: ("q", "k", "v"),
+                                           FuseGated: ("gate", "up"), Tied: ("hf", "same_as"), Custom: ("hf",)}
+
+
+def _hf_fields(rule: Any) -> tuple[str, ...]:
+    try:
+        return _HF_FIELDS[type(rule)]
+    except KeyError:
+        raise TypeError(f"unknown mapping rule {type(rule).__name__}") from None
+
+
+def hf_names(mapping: Mapping) -> list[str]:
+    """Every HF name template the mapping's rules read (in rule order)."""
+    out: list[str] = []
+    for part in mapping.parts():
+        for rule in part.rules:
+            for f in _hf_fields(rule):
+                v = getattr(rule, f)
+                out.extend(v if isinstance(v, tuple) else (v,))
+    return out
+
+
+def respell_hf(mapping: Mapping, fn: Callable[[str], str]) -> Mapping:
+    """``mapping`` with every HF name (rules and drops) passed through ``fn``."""
+    def rule(r: Any) -> Any:
+        new = {}
+        for f in _hf_fields(r):
+            v = getattr(r, f)
+            new[f] = tuple(fn(x) for x in v) if isinstance(v, tuple) else fn(v)
+        return dataclasses.replace(r, **new)
+
+    return Mapping(tuple(rule(r) for r in mapping.rules), mapping.layers, tuple(fn(d) for d in mapping.drop_hf),
+                   mapping.drop_nemo, tuple(respell_hf(s, fn) for s in mapping.sections))
+
+
+def _prefix_swap(pairs: dict[str, str]) -> Callable[[str], str]:
+    def fn(name: str) -> str:
+        for old, new in pairs.items():
+            if name.startswith(old):
+                return new + name[len(old):]
+        return name
+    return fn
+
+
+# -- the parts ---------------------------------------------------------------------------
+def vision_tower_mapping(spelling: str, embedded: bool) -> Mapping:
+    """The CLIP vision tower's tensors, kept under their HF names (NeVA's ``from_hf`` tower),
+    or declared droppable when the tower is not embedded."""
+    tower = clip_vision_tower_mapping()
+    names = hf_names(tower)
+    if embedded:
+        inner = Mapping(tuple(Rename(n, n) for n in names), layers=tower.layers, drop_hf=tower.drop_hf)
+        return inner.nested(hf_prefix=spelling, nemo_prefix=VISION_ENCODER, cfg_prefix=VISION_CFG)
+    return Mapping((), layers=tower.layers, drop_hf=(*names, *tower.drop_hf)).nested(
+        hf_prefix=spelling, cfg_prefix=VISION_CFG)
+
+
+def projector_mapping() -> Mapping:
+    """HF ``LlavaMultiModalProjector`` (linear_1, GELU, linear_2) ⇄ NeVA's ``mlp2x_gelu``
+    adapter (``Sequential(Linear, GELU, Linear)``: indices 0 and 2)."""
+    vh = VISION_CFG + "hidden_size"
+    return Mapping((
+        Rename("linear_1.weight", PROJECTOR + "0.weight", shape=("hidden_size", vh)),
+        Rename("linear_1.bias", PROJECTOR + "0.bias", shape=("hidden_size",)),
+        Rename("linear_2.weight", PROJECTOR + "2.weight", shape=("hidden_size", "hidden_size")),
+        Rename("linear_2.bias", PROJECTOR + "2.bias", shape=("hidden_size",)),
+    ))
+
+
+def llava_mapping(cfg: dict[str, Any]) -> Mapping:
+    """HF LLaVA names (in the recorded spelling) ⇄ NeVA names (logical, no ``model.``)."""
+    spelling = {**HUB_SPELLING, **(cfg_get(cfg, "nemo_convert.hf_key_spelling") or {})}
+    lm = llama_mapping(cfg).nested(hf_prefix="language_model.")
+    canonical = {"language_model.model.": spelling["language_model"],
+                 "language_model.lm_head.": spelling["lm_head"]}
+    if any(k != v for k, v in canonical.items()):
+        lm = respell_hf(lm, _prefix_swap(canonical))
+    projector = projector_mapping().nested(hf_prefix=spelling["projector"])
+    vision = vision_tower_mapping(spelling["vision_tower"], bool(cfg_get(cfg, "nemo_convert.embed_vision_tower")))
+    return lm.combine(projector, vision)
+
+
+LLAVA = ModelFamily(
+    name="llava",
+    hf_architectures=("LlavaForConditionalGeneration",),
+    hf_model_types=("llava",),
+    nemo_target=NEVA_TARGET,
+    mapping=llava_mapping,
+    config_to_nemo=llava_config_to_nemo,
+    config_to_hf=llava_config_to_hf,
+    # NeVA is a MegatronGPTModel with mcore_gpt; its sharded_state_dict is not None, so
+    # NeMo saves it as a torch_dist checkpoint (model_weights/).
+    default_layout="dist",
+    tokenizer_files=("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                     "added_tokens.json", "preprocessor_config.json", "processor_config.json",
+                     "chat_template.json", "chat_template.jinja"),
+    hf_model_class="LlavaForConditionalGeneration",
+    description="LLaVA 1.5 (HF LlavaForConditionalGeneration ⇄ NeVA: Llama + CLIP tower + mlp2x_gelu projector)",
+    add_tokens=NEVA_EXTRA_TOKENS,
+    import_options=("embed_vision_tower", "hf_key_spelling", "vision_tower_name", "conv_template"),
+    # NeVA saves its HF tower through make_sharded_tensors_for_checkpoint: a key per layer.
+    source_options=llava_source_options,
+    dist_unstacked=("embedding.word_embeddings.vision_encoder.",),
+)
