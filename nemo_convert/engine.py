@@ -114,12 +114,14 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
     return stats
 
 
-def merge_stats(parts: list[RunStats]) -> RunStats:
+def merge_stats(parts: list[RunStats], *, sequential: bool = True) -> RunStats:
+    """Totals of several runs: times add up when they ran one after another, else the
+    longest counts (parallel processes)."""
     out = RunStats()
     for s in parts:
         out.tensors += s.tensors
         out.bytes += s.bytes
-        out.seconds = max(out.seconds, s.seconds)
+        out.seconds = out.seconds + s.seconds if sequential else max(out.seconds, s.seconds)
         out.warnings += s.warnings
         out.non_finite.update(s.non_finite)
     return out

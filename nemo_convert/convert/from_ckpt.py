@@ -25,7 +25,15 @@ from nemo_convert import __version__
 from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
 from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.engine import Progress
-from nemo_convert.errors import ConfigError, InputError, MappingError, NemoConvertError, OutputExistsError, ShapeError
+from nemo_convert.errors import (
+    ConfigError,
+    InputError,
+    MappingError,
+    NemoConvertError,
+    OutputExistsError,
+    ShapeError,
+    UnsupportedError,
+)
 from nemo_convert.formats.nemo import VocabTrimView, artifact_name
 from nemo_convert.formats.nemo_weights import LAYOUTS
 from nemo_convert.formats.ptl_ckpt import Located, TrainingCheckpoint, locate, open_training_checkpoint
@@ -116,6 +124,28 @@ def read_hparams(path: str) -> dict[str, Any]:
         keys = ", ".join(map(str, data)) if isinstance(data, dict) else type(data).__name__
         raise ConfigError(f"{path}: no model config (expected a 'cfg:' section; found {keys})")
     return cfg
+
+
+_YAML_SCALARS = (str, int, float, bool, type(None))
+
+
+def yaml_ready(value: Any, where: str, odd: list[str]) -> Any:
+    """``value`` as data ``yaml.safe_dump`` writes: tuples and sets become lists, numpy
+    scalars and arrays Python numbers and lists; anything else (a tensor, an object a
+    trusted pickle built) becomes its ``repr``, with its path appended to ``odd``."""
+    if isinstance(value, _YAML_SCALARS):
+        return value
+    if isinstance(value, dict):
+        return {k if isinstance(k, _YAML_SCALARS) else str(k): yaml_ready(v, f"{where}.{k}", odd)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [yaml_ready(v, f"{where}[{i}]", odd) for i, v in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        return [yaml_ready(v, f"{where}[]", odd) for v in sorted(value, key=repr)]
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return yaml_ready(value.tolist(), where, odd)
+    odd.append(where)
+    return repr(value)
 
 
 def _hparams_near(loc: Located) -> list[str]:
@@ -314,6 +344,9 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
     reg = registry_or_default(registry)
     if layout is not None and layout not in LAYOUTS:
         raise NemoConvertError(f"unknown layout {layout!r} (use {' or '.join(LAYOUTS)})")
+    for flag, size in (("--tp", tp), ("--pp", pp)):
+        if size is not None and size < 1:
+            raise UnsupportedError(f"{flag} must be at least 1, got {size}")
     if os.path.lexists(out) and not overwrite:
         raise OutputExistsError(f"{out} exists; pass --overwrite to replace it")
     loc = locate(src, checkpoint_name)
@@ -323,6 +356,11 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
         notes.append("trust_pickle was on: the checkpoint's pickles could run code")
     with open_training_checkpoint(loc, trust_pickle=trust_pickle) as ck:
         cfg, cfg_from = model_config(ck, hparams)
+        odd: list[str] = []
+        cfg = yaml_ready(cfg, "cfg", odd)
+        if odd:
+            warnings.append(f"config values that are not plain data were written as text: {', '.join(odd[:8])}"
+                            + (f" (and {len(odd) - 8} more)" if len(odd) > 8 else ""))
         fam = reg.family(family) if family else reg.family_for_nemo_config(cfg)
         cfg.setdefault("target", fam.nemo_target)
         src_tp, src_pp = _check_parallel(cfg, ck, warnings)
@@ -338,7 +376,9 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
         vocab, vocab_note = true_vocab_size(cfg, source, kinds, src_tp, vocab_size, spm)
         if vocab_note:
             notes.append(vocab_note)
-        ours = cfg.setdefault(SECTION, {})
+        if not isinstance(cfg.get(SECTION), dict):
+            cfg[SECTION] = {}
+        ours = cfg[SECTION]
         if vocab is not None:
             ours["vocab_size"] = vocab
             source = VocabTrimView(source, {k for k, v in kinds.items() if v is Parallel.VOCAB}, vocab)
@@ -358,7 +398,7 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
             if stage_layers is None and pp == src_pp:
                 stage_layers = ck.stage_sizes
         else:  # global tensors: TP×PP is only recorded, and any TP×PP can load them
-            tp, pp = tp or 1, pp or 1
+            tp, pp = 1 if tp is None else tp, 1 if pp is None else pp
         plan = identity_plan(source, kinds)
         stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
                            par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,

@@ -131,6 +131,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
         cfg, plan = plan_import(fam, ckpt.config, ckpt.source, allow_unmapped=allow_unmapped, options=options)
         plan.check_finite = check_finite
         warnings = apply_dtype(plan, want)
+        plan.pool.enabled = True  # the writers consume each fused tensor before the next task
         if want is not None:
             cfg["precision"] = PRECISION_OF_DTYPE[want]
         if ckpt.generation_config is not None:

@@ -100,7 +100,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
             failure = workers.agree(error)
             if failure is not None:
                 raise failure
-            stats = merge_stats(workers.gather(stats))
+            stats = merge_stats(workers.gather(stats), sequential=False)
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, None, plan.dropped,

@@ -36,6 +36,8 @@ def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], 
                    padded_vocab: int | None) -> ParallelLayout:
     """Fail with a clear message, before anything is written, when TP/PP cannot split the model."""
     tp, pp = par.tp, par.pp
+    if tp < 1 or pp < 1:
+        raise UnsupportedError(f"tensor- and pipeline-parallel sizes must be at least 1 (got TP={tp}, PP={pp})")
     heads, groups = cfg.get("num_attention_heads"), cfg.get("num_query_groups") or cfg.get("num_attention_heads")
     if heads and heads % tp:
         raise UnsupportedError(f"tensor-parallel size {tp} does not divide num_attention_heads={heads}")
@@ -163,7 +165,7 @@ def _write_alone(out: str, cfg: dict[str, Any], parts: list[WeightPart], layout:
             results = [part.write(sink, progress) for part in parts]
             if layout == "dist":
                 finish_dist(sink, [rec for _, rec in results])
-    return merge_stats([st for st, _ in results])
+    return merge_stats([st for st, _ in results], sequential=True)
 
 
 def _write_together(out: str, cfg: dict[str, Any], parts: list[WeightPart], layout: str, overwrite: bool,
@@ -218,4 +220,4 @@ def _write_together(out: str, cfg: dict[str, Any], parts: list[WeightPart], layo
         failure = workers.agree(error)
         if failure is not None:
             raise failure
-    return merge_stats([merged[i][0] for i in range(len(parts))])
+    return merge_stats([merged[i][0] for i in range(len(parts))], sequential=False)

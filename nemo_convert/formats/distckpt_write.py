@@ -39,6 +39,7 @@ from nemo_convert.formats.distckpt import (
     merge_records,
 )
 from nemo_convert.formats.sink import MemberSink
+from nemo_convert.formats.torch_save import TorchSaveWriter
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -60,13 +61,29 @@ class _CountingStream:
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
-        self.pos = 0
+        self.pos = 0  # the end of what was written
+        self._here = 0  # the current position (differs while a header is patched)
+        try:
+            self._can_seek = bool(raw.seekable())
+        except (AttributeError, OSError):
+            self._can_seek = False
 
     def write(self, data: Any) -> int:
         n = memoryview(data).nbytes
         self._raw.write(data)
-        self.pos += n
+        self._here += n
+        self.pos = max(self.pos, self._here)
         return n
+
+    def tell(self) -> int:
+        return self._here
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        if whence != 0 or not self._can_seek:
+            raise OSError("only absolute seeks within the data member are supported")
+        self._raw.seek(pos)
+        self._here = pos
+        return pos
 
     def flush(self) -> None:
         self._raw.flush()
@@ -75,28 +92,13 @@ class _CountingStream:
         return True
 
     def seekable(self) -> bool:
-        return False
+        return self._can_seek
 
 
 def _save_bytes(obj: object) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
-
-
-def _as_saved(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor torch's ``FileSystemWriter`` would serialise for ``tensor``.
-
-    torch clones a tensor whose storage is larger than the tensor (a view), so only the
-    chunk's own bytes are written; we additionally make it contiguous, which changes no
-    value and lets readers map the bytes directly.
-    """
-    t = tensor.detach().cpu()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    if t.untyped_storage().nbytes() != t.nbytes:
-        t = t.clone()
-    return t
 
 
 class DistCheckpointWriter:
@@ -167,7 +169,7 @@ class DistCheckpointWriter:
         stream = self._data_stream()
         self._pad(stream)
         start = stream.pos
-        torch.save(_as_saved(tensor), stream)
+        TorchSaveWriter(stream).save_tensor(tensor)  # what torch.save writes, checksummed in one pass
         self._chunks.append(ChunkRecord(key, offs, sizes, self._data_file, start, stream.pos - start))
 
     def add_extra_state(self, key: str, layer: int | None, num_layers: int | None, *,

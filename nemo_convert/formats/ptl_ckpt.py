@@ -478,7 +478,7 @@ def _open_ranks(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
 
         playout = ParallelLayout.make(sum(sizes), loc.tp, loc.pp, stage_sizes=sizes if loc.pp > 1 else None,
                                       tied=tied)
-        return PerRankSource(_RankFiles(loc, playout), "", playout, kinds, trust_pickle=trust_pickle)
+        return WeightsView(PerRankSource(_RankFiles(loc, playout), "", playout, kinds, trust_pickle=trust_pickle), "")
 
     ck._make_weights = make
     return ck

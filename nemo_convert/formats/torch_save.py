@@ -22,6 +22,7 @@ import torch
 from nemo_convert.formats.safetensors_writer import tensor_bytes
 
 ALIGN = 64
+PIECE = 4 << 20  # checksum and write in pieces: one pass over each piece while it is in cache
 _ARCHIVE = "archive"
 _STORAGE_TYPES = {
     torch.float64: "DoubleStorage", torch.float32: "FloatStorage", torch.float16: "HalfStorage",
@@ -64,7 +65,11 @@ class TorchSaveWriter:
 
     def __init__(self, stream: BinaryIO) -> None:
         self._out = stream
-        self._pos = 0
+        self._pos = 0  # bytes written by this writer: zip offsets are relative to its start
+        try:
+            self._seekable = bool(stream.seekable())
+        except (AttributeError, OSError):
+            self._seekable = False
         self._central: list[bytes] = []
         self._entries: "OrderedDict[str, _TensorRef]" = OrderedDict()
         self._closed = False
@@ -77,7 +82,6 @@ class TorchSaveWriter:
     def _record(self, name: str, data: Any) -> None:
         mv = memoryview(data).cast("B")
         full = f"{_ARCHIVE}/{name}".encode()
-        crc = zlib.crc32(mv) & 0xFFFFFFFF
         size = mv.nbytes
         offset = self._pos
         zip64 = size >= 0xFFFFFFFF or offset >= 0xFFFFFFFF
@@ -87,9 +91,26 @@ class TorchSaveWriter:
         extra = z64_local + struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # torch's "FB" padding field
         s32 = 0xFFFFFFFF if zip64 else size
         version = 45 if zip64 else 20
-        self._write(struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, crc, s32, s32,
-                                len(full), len(extra)) + full + extra)
-        self._write(mv)
+        streamed = self._seekable and size > PIECE
+        if streamed:  # header first, checksum while writing, then patch it in: one pass over the bytes
+            header_at = self._out.tell()
+            crc = 0
+            self._write(struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, 0, s32, s32,
+                                    len(full), len(extra)) + full + extra)
+            for start in range(0, size, PIECE):
+                piece = mv[start:start + PIECE]
+                crc = zlib.crc32(piece, crc)
+                self._write(piece)
+            end = self._out.tell()
+            self._out.seek(header_at + 14)
+            self._out.write(struct.pack("<I", crc & 0xFFFFFFFF))
+            self._out.seek(end)
+            crc &= 0xFFFFFFFF
+        else:
+            crc = zlib.crc32(mv) & 0xFFFFFFFF
+            self._write(struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, crc, s32, s32,
+                                    len(full), len(extra)) + full + extra)
+            self._write(mv)
         c_extra = struct.pack("<HHQQQ", 0x0001, 24, size, size, offset) if zip64 else b""
         o32 = 0xFFFFFFFF if zip64 else offset
         self._central.append(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, version, version, 0, 0, 0, 0, crc,
@@ -104,12 +125,22 @@ class TorchSaveWriter:
         self._record(f"data/{key}", tensor_bytes(tensor))
         self._entries[name] = _TensorRef(ref, tuple(tensor.shape))
 
+    def save_tensor(self, tensor: torch.Tensor) -> None:
+        """Write ``tensor`` itself (not a dict) as the archive's object, like
+        ``torch.save(tensor, f)``; then :meth:`close`."""
+        if self._entries:
+            raise ValueError("save_tensor writes a one-tensor archive")
+        ref = _StorageRef("0", tensor.dtype, tensor.numel())
+        self._record("data/0", tensor_bytes(tensor))
+        self._single = _TensorRef(ref, tuple(tensor.shape))
+        self.close()
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         buf = io.BytesIO()
-        _Pickler(buf, protocol=2).dump(self._entries)
+        _Pickler(buf, protocol=2).dump(getattr(self, "_single", None) or self._entries)
         self._record("data.pkl", buf.getvalue())
         self._record("byteorder", b"little")
         self._record("version", b"3\n")

@@ -13,6 +13,42 @@ import torch
 from nemo_convert.errors import ShapeError
 
 
+def concat(tensors: list[torch.Tensor], dim: int = 0, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.cat``, but shape-only on meta tensors (``torch.cat`` on meta tensors pulls in
+    the compiler stack, ~1 s) and into ``out`` when given (a reused buffer)."""
+    if tensors and tensors[0].is_meta:
+        shape = list(tensors[0].shape)
+        for t in tensors[1:]:
+            if t.dim() != len(shape) or any(a != b for i, (a, b) in enumerate(zip(t.shape, shape)) if i != dim):
+                raise ShapeError(f"cannot concatenate shapes {[list(x.shape) for x in tensors]} on dim {dim}")
+        shape[dim] = sum(t.shape[dim] for t in tensors)
+        return torch.empty(shape, dtype=tensors[0].dtype, device="meta")
+    if out is not None:
+        return torch.cat(tensors, dim=dim, out=out)
+    return torch.cat(tensors, dim=dim)
+
+
+class BufferPool:
+    """Reusable output buffers, one per (shape, dtype), for fused tensors.
+
+    Safe only when each fused tensor is consumed (written) before the next task runs,
+    which is how the engine drives the writers; disabled unless a conversion enables it.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._buffers: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
+
+    def get(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
+        if not self.enabled or like.is_meta or like.device.type != "cpu":
+            return None
+        key = (tuple(shape), like.dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = torch.empty(shape, dtype=like.dtype)
+        return buf
+
+
 def _expect(t: torch.Tensor, dim0: int, what: str, rest: tuple[int, ...] | None = None) -> None:
     if t.dim() == 0 or t.shape[0] != dim0 or (rest is not None and tuple(t.shape[1:]) != rest):
         want = (dim0,) + (rest if rest is not None else tuple(t.shape[1:]))
@@ -20,7 +56,7 @@ def _expect(t: torch.Tensor, dim0: int, what: str, rest: tuple[int, ...] | None 
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, heads: int, groups: int,
-             head_dim: int) -> torch.Tensor:
+             head_dim: int, pool: BufferPool | None = None) -> torch.Tensor:
     """Megatron's grouped QKV: per query group g, its ``heads/groups`` query heads, then
     ``k_g``, then ``v_g`` (``head_dim`` rows each). Works for weights ``[rows, in]`` and
     biases ``[rows]`` alike."""
@@ -31,9 +67,10 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, heads: int, g
     _expect(q, heads * head_dim, "q", rest)
     _expect(k, groups * head_dim, "k", rest)
     _expect(v, groups * head_dim, "v", rest)
-    fused = torch.cat(
-        [q.reshape(groups, per * head_dim, *rest), k.reshape(groups, head_dim, *rest),
-         v.reshape(groups, head_dim, *rest)], dim=1)
+    shape = (groups, (per + 2) * head_dim, *rest)
+    out = pool.get(shape, q) if pool is not None else None
+    fused = concat([q.reshape(groups, per * head_dim, *rest), k.reshape(groups, head_dim, *rest),
+                    v.reshape(groups, head_dim, *rest)], 1, out=out)
     return fused.reshape(groups * (per + 2) * head_dim, *rest)
 
 
@@ -51,14 +88,16 @@ def split_qkv(fused: torch.Tensor, *, heads: int, groups: int,
             v.reshape(groups * head_dim, *rest))
 
 
-def fuse_gated(gate: torch.Tensor, up: torch.Tensor, *, ffn: int | None = None) -> torch.Tensor:
+def fuse_gated(gate: torch.Tensor, up: torch.Tensor, *, ffn: int | None = None,
+               pool: BufferPool | None = None) -> torch.Tensor:
     """Megatron's gated fc1: ``[gate; up]`` on dim 0 (the activation applies to the first half)."""
     if ffn is not None:
         _expect(gate, ffn, "gate projection")
         _expect(up, ffn, "up projection", tuple(gate.shape[1:]))
     elif gate.shape != up.shape:
         raise ShapeError(f"gate {list(gate.shape)} and up {list(up.shape)} projections differ in shape")
-    return torch.cat([gate, up], dim=0)
+    out = pool.get((2 * gate.shape[0], *gate.shape[1:]), gate) if pool is not None else None
+    return concat([gate, up], 0, out=out)
 
 
 def split_gated(fc1: torch.Tensor, *, ffn: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +121,7 @@ def pad_vocab(t: torch.Tensor, padded: int) -> torch.Tensor:
     if t.shape[0] == padded:
         return t
     pad = torch.zeros((padded - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    return torch.cat([t, pad], dim=0)
+    return concat([t, pad], 0)
 
 
 def trim_vocab(t: torch.Tensor, vocab: int) -> torch.Tensor:

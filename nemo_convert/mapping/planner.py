@@ -49,6 +49,7 @@ class Plan:
     tasks: list[Task]
     dropped: list[str] = field(default_factory=list)
     check_finite: bool = False  # count NaN/Inf in every floating output while streaming
+    pool: ops.BufferPool = field(default_factory=ops.BufferPool)  # reused fused-output buffers
 
     def outputs(self) -> list[TensorInfo]:
         return [i for t in self.tasks for i in t.infos]
@@ -75,7 +76,8 @@ def _expand(name: str, layers: int) -> list[tuple[int | None, str]]:
     return [(None, name)]
 
 
-def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: int) -> list[Task]:
+def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: int,
+                pool: ops.BufferPool) -> list[Task]:
     """The tasks one rule expands to, for one direction."""
     to_nemo = direction == "to_nemo"
     tasks: list[Task] = []
@@ -95,7 +97,7 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: i
         qs, ks, vs, ns = (_expand(x, layers) for x in (rule.q, rule.k, rule.v, rule.nemo))
         for (_, q), (_, k), (_, v), (_, n) in zip(qs, ks, vs, ns):
             if to_nemo:
-                tasks.append(Task((q, k, v), (n,), lambda ts, g=geo: (ops.fuse_qkv(*ts, **g),),
+                tasks.append(Task((q, k, v), (n,), lambda ts, g=geo: (ops.fuse_qkv(*ts, **g, pool=pool),),
                                   (rule.parallel,), label="fuse_qkv"))
             else:
                 tasks.append(Task((n,), (q, k, v), lambda ts, g=geo: ops.split_qkv(ts[0], **g),
@@ -106,7 +108,7 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: i
         gs, us, ns = (_expand(x, layers) for x in (rule.gate, rule.up, rule.nemo))
         for (_, g), (_, u), (_, n) in zip(gs, us, ns):
             if to_nemo:
-                tasks.append(Task((g, u), (n,), lambda ts, f=ffn: (ops.fuse_gated(ts[0], ts[1], ffn=f),),
+                tasks.append(Task((g, u), (n,), lambda ts, f=ffn: (ops.fuse_gated(ts[0], ts[1], ffn=f, pool=pool),),
                                   (rule.parallel,), label="fuse_gated"))
             else:
                 tasks.append(Task((n,), (g, u), lambda ts, f=ffn: ops.split_gated(ts[0], ffn=f),
@@ -156,6 +158,7 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
     :raises ShapeError: when a tensor contradicts the config.
     """
     available = set(source.keys())
+    pool = ops.BufferPool()
     tasks: list[Task] = []
     unproduced: list[str] = []
     drops: list[str] = []
@@ -165,7 +168,7 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
         for rule in part.rules:
             if not condition_holds(cfg, rule.when):
                 continue
-            for task in _rule_tasks(rule, cfg, direction, layers):
+            for task in _rule_tasks(rule, cfg, direction, layers, pool):
                 missing = [k for k in task.inputs if k not in available]
                 if task.check_equal:
                     if task.inputs[0] in available and not missing:
@@ -228,7 +231,7 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
     groups = {k: source.group(k) for k in source.keys()}
     # Read one source file at a time; within it, in file order.
     tasks.sort(key=lambda t: (groups.get(t.inputs[0], ""), order.get(t.inputs[0], 0)) if t.inputs else ("", 0))
-    return Plan(direction, tasks, dropped)
+    return Plan(direction, tasks, dropped, pool=pool)
 
 
 def nemo_parallel_kinds(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Parallel]:

@@ -43,7 +43,7 @@ class TensorParallel:
             return _chunk(t, 1, tp, rank, name)
         if kind is Parallel.GATED_FC1:
             gate, up = ops.split_gated(t)
-            return torch.cat([_chunk(gate, 0, tp, rank, name), _chunk(up, 0, tp, rank, name)], dim=0)
+            return ops.concat([_chunk(gate, 0, tp, rank, name), _chunk(up, 0, tp, rank, name)], 0)
         if kind is Parallel.VOCAB:
             full = ops.pad_vocab(t, padded_vocab) if padded_vocab is not None else t
             return _chunk(full, 0, tp, rank, name)
@@ -60,14 +60,14 @@ class TensorParallel:
                     raise ShapeError(f"{name}: replicated tensor differs in shape on TP rank {i}")
             return first
         if kind in (Parallel.COLUMN, Parallel.QKV):
-            return torch.cat(list(parts), dim=0) if parts[0].dim() >= 1 else parts[0]
+            return ops.concat(list(parts), 0) if parts[0].dim() >= 1 else parts[0]
         if kind is Parallel.ROW:
-            return torch.cat(list(parts), dim=1) if parts[0].dim() >= 2 else parts[0]
+            return ops.concat(list(parts), 1) if parts[0].dim() >= 2 else parts[0]
         if kind is Parallel.GATED_FC1:
             halves = [ops.split_gated(p) for p in parts]
-            return torch.cat([g for g, _ in halves] + [u for _, u in halves], dim=0)
+            return ops.concat([g for g, _ in halves] + [u for _, u in halves], 0)
         if kind is Parallel.VOCAB:
-            full = torch.cat(list(parts), dim=0)
+            full = ops.concat(list(parts), 0)
             return ops.trim_vocab(full, vocab) if vocab is not None else full
         raise UnsupportedError(f"{name}: unknown parallel kind {kind!r}")
 
