@@ -505,3 +505,29 @@ def test_corrupted_chunk_is_an_input_error(tmp_path: Any) -> None:
     data.write_bytes(b"\x00" * data.stat().st_size)
     with pytest.raises(InputError, match="cannot read a chunk of a"):
         DistCheckpointSource.from_dir(tmp_path).load("a")
+
+
+def test_metadata_pickle_is_byte_identical_to_torchs() -> None:
+    """Writing never imports torch.distributed.checkpoint; the stand-in pickle must equal
+    pickle.dumps of torch's own Metadata for the same records."""
+    import pickle
+
+    from torch.distributed.checkpoint import filesystem as dcp_fs
+
+    from nemo_convert.errors import ShapeError
+    from nemo_convert.formats import distckpt as d
+    from nemo_convert.formats.dcp_pickle import metadata_bytes
+    from nemo_convert.formats.distckpt_meta import build_metadata
+
+    assert d.DCP_VERSION == getattr(dcp_fs, "CURRENT_DCP_VERSION", d.DCP_VERSION)
+    rec = d.DistRecords(
+        tensors={"a": ((2, 3), torch.bfloat16), "b": ((4,), torch.float32), "c": ((3, 2, 2), torch.float16)},
+        chunks=[d.ChunkRecord("a", (1, 0), (1, 3), "__0_0.distcp", 64, 10),
+                d.ChunkRecord("a", (0, 0), (1, 3), "__0_0.distcp", 0, 10),
+                d.ChunkRecord("b", (0,), (4,), "__1_0.distcp", 0, 20),
+                d.ChunkRecord("c", (0, 0, 0), (3, 1, 2), "__1_0.distcp", 64, 30),
+                d.ChunkRecord("c", (0, 1, 0), (3, 1, 2), "__1_0.distcp", 128, 30)],
+        objects=[d.ObjectRecord("x._extra_state/shard_0_2", "__2_0.distcp", 0, 5),
+                 d.ObjectRecord("x._extra_state/shard_1_2", "__2_0.distcp", 64, 5)])
+    tensors, objects = d.metadata_entries(rec, ShapeError)
+    assert metadata_bytes(tensors, objects, d.DCP_VERSION) == pickle.dumps(build_metadata(rec, ShapeError))

@@ -27,7 +27,8 @@ import torch
 from torch.distributed.checkpoint import metadata as _dcp_md
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats.distckpt import DCP_METADATA, METADATA_JSON, load_metadata
+from nemo_convert.formats.distckpt import DCP_METADATA, METADATA_JSON
+from nemo_convert.formats.distckpt_meta import load_metadata
 from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, dtype_size
 
 _STACKED = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import pickle
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -34,10 +33,12 @@ from nemo_convert.formats.distckpt import (
     ChunkRecord,
     DistRecords,
     ObjectRecord,
-    build_metadata,
+    DCP_VERSION,
+    metadata_entries,
     format_box,
     merge_records,
 )
+from nemo_convert.formats.dcp_pickle import metadata_bytes
 from nemo_convert.formats.sink import MemberSink
 from nemo_convert.formats.torch_save import TorchSaveWriter
 
@@ -219,7 +220,7 @@ class DistCheckpointWriter:
             return self.records()
         records = DistRecords(tensors=dict(self._tensors), chunks=list(self._chunks))
         if finalize:  # fail before writing anything more
-            build_metadata(records, ShapeError)
+            metadata_entries(records, ShapeError)
         if self._objects or self._ctx is not None:
             stream = self._data_stream()
             for key, data in self._objects.items():
@@ -286,7 +287,7 @@ def write_dist_metadata(sink: MemberSink, folder: str, records_list: Sequence[Di
     or if the merged chunks do not tile a tensor exactly (listing the gaps and overlaps).
     """
     merged = merge_records(records_list, ShapeError)
-    metadata = build_metadata(merged, ShapeError)
-    sink.add_bytes(_member(folder, DCP_METADATA), pickle.dumps(metadata))
+    tensors, objects = metadata_entries(merged, ShapeError)
+    sink.add_bytes(_member(folder, DCP_METADATA), metadata_bytes(tensors, objects, DCP_VERSION))
     sink.add_bytes(_member(folder, COMMON_PT), _save_bytes({}))
     sink.add_bytes(_member(folder, METADATA_JSON), json.dumps(config or TORCH_DIST_CONFIG).encode())
