@@ -37,16 +37,22 @@ class BufferPool:
 
     def __init__(self) -> None:
         self.enabled = False
-        self._buffers: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
+        #: how many buffers of one shape take turns: more than the tensors that can be in
+        #: flight at once (queued for, or being written by, the writer thread)
+        self.rotation = 1
+        self._buffers: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
+        self._turn: dict[tuple[tuple[int, ...], torch.dtype], int] = {}
 
     def get(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
         if not self.enabled or like.is_meta or like.device.type != "cpu":
             return None
         key = (tuple(shape), like.dtype)
-        buf = self._buffers.get(key)
-        if buf is None:
-            buf = self._buffers[key] = torch.empty(shape, dtype=like.dtype)
-        return buf
+        ring = self._buffers.setdefault(key, [])
+        turn = self._turn.get(key, 0) % max(1, self.rotation)
+        self._turn[key] = turn + 1
+        while len(ring) <= turn:
+            ring.append(torch.empty(shape, dtype=like.dtype))
+        return ring[turn]
 
 
 def _expect(t: torch.Tensor, dim0: int, what: str, rest: tuple[int, ...] | None = None) -> None:
