@@ -73,6 +73,16 @@ def apply_dtype(plan: Plan, dtype: torch.dtype | None) -> list[str]:
             f"loses {why}" for (src, why), n in lossy.items()]
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN equals an identical NaN, unlike ``torch.equal``)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point and a.element_size() in (1, 2, 4, 8):
+        view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
+    return torch.equal(a, b)
+
+
 #: Tensors queued between the transforming thread and the writing thread.
 QUEUE_DEPTH = 2
 
@@ -136,7 +146,7 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
             inputs = [source.load(k) for k in task.inputs]
             if task.check_equal:
                 a, b = inputs
-                if not torch.equal(a, b):
+                if not same_bits(a, b):
                     raise InputError(f"{task.inputs[0]} differs from {task.inputs[1]}, but the config says "
                                      "the embeddings are tied")
                 continue

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         rate = rep.bytes / rep.seconds / 1024**2 if rep.seconds > 0 else 0.0
         sections = ", ".join(f"{k} {v['tensors']} tensors/{human_bytes(v['bytes'])}"
                              for k, v in rep.dropped_sections.items() if v["tensors"])
-        Console(stderr=True).print(
+        Console(stderr=True, soft_wrap=True).print(
             f"wrote {rep.output}: {rep.tensors} tensors, {human_bytes(rep.bytes)} in {rep.seconds:.2f} s "
             f"({rate:.0f} MiB/s), family {rep.family}, layout {rep.layout}, TP={rep.tp} PP={rep.pp}; "
             f"from {rep.source_kind} TP={rep.source_tp} PP={rep.source_pp}; dropped training state: "

@@ -65,10 +65,10 @@ def run_quantize(args: argparse.Namespace) -> int:
     elif not args.quiet:
         algo = rep.quant_algo or "unquantized"
         kv = f", KV cache {rep.kv_cache_quant_algo}" if rep.kv_cache_quant_algo else ""
-        Console(stderr=True).print(
+        Console(stderr=True, soft_wrap=True).print(
             f"wrote {rep.output}: {algo}{kv}, {rep.dtype}, TP {rep.tp} × PP {rep.pp} "
             f"({len([f for f in rep.files if f.startswith('rank')])} rank files), {rep.tensors} tensors, "
             f"{human_bytes(rep.bytes)} in {rep.seconds:.2f} s, family {rep.family}", highlight=False)
         for n in rep.notes:
-            Console(stderr=True).print(f"note: {n}", highlight=False)
+            Console(stderr=True, soft_wrap=True).print(f"note: {n}", highlight=False)
     return 0

@@ -50,7 +50,7 @@ def run_add_tokens(args: argparse.Namespace) -> int:
         return 0
     if args.quiet:
         return 0
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     added = ", ".join(f"{t} → {i}" for t, i in rep.added) or "none"
     console.print(f"wrote {rep.output}: added {len(rep.added)} token(s) ({added}); vocabulary "
                   f"{rep.old_vocab_size} → {rep.new_vocab_size}", highlight=False)

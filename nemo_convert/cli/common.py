@@ -29,7 +29,7 @@ def print_json(obj: Any) -> None:
 
 def warn(args: argparse.Namespace, message: str) -> None:
     if not getattr(args, "quiet", False):
-        Console(stderr=True).print(f"[yellow]warning:[/] {message}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[yellow]warning:[/] {message}", highlight=False)
 
 
 def human_bytes(n: float) -> str:
@@ -46,7 +46,7 @@ def report(args: argparse.Namespace, rep: Any, verb: str) -> None:
         warn(args, w)
     if not getattr(args, "json", False) and not getattr(args, "quiet", False):
         for note in getattr(rep, "notes", []) or []:
-            Console(stderr=True).print(f"note: {note}", highlight=False)
+            Console(stderr=True, soft_wrap=True).print(f"note: {note}", highlight=False)
     workers = getattr(args, "workers", None)
     if workers is not None and not workers.is_main:
         return
@@ -55,7 +55,7 @@ def report(args: argparse.Namespace, rep: Any, verb: str) -> None:
     elif not getattr(args, "quiet", False):
         rate = rep.bytes / rep.seconds / 1024**2 if rep.seconds > 0 else 0.0
         layout = f", layout {rep.layout}" if rep.layout else ""
-        Console(stderr=True).print(
+        Console(stderr=True, soft_wrap=True).print(
             f"{verb} {rep.output}: {rep.tensors} tensors, {human_bytes(rep.bytes)} in {rep.seconds:.2f} s "
             f"({rate:.0f} MiB/s), family {rep.family}{layout}"
             + (f"; dropped {len(rep.dropped)} non-weight tensor(s)" if rep.dropped else ""), highlight=False)

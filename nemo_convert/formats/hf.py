@@ -65,6 +65,9 @@ def _bin_source(folder: str, trust_pickle: bool) -> TensorSource:
                 files = sorted(set(json.load(f)["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raise InputError(f"{index}: not a valid weight index") from None
+        bad = [f for f in files if not isinstance(f, str) or os.path.basename(f) != f or f in (".", "..")]
+        if bad:
+            raise InputError(f"{index}: shard names must be plain file names in the folder, not {bad[0]!r}")
         missing = [f for f in files if not os.path.isfile(os.path.join(folder, f))]
         if missing:
             raise InputError(f"{index}: names shard files that do not exist: {', '.join(missing)}")

@@ -213,6 +213,9 @@ class TarArchive(Container):
         except (tarfile.TarError, zlib.error, EOFError) as e:
             self.close()
             raise InputError(f"{self.path}: corrupt gzipped tar archive ({e})") from None
+        except OSError as e:  # e.g. a member name too long for the file system
+            self.close()
+            raise InputError(f"{self.path}: cannot extract the gzipped archive ({e.strerror or e})") from None
         except BaseException:
             self.close()
             raise
