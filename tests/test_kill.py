@@ -364,23 +364,6 @@ def test_sigkill_at_write_events(tmp_path, model, zygote, cmd):
     assert any(left and not complete for _, _, complete, left in outcomes.values()), outcomes
 
 
-# ------------------------------------------------------------------------------- SIGTERM / SIGINT
-# Known bug: when a run writing a .nemo (dist layout) is interrupted, or its disk fills,
-# the exit code and the one-line message are right (130 / 2), but 7 more lines follow: the
-# data member that DistWeightsWriter opened is never closed on failure (the part writer in
-# convert/nemo_write.py weight_parts calls run_plan without aborting the writer), so the
-# garbage collector finalises TarWriter.open_member's generator after the tar file was
-# closed, and _MemberStream.flush (formats/tar_writer.py) raises "ValueError: flush of
-# closed file", printed as "Exception ignored in: <generator object TarWriter.open_member>"
-# and a traceback. The output is still cleaned up (nothing is left).
-SWALLOWED = ("writing a .nemo: the dist data member stream is not closed on failure (convert/nemo_write.py "
-             "weight_parts -> run_plan without DistCheckpointWriter.abort); when the GC finalises "
-             "TarWriter.open_member after the tar file closed, _MemberStream.flush raises 'ValueError: flush of "
-             "closed file', printed as a 7-line 'Exception ignored in: <generator object TarWriter.open_member>' "
-             "traceback after the one-line error. Fix: abort the part's DistWeightsWriter on any exception "
-             "(try/except BaseException: w.abort(exc); raise) and make _MemberStream.flush/close no-ops once the "
-             "underlying file is closed")
-_IMPORT_BROKEN = pytest.mark.xfail(strict=True, reason=SWALLOWED)
 
 
 class Run:
@@ -436,7 +419,7 @@ def test_terminate_mid_write_leaves_nothing(tmp_path_factory, model, zygote, cmd
 
 
 @SIGNALS
-@pytest.mark.parametrize("cmd", [pytest.param("import", marks=_IMPORT_BROKEN), "export"])
+@pytest.mark.parametrize("cmd", ["import", "export"])
 def test_terminate_mid_write_reports_interrupted(tmp_path_factory, model, zygote, cmd, sig):
     run = interrupted_run(tmp_path_factory, model, zygote, cmd, sig)
     assert run.code == 130, run
@@ -484,8 +467,8 @@ def test_disk_full_leaves_nothing(tmp_path_factory, model, zygote, cmd, fresh):
     assert run.left == [], run  # neither target nor staging
 
 
-@pytest.mark.parametrize("cmd,fresh", [pytest.param("import", True, marks=_IMPORT_BROKEN),
-                                       pytest.param("import", False, marks=_IMPORT_BROKEN), ("export", False)],
+@pytest.mark.parametrize("cmd,fresh", [("import", True),
+                                       ("import", False), ("export", False)],
                          ids=["import-fresh-interpreter", "import", "export"])
 def test_disk_full_is_a_one_line_input_error(tmp_path_factory, model, zygote, cmd, fresh):
     run = disk_full_run(tmp_path_factory, model, zygote, cmd, fresh)

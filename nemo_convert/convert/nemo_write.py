@@ -93,7 +93,11 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
 
             def write(sink: MemberSink, progress: Progress | None, sub: Plan = sub, k: int = k) -> tuple[RunStats, Any]:
                 w = DistWeightsWriter(sink, infos, data_file=f"__{k}_0.distcp", unstacked=unstacked)
-                stats = run_plan(sub, source, w.write, progress=progress, own_progress=False)
+                try:
+                    stats = run_plan(sub, source, w.write, progress=progress, own_progress=False)
+                except BaseException as exc:
+                    w.abort(exc)
+                    raise
                 return stats, w.close(finalize=False)
             parts.append(WeightPart(f"model_weights/__{k}_0.distcp", write, sub.total_bytes))
 

@@ -108,18 +108,37 @@ def load_metadata(data: bytes, where: str) -> Any:
         raise
     except Exception as exc:  # truncated / corrupted pickle
         raise InputError(f"{where}: cannot read .metadata ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(md, _dcp_md.Metadata) or not isinstance(md.state_dict_metadata, dict):
+    if not isinstance(md, _dcp_md.Metadata) or not isinstance(getattr(md, "state_dict_metadata", None), dict):
         raise InputError(f"{where}: .metadata is not a torch distributed-checkpoint Metadata")
     storage = getattr(md, "storage_data", None)
     if not isinstance(storage, dict):
         raise InputError(f"{where}: .metadata has no storage records")
     for index, info in storage.items():
-        if not isinstance(index, _dcp_md.MetadataIndex) or not isinstance(info, _dcp_fs._StorageInfo):
+        if (not isinstance(index, _dcp_md.MetadataIndex) or not isinstance(info, _dcp_fs._StorageInfo)
+                or not isinstance(getattr(index, "fqn", None), str)
+                or not _is_ints(getattr(index, "offset", None), allow_none=True)
+                or not isinstance(getattr(info, "relative_path", None), str)
+                or not _is_ints((getattr(info, "offset", None), getattr(info, "length", None)))):
             raise InputError(f"{where}: .metadata has a malformed storage record {index!r}")
     for key, item in md.state_dict_metadata.items():
         if not isinstance(key, str) or not isinstance(
                 item, (_dcp_md.TensorStorageMetadata, _dcp_md.BytesStorageMetadata)):
             raise InputError(f"{where}: .metadata has a malformed entry {key!r}")
+        if isinstance(item, _dcp_md.TensorStorageMetadata):
+            props = getattr(item, "properties", None)
+            chunks = getattr(item, "chunks", None)
+            if (not isinstance(getattr(props, "dtype", None), torch.dtype) or not _is_ints(getattr(item, "size", None))
+                    or not isinstance(chunks, list)
+                    or not all(_is_ints(getattr(c, "offsets", None)) and _is_ints(getattr(c, "sizes", None))
+                               for c in chunks)):
+                raise InputError(f"{where}: .metadata has a malformed tensor entry {key!r}")
     return md
+
+
+def _is_ints(value: Any, *, allow_none: bool = False) -> bool:
+    if value is None:
+        return allow_none
+    return isinstance(value, (tuple, list)) and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 for v in value)
 
 

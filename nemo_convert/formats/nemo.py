@@ -56,7 +56,8 @@ class PrefixView:
 def load_yaml(data: bytes, where: str) -> dict[str, Any]:
     try:
         cfg = yaml.safe_load(data.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (UnicodeDecodeError, yaml.YAMLError, ValueError, TypeError, AttributeError, KeyError,
+            OverflowError, RecursionError) as exc:  # PyYAML's constructors raise plain errors too
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{where}: not a valid YAML config ({first})") from None
     if not isinstance(cfg, dict):

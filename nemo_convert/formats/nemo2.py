@@ -37,8 +37,10 @@ def load_context_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.load(f, Loader=_InertLoader)  # noqa: S506 - inert loader, never constructs objects
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, TypeError, AttributeError, KeyError,
+            OverflowError, RecursionError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{path}: not a readable YAML file ({first})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: not a YAML mapping")
     return data

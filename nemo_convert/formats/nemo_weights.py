@@ -92,6 +92,10 @@ class DistWeightsWriter:
                 for i in range(n):
                     self._w.add_extra_state(f"{self._prefix}{stack}.{mod}._extra_state", i, n)
 
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Close the open data member without metadata (the run failed)."""
+        self._w.abort(exc)
+
     def close(self, *, finalize: bool = True) -> Any:
         """Finish; with ``finalize`` (a one-part checkpoint) also write the metadata.
         Returns this part's records."""

@@ -107,7 +107,7 @@ class _MemberStream(io.RawIOBase):
         return new
 
     def flush(self) -> None:
-        if not self.closed:
+        if not self.closed and not self._f.closed:  # a no-op once the archive was aborted
             self._f.flush()
 
 

@@ -161,7 +161,7 @@ def _numpy() -> Any:
 
 
 def _np_dtype(spec: Any, align: Any = False, copy: Any = False) -> NumpyDtype:
-    if not (isinstance(spec, str) and re.fullmatch(r"[biufcSU]\d+", spec)):
+    if not (isinstance(spec, str) and re.fullmatch(r"[biufcSU][1-9]\d*", spec)):
         raise InputError(f"pickle holds numpy dtype {spec!r}; only numbers, bools and "
                          "strings are supported")
     return NumpyDtype(spec)

@@ -47,7 +47,7 @@ class SafetensorsFile:
             raise InputError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise InputError(f"{self.path}: corrupted safetensors header ({exc.__class__.__name__})") from None
         if not isinstance(header, dict):
             raise InputError(f"{self.path}: corrupted safetensors header (not a JSON object)")
@@ -64,22 +64,31 @@ class SafetensorsFile:
             self._offsets[name] = data_start + begin
             spans.append((begin, end, name))
         spans.sort()
-        for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-            if b1 < e0 and e0 > b0 and e1 > b1:
-                raise InputError(f"{self.path}: corrupted safetensors header (tensors {n0!r} and {n1!r} overlap)")
+        prev_end, prev_name = 0, ""
+        for begin, end, name in spans:
+            if end == begin:
+                continue  # an empty tensor occupies no bytes
+            if begin < prev_end:
+                raise InputError(f"{self.path}: corrupted safetensors header (tensors {prev_name!r} and "
+                                 f"{name!r} overlap)")
+            if end > prev_end:
+                prev_end, prev_name = end, name
 
     def _entry(self, name: str, entry: Any, data_len: int) -> tuple[TensorInfo, int, int]:
         bad = f"{self.path}: corrupted safetensors header entry {name!r}"
         if not isinstance(entry, dict):
             raise InputError(bad)
-        dtype = SAFETENSORS_DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
+        raw_dtype = entry.get("dtype")
+        dtype = SAFETENSORS_DTYPES.get(raw_dtype) if isinstance(raw_dtype, str) else None
         shape = entry.get("shape")
         offs = entry.get("data_offsets")
         if dtype is None:
             raise InputError(f"{bad}: unsupported dtype {entry.get('dtype')!r}")
-        if (not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape)
-                or not isinstance(offs, list) or len(offs) != 2
-                or not all(isinstance(o, int) and o >= 0 for o in offs)):
+        def count(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**62
+
+        if (not isinstance(shape, list) or not all(count(s) for s in shape)
+                or not isinstance(offs, list) or len(offs) != 2 or not all(count(o) for o in offs)):
             raise InputError(bad)
         info = TensorInfo(name, tuple(shape), dtype)
         begin, end = offs
@@ -121,9 +130,10 @@ class ShardedSafetensors:
             with open(index_path, encoding="utf-8") as f:
                 index = json.load(f)
             weight_map = index["weight_map"]
-            if not isinstance(weight_map, dict):
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
                 raise TypeError
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             raise InputError(f"{index_path}: not a valid safetensors index (no weight_map)") from None
         files: dict[str, SafetensorsFile] = {}
         self._where: dict[str, SafetensorsFile] = {}

@@ -13,11 +13,13 @@ whole file, or a member of an uncompressed tar such as a ``.nemo``), unpickles
 from __future__ import annotations
 
 import io
+import math
 import os
 import struct
 import sys
 import threading
 import zipfile
+import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -103,7 +105,7 @@ class LazyTensor:
 # ------------------------------------------------------------------------ rebuilders
 def _ints(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 for v in value):
         raise InputError(f"torch pickle has a malformed tensor {what}: {value!r}")
     return tuple(value)
 
@@ -119,6 +121,8 @@ def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: Any,
     if len(shape) != len(strides) or not flags_ok:
         raise InputError(f"torch pickle has a malformed tensor (size {shape}, stride {strides}, "
                          f"flags {metadata!r})")
+    if math.prod(shape) >= 2**62:
+        raise InputError(f"torch pickle has a tensor of absurd size {shape}")
     lazy = LazyTensor(storage, offset, shape, strides, dtype, bool(requires_grad), False,
                       dict(metadata) if metadata else None)
     if lazy.numel:
@@ -212,7 +216,7 @@ class _Archive:
                     self.data_pkl = zf.read(self.prefix + "data.pkl")
                     order = self.members.get(self.prefix + "byteorder")
                     byteorder = zf.read(order).decode("ascii", "replace") if order else None
-            except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError,
+            except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, zlib.error,
                     EOFError, ValueError, RuntimeError) as e:  # RuntimeError: "encrypted"
                 raise InputError(f"{self.where}: corrupt torch zip archive: {e}") from e
         if byteorder not in (None, sys.byteorder):
