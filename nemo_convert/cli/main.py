@@ -17,6 +17,9 @@ from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect,
                               cmd_quantize, cmd_reshard, cmd_tokenizer, cmd_verify)
 from nemo_convert.errors import NemoConvertError
 
+#: Commands that split their work across torchrun processes; the others run in process 0.
+PARALLEL_COMMANDS = ("import", "export", "reshard")
+
 COMMANDS = (cmd_convert, cmd_reshard, cmd_from_ckpt, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
 
 
@@ -53,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.workers = from_env()  # several processes under torchrun
         if not args.workers.is_main:
             args.quiet = True
+            if args.command not in PARALLEL_COMMANDS:
+                return 0  # a command that does not split its work runs in process 0 alone
         try:
             return int(args.func(args) or 0)
         finally:

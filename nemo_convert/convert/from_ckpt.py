@@ -23,7 +23,7 @@ import yaml
 
 from nemo_convert import __version__
 from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
-from nemo_convert.convert.nemo_write import Parallelism, write_nemo
+from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.engine import Progress
 from nemo_convert.errors import (
     ConfigError,
@@ -402,7 +402,8 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
         plan = identity_plan(source, kinds)
         stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
                            par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
-                           progress=progress, artifacts=artifacts)
+                           progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
+                           strategies=Strategies.from_registry(reg))
         total = ck.dropped_total
         files = [loc.rank_file(t, p) for p in range(loc.pp) for t in range(loc.tp)] \
             if loc.kind == "per-rank" else [loc.path]

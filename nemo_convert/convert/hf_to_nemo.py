@@ -10,7 +10,7 @@ import torch
 
 from nemo_convert import __version__
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, registry_or_default
-from nemo_convert.convert.nemo_write import Parallelism, write_nemo
+from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype
 from nemo_convert.errors import ConfigError, InputError, NemoConvertError
@@ -143,7 +143,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
         kinds = nemo_parallel_kinds(fam.mapping(cfg), cfg)
         stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds, par=parallel or Parallelism(),
                            overwrite=overwrite, packed=packed, progress=progress, artifacts=artifacts,
-                           unstacked=fam.dist_unstacked, workers=workers)
+                           unstacked=fam.dist_unstacked, workers=workers,
+                           strategies=Strategies.from_registry(reg))
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout, plan.dropped,

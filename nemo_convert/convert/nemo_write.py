@@ -32,8 +32,21 @@ class Parallelism:
     stage_layers: tuple[int, ...] | None = None
 
 
+@dataclass(frozen=True)
+class Strategies:
+    """The sharding strategies a conversion uses (from the plugin registry: the built-in
+    ones, or a third party's registered for the same axis)."""
+
+    tensor: Any = None
+    pipeline: Any = None
+
+    @classmethod
+    def from_registry(cls, registry: Any) -> "Strategies":
+        return cls(registry.sharding("tp").implementation, registry.sharding("pp").implementation)
+
+
 def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], par: Parallelism,
-                   padded_vocab: int | None) -> ParallelLayout:
+                   padded_vocab: int | None, strategies: Strategies = Strategies()) -> ParallelLayout:
     """Fail with a clear message, before anything is written, when TP/PP cannot split the model."""
     tp, pp = par.tp, par.pp
     if tp < 1 or pp < 1:
@@ -46,13 +59,14 @@ def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], 
     ffn = cfg.get("ffn_hidden_size")
     if ffn and ffn % tp:
         raise UnsupportedError(f"tensor-parallel size {tp} does not divide ffn_hidden_size={ffn}")
-    tp_math = TensorParallel()
+    tp_math = strategies.tensor or TensorParallel()
     for info in plan.outputs():
         kind = kinds.get(info.name, Parallel.REPLICATED)
         tp_math.local_shape(info.shape, kind, tp, padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
     layers = int(cfg.get("num_layers") or 0)
     return ParallelLayout.make(layers, tp, pp, stage_sizes=par.stage_layers,
-                               tied=bool(cfg.get("share_embeddings_and_output_weights")))
+                               tied=bool(cfg.get("share_embeddings_and_output_weights")),
+                               pipeline=strategies.pipeline)
 
 
 def vocab_sizes(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], tp: int) -> tuple[int | None, int | None]:
@@ -80,7 +94,8 @@ DIST_PART_BYTES = 1 << 30
 
 
 def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str, Parallel],
-                 playout: ParallelLayout, padded: int | None, unstacked: tuple[str, ...] = ()) -> list[WeightPart]:
+                 playout: ParallelLayout, padded: int | None, unstacked: tuple[str, ...] = (),
+                 strategies: Strategies = Strategies()) -> list[WeightPart]:
     """The output parts of the weights, defined by the plan alone (never by the number of
     processes), in archive order."""
     infos = plan.outputs()
@@ -112,8 +127,9 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
         for p, t, folder in playout.rank_dirs():
             def write_rank(sink: MemberSink, progress: Progress | None, p: int = p, t: int = t) -> tuple[RunStats, Any]:
                 return write_rank_file(sink, plan, source, playout, kinds, pp_rank=p, tp_rank=t,
-                                       padded_vocab=padded, progress=progress), None
-            nbytes = sum(i.nbytes for i in infos if p in playout.stages_of(i.name)) // playout.tp
+                                       padded_vocab=padded, progress=progress,
+                                       tensor_parallel=strategies.tensor), None
+            nbytes = sum(t.out_bytes for t in plan.tasks if any(p in playout.stages_of(o) for o in t.outputs))
             parts.append(WeightPart(f"{folder}/{WEIGHTS}", write_rank, nbytes))
         return parts
 
@@ -129,7 +145,7 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
                kinds: dict[str, Parallel], par: Parallelism = Parallelism(), overwrite: bool = False,
                packed: bool = True, progress: Progress | None = None,
                artifacts: Sequence[tuple[str, bytes]] = (), workers: Workers = SINGLE,
-               unstacked: tuple[str, ...] = ()) -> RunStats:
+               unstacked: tuple[str, ...] = (), strategies: Strategies = Strategies()) -> RunStats:
     """Stage and write a complete ``.nemo`` (config, artifacts, weights) at ``out``.
 
     ``cfg`` is completed with the parallel sizes and vocabulary sizes; ``artifacts`` are
@@ -138,7 +154,7 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
     the result is byte-identical to a one-process run.
     """
     vocab, padded = vocab_sizes(cfg, plan, kinds, par.tp)
-    playout = check_geometry(cfg, plan, kinds, par, padded)
+    playout = check_geometry(cfg, plan, kinds, par, padded, strategies)
     cfg["tensor_model_parallel_size"] = par.tp
     cfg["pipeline_model_parallel_size"] = par.pp
     ours = cfg.setdefault(SECTION, {})
@@ -147,7 +163,7 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
         ours["padded_vocab_size"] = padded
     if par.stage_layers is not None:
         ours["pipeline_stage_layers"] = list(par.stage_layers)
-    parts = weight_parts(layout, plan, source, kinds, playout, padded, unstacked)
+    parts = weight_parts(layout, plan, source, kinds, playout, padded, unstacked, strategies)
     progress = progress or NoProgress()
     mine = [p for i, p in enumerate(parts) if workers.owns(i)]
     progress.start("write", sum(p.nbytes for p in mine), 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, kinds_for, registry_or_default
-from nemo_convert.convert.nemo_write import Parallelism, write_nemo
+from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.engine import Progress
 from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name, open_nemo
 from nemo_convert.formats.nemo_ranks import WEIGHTS
@@ -74,7 +74,8 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
         artifacts = carried_artifacts(ckpt, cfg)
         stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
                            par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
-                           progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked, workers=workers)
+                           progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked, workers=workers,
+                           strategies=Strategies.from_registry(reg))
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,

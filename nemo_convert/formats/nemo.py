@@ -195,6 +195,9 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
             from nemo_convert.sharding.layout import ParallelLayout, detect_ranks
 
             tp, pp = detect_ranks(folders)
+            if tp > 1 and not kinds:
+                raise InputError(f"{path}: per-rank weights at TP={tp} can only be merged through the model "
+                                 "family's mapping, and no installed family handles this config (pass --family)")
             sizes = _stage_sizes(container, prefix, (tp, pp), trust_pickle)
             playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes,
                                           tied=bool(config.get("share_embeddings_and_output_weights")))

@@ -31,9 +31,11 @@ class PerRankSource:
     """Global logical tensors merged from per-rank ``model_weights.ckpt`` files."""
 
     def __init__(self, container: Container, prefix: str, layout: ParallelLayout,
-                 kinds: dict[str, Parallel], *, vocab: int | None = None, trust_pickle: bool = False) -> None:
+                 kinds: dict[str, Parallel], *, vocab: int | None = None, trust_pickle: bool = False,
+                 tensor_parallel: TensorParallel | None = None) -> None:
         from nemo_convert.tensors.torch_zip import TorchZipSource
 
+        self._tp = tensor_parallel or _TP
         self._layout = layout
         self._kinds = kinds
         self._vocab = vocab
@@ -78,7 +80,7 @@ class PerRankSource:
         vocab = self._vocab if kind is Parallel.VOCAB else None
         if vocab is not None and parts[0].shape[0] * len(parts) < vocab:
             vocab = None
-        return _TP.merge(parts, kind, name=key, vocab=vocab)
+        return self._tp.merge(parts, kind, name=key, vocab=vocab)
 
     def load(self, key: str) -> torch.Tensor:
         p, local = self._where[key]
@@ -95,11 +97,12 @@ class PerRankSource:
 
 def write_rank_file(sink: MemberSink, plan: Plan, source: TensorSource, layout: ParallelLayout,
                     kinds: dict[str, Parallel], *, pp_rank: int, tp_rank: int, padded_vocab: int | None,
-                    progress: Progress | None = None) -> RunStats:
+                    progress: Progress | None = None, tensor_parallel: TensorParallel | None = None) -> RunStats:
     """Run the part of ``plan`` that stage ``pp_rank`` needs and write TP rank ``tp_rank``'s
     slices into its folder's ``model_weights.ckpt`` (``model.``-prefixed, layers
     renumbered per stage)."""
     p, t = pp_rank, tp_rank
+    splitter = tensor_parallel or _TP
     tasks = [task for task in plan.tasks if task.outputs and any(p in layout.stages_of(o) for o in task.outputs)]
     with sink.open_member(f"{rank_dir(t, p, layout.pp)}/{WEIGHTS}") as stream:
         writer = TorchSaveWriter(stream)
@@ -108,7 +111,7 @@ def write_rank_file(sink: MemberSink, plan: Plan, source: TensorSource, layout: 
             if p not in layout.stages_of(name):
                 return
             kind = kinds.get(name, Parallel.REPLICATED)
-            piece = _TP.split(tensor, kind, layout.tp, t, name=name,
+            piece = splitter.split(tensor, kind, layout.tp, t, name=name,
                               padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
             writer.add("model." + layout.local_name(name, p), piece)
 

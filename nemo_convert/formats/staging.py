@@ -144,6 +144,10 @@ def staged_output(target: str, *, overwrite: bool, is_dir: bool) -> Iterator[str
         raise OutputExistsError(f"{shown} exists; pass --overwrite to replace it")
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
+    try:  # leftovers of killed runs (hours old, their process gone)
+        cleanup_stale_staging(parent)
+    except OSError:
+        pass
     staging = _hidden_name(target, _PARTIAL)
     if is_dir:
         os.mkdir(staging)

@@ -109,10 +109,16 @@ class Registry:
                           "pass --family")
 
     def sharding(self, axis: str) -> ShardingStrategy:
-        for p in self.sharding_strategies.values():
-            if p.record.axis == axis:
-                return p.record
-        raise PluginError(f"no sharding strategy for axis {axis!r} is installed")
+        """The one strategy for ``axis`` (``"tp"``, ``"pp"``); two claiming it is an error
+        naming both (a replacement is installed by blocking the built-in ``sharding``)."""
+        found = [p for p in self.sharding_strategies.values() if p.record.axis == axis]
+        if len(found) > 1:
+            names = " and ".join(f"{p.record.name!r} of {p.distribution!r}" for p in found)
+            raise PluginError(f"sharding strategies {names} both handle axis {axis!r}; block one with "
+                              f"{DISABLE_ENV}")
+        if not found:
+            raise PluginError(f"no sharding strategy for axis {axis!r} is installed")
+        return found[0].record
 
 
 def _disabled() -> set[str]:
@@ -139,6 +145,11 @@ def build_plugin_manager(extra_plugins: Iterable[tuple[str, object]] = (),
                 warnings.warn(f"nemo-convert plugin {ep.name!r} from {dist!r} failed to load and was "
                               f"skipped: {type(exc).__name__}: {exc}", PluginLoadWarning, stacklevel=2)
                 continue
+            if pm.is_registered(plugin):  # a second entry point naming the same module
+                other = pm.get_name(plugin)
+                raise PluginError(f"plugin module {getattr(plugin, '__name__', plugin)!r} is registered twice: as "
+                                  f"{other!r} of distribution {dists.get(other or '', '?')!r} and as {ep.name!r} "
+                                  f"of distribution {dist!r}; uninstall one or block it with {DISABLE_ENV}")
             pm.register(plugin, name=ep.name)
             dists[ep.name] = dist
     for name, plugin in extra_plugins:

@@ -60,10 +60,10 @@ class ParallelLayout:
 
     @classmethod
     def make(cls, num_layers: int, tp: int = 1, pp: int = 1, *, stage_sizes: Sequence[int] | None = None,
-             tied: bool = False) -> "ParallelLayout":
+             tied: bool = False, pipeline: PipelineParallel | None = None) -> "ParallelLayout":
         if tp < 1:
             raise UnsupportedError(f"tensor-parallel size must be ≥ 1, got {tp}")
-        stages = PipelineParallel().stage_layers(num_layers, pp, stage_sizes)
+        stages = (pipeline or PipelineParallel()).stage_layers(num_layers, pp, stage_sizes)
         return cls(tp, pp, tuple(stages), tied)
 
     def stage_of_layer(self, layer: int) -> int:
