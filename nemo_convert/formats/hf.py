@@ -16,6 +16,7 @@ from nemo_convert.formats.safetensors_writer import SafetensorsStreamWriter
 from nemo_convert.hf_config import read_config_json
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.safetensors_source import SafetensorsFile, ShardedSafetensors
+from nemo_convert.tensors.views import MultiSource
 
 SAFE_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -24,35 +25,6 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 
 def is_hf_folder(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
-
-
-class MultiSource:
-    """Several sources seen as one (e.g. the ``pytorch_model-0000i.bin`` shards)."""
-
-    def __init__(self, sources: Sequence[TensorSource]) -> None:
-        self._sources = list(sources)
-        self._where: dict[str, TensorSource] = {}
-        for s in self._sources:
-            for k in s.keys():
-                if k in self._where:
-                    raise InputError(f"tensor {k!r} appears in more than one file")
-                self._where[k] = s
-
-    def keys(self) -> list[str]:
-        return [k for s in self._sources for k in s.keys()]
-
-    def info(self, key: str) -> TensorInfo:
-        return self._where[key].info(key)
-
-    def load(self, key: str) -> torch.Tensor:
-        return self._where[key].load(key)
-
-    def group(self, key: str) -> str:
-        return self._where[key].group(key)
-
-    def close(self) -> None:
-        for s in self._sources:
-            s.close()
 
 
 def _bin_source(folder: str, trust_pickle: bool) -> TensorSource:
@@ -73,7 +45,7 @@ def _bin_source(folder: str, trust_pickle: bool) -> TensorSource:
             raise InputError(f"{index}: names shard files that do not exist: {', '.join(missing)}")
     else:
         files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, "pytorch_model*.bin")))
-    return MultiSource([open_torch_file(os.path.join(folder, f), trust_pickle=trust_pickle) for f in files])
+    return MultiSource([open_torch_file(os.path.join(folder, f), trust_pickle=trust_pickle) for f in files], folder)
 
 
 def open_hf_weights(folder: str, *, trust_pickle: bool = False) -> TensorSource:

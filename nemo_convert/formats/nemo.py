@@ -20,37 +20,12 @@ from nemo_convert.errors import InputError
 from nemo_convert.formats.sink import MemberSink
 from nemo_convert.formats.tar_archive import Container, find_member, open_nemo_container
 from nemo_convert.tensors.base import TensorInfo, TensorSource
+from nemo_convert.tensors.views import PrefixView  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover
     from nemo_convert.mapping.rules import Parallel
 
 CONFIG_MEMBER = "model_config.yaml"
-
-
-class PrefixView:
-    """A source whose keys lose a leading prefix (``model.``); keys without it are kept
-    under ``extra_keys`` and not presented as tensors."""
-
-    def __init__(self, inner: TensorSource, prefix: str) -> None:
-        self._inner = inner
-        self._map = {k[len(prefix):]: k for k in inner.keys() if k.startswith(prefix)}
-        self.extra_keys = [k for k in inner.keys() if not k.startswith(prefix)]
-
-    def keys(self) -> list[str]:
-        return list(self._map)
-
-    def info(self, key: str) -> TensorInfo:
-        i = self._inner.info(self._map[key])
-        return TensorInfo(key, i.shape, i.dtype)
-
-    def load(self, key: str) -> torch.Tensor:
-        return self._inner.load(self._map[key])
-
-    def group(self, key: str) -> str:
-        return self._inner.group(self._map[key])
-
-    def close(self) -> None:
-        self._inner.close()
 
 
 def load_yaml(data: bytes, where: str) -> dict[str, Any]:

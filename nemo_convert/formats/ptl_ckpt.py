@@ -26,13 +26,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from nemo_convert.errors import InputError, UnsupportedError
 from nemo_convert.formats.nemo_weights import split_layer_name
 from nemo_convert.formats.tar_archive import Container
-from nemo_convert.sharding.layout import ParallelLayout, detect_ranks, parse_rank_dir, rank_dir
-from nemo_convert.tensors.base import ByteRegion, TensorInfo, TensorSource, dtype_size
+from nemo_convert.sharding.layout import (
+    ParallelLayout,
+    detect_ranks,
+    parse_rank_dir,
+    rank_dir,
+)
+from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
+from nemo_convert.tensors.views import MultiSource, PrefixView
 
 CKPT_SUFFIX = ".ckpt"
 DIST_MARKER = "metadata.json"
@@ -254,60 +258,6 @@ def is_weight(key: str, prefix: str) -> bool:
         and f".{EXTRA_STATE}/" not in key
 
 
-class WeightsView:
-    """The model weights of a source under logical names: ``prefix`` removed, everything
-    else (optimizer state, ``_extra_state``) hidden."""
-
-    def __init__(self, inner: TensorSource, prefix: str) -> None:
-        self._inner = inner
-        self._map = {k[len(prefix):]: k for k in inner.keys() if is_weight(k, prefix)}
-
-    def keys(self) -> list[str]:
-        return list(self._map)
-
-    def info(self, key: str) -> TensorInfo:
-        i = self._inner.info(self._map[key])
-        return TensorInfo(key, i.shape, i.dtype)
-
-    def load(self, key: str) -> torch.Tensor:
-        return self._inner.load(self._map[key])
-
-    def group(self, key: str) -> str:
-        return self._inner.group(self._map[key])
-
-    def close(self) -> None:
-        self._inner.close()
-
-
-class UnionSource:
-    """Several sources as one; a name in two of them is an error."""
-
-    def __init__(self, sources: list[TensorSource], where: str) -> None:
-        self._sources = sources
-        self._of: dict[str, TensorSource] = {}
-        for s in sources:
-            for k in s.keys():
-                if k in self._of:
-                    raise InputError(f"{where}: tensor {k} is stored twice")
-                self._of[k] = s
-
-    def keys(self) -> list[str]:
-        return list(self._of)
-
-    def info(self, key: str) -> TensorInfo:
-        return self._of[key].info(key)
-
-    def load(self, key: str) -> torch.Tensor:
-        return self._of[key].load(key)
-
-    def group(self, key: str) -> str:
-        return self._of[key].group(key)
-
-    def close(self) -> None:
-        for s in self._sources:
-            s.close()
-
-
 class _RankFiles(Container):
     """The files of a per-rank checkpoint as a container with the member names
     :class:`~nemo_convert.formats.nemo_ranks.PerRankSource` reads
@@ -439,7 +389,7 @@ def _open_single(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
         zs.close()
         raise
     ck._closers.append(zs.close)
-    ck._make_weights = lambda kinds, tied: WeightsView(zs, prefix)
+    ck._make_weights = lambda kinds, tied: PrefixView(zs, prefix, keep=lambda k: is_weight(k, prefix))
     return ck
 
 
@@ -478,7 +428,8 @@ def _open_ranks(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
 
         playout = ParallelLayout.make(sum(sizes), loc.tp, loc.pp, stage_sizes=sizes if loc.pp > 1 else None,
                                       tied=tied)
-        return WeightsView(PerRankSource(_RankFiles(loc, playout), "", playout, kinds, trust_pickle=trust_pickle), "")
+        return PrefixView(PerRankSource(_RankFiles(loc, playout), "", playout, kinds, trust_pickle=trust_pickle), "",
+                          keep=lambda k: is_weight(k, ""))
 
     ck._make_weights = make
     return ck
@@ -532,13 +483,13 @@ def _open_dist(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
                 # Non-sharded weights that Megatron kept in common.pt: part of the model.
                 cprefix = find_weights_prefix(zs.keys(), common)
                 _account_state(state, cprefix, dropped, dropped_keys, f"{COMMON_PT}: ")
-                extra = WeightsView(zs, cprefix)
+                extra = PrefixView(zs, cprefix, keep=lambda k: is_weight(k, cprefix))
     except BaseException:
         for c in closers:
             c()
         raise
     ck = TrainingCheckpoint(loc, meta, prefix, dropped, dropped_keys)
     ck._closers.extend(closers)
-    view = WeightsView(dist, prefix)
-    ck._make_weights = lambda kinds, tied: view if extra is None else UnionSource([view, extra], root)
+    view = PrefixView(dist, prefix, keep=lambda k: is_weight(k, prefix))
+    ck._make_weights = lambda kinds, tied: view if extra is None else MultiSource([view, extra], root)
     return ck
