@@ -13,12 +13,12 @@ from __future__ import annotations
 import io
 import pickle
 import struct
-import zlib
 from collections import OrderedDict
 from typing import Any, BinaryIO
 
 import torch
 
+from nemo_convert.crc import crc32
 from nemo_convert.formats.safetensors_writer import tensor_bytes
 
 ALIGN = 64
@@ -99,7 +99,7 @@ class TorchSaveWriter:
                                     len(full), len(extra)) + full + extra)
             for start in range(0, size, PIECE):
                 piece = mv[start:start + PIECE]
-                crc = zlib.crc32(piece, crc)
+                crc = crc32(piece, crc)
                 self._write(piece)
             end = self._out.tell()
             self._out.seek(header_at + 14)
@@ -107,7 +107,7 @@ class TorchSaveWriter:
             self._out.seek(end)
             crc &= 0xFFFFFFFF
         else:
-            crc = zlib.crc32(mv) & 0xFFFFFFFF
+            crc = crc32(mv) & 0xFFFFFFFF
             self._write(struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, crc, s32, s32,
                                     len(full), len(extra)) + full + extra)
             self._write(mv)
