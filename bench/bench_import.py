@@ -1,6 +1,9 @@
 #!/usr/bin/env python
 """Import benchmark: HF Llama (bf16 safetensors) → ``.nemo``, against a streaming copy
-(our physical limit) and a naive ``from_pretrained`` + ``torch.save`` + ``tarfile`` peer.
+(our physical limit) and a naive ``from_pretrained`` + ``torch.save`` + ``tarfile`` peer;
+plus, on the same checkpoints, the import as whole CLI commands (one process, and two
+under ``torchrun``), ``reshard`` (dist TP1 → legacy TP2 → legacy TP1, and dist → dist) and
+``quantize`` (``none`` and ``int8_wo``).
 
 Every case runs in a fresh subprocess whose memory the parent samples from
 ``/proc/<pid>/smaps_rollup`` (see ``bench/memory.py`` for the definitions), so peaks are
@@ -9,6 +12,7 @@ times; the median time and the largest peaks of the measured runs are reported.
 
     python bench/bench_import.py                       # both sizes, every case
     python bench/bench_import.py --sizes 1.5 --cases copy,import --repeat 3
+    python bench/bench_import.py --cases copy,import-cli,import-2proc,reshard-tp2,reshard-tp1
 
 Results: a Markdown table on stdout, ``bench/out/results.md`` and ``bench/out/results.json``.
 See ``bench/README.md`` and ``docs/performance.md``.
@@ -35,7 +39,18 @@ sys.path.insert(0, HERE)
 
 from memory import ChildRun, run_measured
 
-ALL_CASES = ("copy", "import", "import-legacy", "naive")
+ALL_CASES = ("copy", "import", "import-legacy", "naive", "import-cli", "import-2proc",
+             "reshard-tp2", "reshard-tp1", "reshard-dist", "quantize-none", "quantize-int8")
+# Timed as whole commands by the parent (process start to exit), memory summed over the
+# process tree; every other case is timed inside its child, around the operation alone.
+COMMAND_CASES = ("import-cli", "import-2proc")
+LARGEST_ONLY = ("quantize-none", "quantize-int8")  # default of --largest-only
+RESHARD = {  # case -> (input kind, tp, output layout)
+    "reshard-tp2": ("dist", 2, "legacy"),
+    "reshard-tp1": ("tp2", 1, "legacy"),
+    "reshard-dist": ("dist", 2, "dist"),
+}
+PRODUCES = {"import": "dist", "reshard-tp2": "tp2", "import-cli": "cli"}  # outputs later cases can reuse
 CASE_LABELS = {
     "baseline": "interpreter baseline (torch + nemo_convert.api)",
     "baseline-hf": "interpreter baseline (torch + transformers Llama)",
@@ -43,6 +58,13 @@ CASE_LABELS = {
     "import": "(b) import_hf, dist layout",
     "import-legacy": "(b) import_hf, legacy layout",
     "naive": "(c) naive peer",
+    "import-cli": "(b) CLI import, 1 process — whole command",
+    "import-2proc": "(b) CLI import, torchrun 2 processes — whole command",
+    "reshard-tp2": "(d) reshard dist TP1 → legacy TP2",
+    "reshard-tp1": "(d) reshard legacy TP2 → legacy TP1",
+    "reshard-dist": "(d) reshard dist TP1 → dist TP2",
+    "quantize-none": "(e) quantize HF → .qnemo, none",
+    "quantize-int8": "(e) quantize HF → .qnemo, int8_wo",
 }
 
 # Llama shape of the generated checkpoints (a TinyLlama-1.1B-like model with GQA).
@@ -173,15 +195,29 @@ def ensure_model(folder: str, layers: int) -> tuple[dict[str, Any], float]:
     # In a child process: the parent never imports torch, so its RSS stays small (a child's
     # ru_maxrss starts from its parent's RSS at fork, which Linux keeps across exec).
     subprocess.run([sys.executable, os.path.abspath(__file__), "--_generate", folder, "--_layers", str(layers)],
-                   check=True, env=child_env())
+                   check=True, env=child_env(), cwd=child_cwd())
     with open(os.path.join(folder, ".bench-model.json"), encoding="utf-8") as f:
         got = json.load(f)
     return got, time.perf_counter() - t0
 
 
+#: ``--snapshot``: a copy of the code (``git archive``) that every child imports
+#: ``nemo_convert`` from, instead of the working tree
+CODE: str | None = None
+
+
+def child_cwd() -> str | None:
+    """Children run in the snapshot (``python -m nemo_convert`` imports from the current
+    directory first), else where the parent runs."""
+    return CODE
+
+
 def child_env() -> dict[str, str]:
-    """The environment of every child: offline Hugging Face libraries (the source is local)."""
+    """The environment of every child: offline Hugging Face libraries (the source is local),
+    and ``PYTHONPATH`` pointing at the snapshot, if any."""
     env = dict(os.environ)
+    if CODE:
+        env["PYTHONPATH"] = CODE + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
                 "TOKENIZERS_PARALLELISM": "false", "PYTHONDONTWRITEBYTECODE": "1"})
     return env
@@ -236,6 +272,32 @@ def case_import(src: str, out: str, layout: str) -> dict[str, Any]:
 
     rep = api.import_hf(src, out, layout=layout)
     return {"bytes": rep.bytes, "tensors": rep.tensors, "engine_seconds": rep.seconds}
+
+
+def case_reshard(src: str, out: str, case: str) -> dict[str, Any]:
+    from nemo_convert import api
+
+    _, tp, layout = RESHARD[case]
+    rep = api.reshard(src, out, tp=tp, layout=layout)
+    return {"bytes": rep.bytes, "tensors": rep.tensors, "engine_seconds": rep.seconds}
+
+
+def case_quantize(src: str, out: str, algo: str) -> dict[str, Any]:
+    from nemo_convert import api
+
+    rep = api.quantize(src, out, algo=algo)
+    return {"bytes": rep.bytes, "tensors": rep.tensors, "engine_seconds": rep.seconds}
+
+
+def command_for(case: str, src: str, out: str) -> list[str]:
+    """The command line of a command case, run as is (in the ``--snapshot`` copy if any,
+    else in the parent's directory)."""
+    cli = ["-m", "nemo_convert", "import", src, "-o", out, "-q"]
+    if case == "import-cli":
+        return [sys.executable, *cli]
+    if case == "import-2proc":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *cli]
+    raise ValueError(case)
 
 
 def naive_remap(sd: dict[str, Any], cfg: Any, layers: Any = None) -> dict[str, Any]:
@@ -317,19 +379,30 @@ def child_main(case: str, src: str, out: str, result: str) -> int:
     elif case == "copy":
         t0, c0 = time.perf_counter(), time.process_time()
         info = case_copy(src, out)
-    elif case in ("import", "import-legacy"):
+    elif case in ("import", "import-legacy", "quantize-none", "quantize-int8") or case in RESHARD:
         import torch
 
         import nemo_convert.api  # noqa: F401
 
         t0, c0 = time.perf_counter(), time.process_time()
-        info = case_import(src, out, "legacy" if case == "import-legacy" else "dist")
+        if case in RESHARD:
+            info = case_reshard(src, out, case)
+        elif case.startswith("quantize-"):
+            info = case_quantize(src, out, {"quantize-none": "none", "quantize-int8": "int8_wo"}[case])
+        else:
+            info = case_import(src, out, "legacy" if case == "import-legacy" else "dist")
     elif case == "naive":
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
         t0, c0 = time.perf_counter(), time.process_time()
         info = case_naive(src, out)
+    elif case == "prep-dist":  # inputs of the reshard cases (not measured)
+        t0 = c0 = 0.0
+        info = case_import(src, out, "dist")
+    elif case == "prep-tp2":
+        t0 = c0 = 0.0
+        info = case_reshard(src, out, "reshard-tp2")
     else:
         raise SystemExit(f"unknown case {case!r}")
     t_end, c_end = time.perf_counter(), time.process_time()
@@ -379,9 +452,49 @@ def verify(src: str, out: str, layers: int) -> str:
         return f"error: {exc.__class__.__name__}: {exc}"
 
 
-def verify_in_child(src: str, out: str, layers: int) -> str:
+def verify_qnemo(src: str, out: str, layers: int, algo: str) -> str:
+    """Spot checks of a ``.qnemo`` folder against the HF source: the embedding and the LM head
+    (never quantized) bit-exact; the last layer's ``mlp.proj`` bit-exact for ``none``, and for
+    ``int8_wo`` (written as the float weight on the per-channel int8 grid) within half a step
+    of the grid (amax/127) plus bf16 rounding; the tensor count."""
+    import torch
+    from safetensors import safe_open
+
+    from nemo_convert import api
+
+    try:
+        with api.open_checkpoint(src) as hf, safe_open(os.path.join(out, "rank0.safetensors"), "pt") as q:
+            s = hf.source
+            keys = set(q.keys())
+            for ours, theirs in (("transformer.vocab_embedding.weight", "model.embed_tokens.weight"),
+                                 ("lm_head.weight", "lm_head.weight")):
+                a, b = q.get_tensor(ours), s.load(theirs)
+                if a.dtype != b.dtype or not torch.equal(a, b):
+                    return f"{ours} differs"
+            name = f"transformer.layers.{layers - 1}.mlp.proj.weight"
+            got, want = q.get_tensor(name), s.load(f"model.layers.{layers - 1}.mlp.down_proj.weight")
+            if got.shape != want.shape:
+                return f"{name}: shape {list(got.shape)}"
+            if algo == "none":
+                if not torch.equal(got, want):
+                    return f"{name} differs"
+            else:
+                w, g = want.float(), got.float()
+                step = w.abs().amax(dim=1, keepdim=True) / 127
+                if not bool(((g - w).abs() <= step / 2 + w.abs() * 2**-7 + 1e-12).all()) or torch.equal(got, want):
+                    return f"{name} is not on the int8 grid"
+            expected = 3 + 7 * layers  # embedding, final norm, lm_head; a layer: 2 norms, qkv, dense, fc, gate, proj
+            if len(keys) != expected:
+                return f"{len(keys)} tensors, expected {expected}"
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - reported in the results, not fatal
+        return f"error: {exc.__class__.__name__}: {exc}"
+
+
+def verify_in_child(src: str, out: str, layers: int, qnemo: str | None = None) -> str:
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--_verify", out, "--_src", src,
-                           "--_layers", str(layers)], capture_output=True, text=True, env=child_env(), check=False)
+                           "--_layers", str(layers), *(["--_qnemo", qnemo] if qnemo else [])],
+                          capture_output=True, text=True, env=child_env(), cwd=child_cwd(), check=False)
     lines = proc.stdout.strip().splitlines()
     return lines[-1] if proc.returncode == 0 and lines else f"error: {proc.stderr.strip()[-300:]}"
 
@@ -401,13 +514,27 @@ def _rm(path: str) -> None:
 
 
 def run_case(case: str, src: str, out: str, work: str, interval: float) -> ChildRun:
-    result = os.path.join(work, f".result-{case}.json")
-    cmd = [sys.executable, os.path.abspath(__file__), "--_child", case, "--_src", src, "--_out", out,
-           "--_result", result]
-    run = run_measured(cmd, result_path=result, interval=interval, timeout=900, env=child_env())
+    if case in COMMAND_CASES:
+        # the whole command, as a user runs it: time = its wall (process start to exit, as seen
+        # here), CPU = its own + every reaped descendant's, memory = sum over the process tree
+        run = run_measured(command_for(case, src, out), interval=interval, timeout=900, env=child_env(),
+                           tree=True, cwd=child_cwd())
+        run.result = {"op_seconds": run.wall_seconds, "op_cpu_seconds": run.cpu_seconds, "setup_seconds": 0.0}
+    else:
+        result = os.path.join(work, f".result-{case}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--_child", case, "--_src", src, "--_out", out,
+               "--_result", result]
+        run = run_measured(cmd, result_path=result, interval=interval, timeout=900, env=child_env(),
+                           cwd=child_cwd())
     if run.returncode != 0:
         raise RuntimeError(f"case {case} failed (exit {run.returncode}):\n{run.stderr_tail}")
     return run
+
+
+def _processes(run: ChildRun) -> list[dict[str, Any]]:
+    """Tree mode: each process's own peaks, in start (pid) order, root first."""
+    procs = sorted(run.memory.per_process.items())
+    return [{"pid": pid, **rec} for pid, rec in procs]
 
 
 def _summarise(case: str, runs: list[ChildRun], warmup: ChildRun | None, loads: list[float]) -> dict[str, Any]:
@@ -434,11 +561,19 @@ def _summarise(case: str, runs: list[ChildRun], warmup: ChildRun | None, loads: 
         "child": runs[-1].result,
         "timeline": runs[-1].memory.timeline,  # (t, private, rss) every 10th sample
         "loadavg_1m": loads,
+        "max_processes": max(r.memory.max_processes for r in runs),
+        # tree mode: the processes of the run with the largest peak (sum over the tree)
+        "processes": _processes(max(runs, key=lambda r: r.memory.peak_private)) if runs[0].memory.per_process
+        else [],
     }
 
 
 def measure(case: str, src: str | None, out: str | None, work: str, args: argparse.Namespace,
-            verify_layers: int | None = None) -> dict[str, Any]:
+            verify_layers: int | None = None, verify_src: str | None = None, keep_as: str | None = None,
+            same_as: str | None = None) -> dict[str, Any]:
+    """Warm-up + measured runs of one case. The output of the last run is spot-checked against
+    ``verify_src`` (the HF source; default ``src``), compared byte for byte with ``same_as`` if
+    given, and then moved to ``keep_as`` (an input of a later case) or deleted."""
     warm = None
     if not args.no_warmup:
         if out:
@@ -456,10 +591,34 @@ def measure(case: str, src: str | None, out: str | None, work: str, args: argpar
     if os.path.exists(out):
         row["output_bytes"] = _du(out)
         if verify_layers is not None and case != "copy" and not args.no_verify:
-            row["verify"] = verify_in_child(src, out, verify_layers)
-    if not args.keep:
+            qnemo = {"quantize-none": "none", "quantize-int8": "int8_wo"}.get(case)
+            row["verify"] = verify_in_child(verify_src or src, out, verify_layers, qnemo)
+            if same_as and os.path.exists(same_as):
+                import filecmp
+
+                same = filecmp.cmp(same_as, out, shallow=False)
+                row["verify"] += "; byte-identical to 1 process" if same else "; DIFFERS from the 1-process output"
+    if keep_as:
+        os.replace(out, keep_as)
+    elif not args.keep:
         _rm(out)
     return row
+
+
+def ensure_input(kind: str, src: str, paths: dict[str, str], work: str, log: Any) -> str:
+    """The input ``.nemo`` of a reshard case: kept from an earlier case of this run, else
+    made now by a child (not measured): ``dist`` = ``import_hf`` (dist layout), ``tp2`` =
+    ``reshard`` of that to legacy TP2."""
+    path = paths[kind]
+    if os.path.exists(path):
+        return path
+    t0 = time.perf_counter()
+    child_src = src if kind == "dist" else ensure_input("dist", src, paths, work, log)
+    result = os.path.join(work, f".result-prep-{kind}.json")
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--_child", f"prep-{kind}", "--_src", child_src,
+                    "--_out", path, "--_result", result], check=True, env=child_env(), cwd=child_cwd())
+    log(f"  (prepared the {kind} input in {time.perf_counter() - t0:.1f} s, not measured)")
+    return path
 
 
 def _du(path: str) -> int:
@@ -497,11 +656,44 @@ def machine_info(work: str) -> dict[str, Any]:
         "cpu": cpu, "cores": os.cpu_count(), "ram_bytes": mem, "disk_free_bytes": du.free,
         "disk_total_bytes": du.total, "kernel": platform.release(), "python": platform.python_version(),
         "torch": ver("torch"), "transformers": ver("transformers"), "safetensors": ver("safetensors"),
-        "nemo_convert_commit": _git_rev(), "loadavg_at_start": os.getloadavg(),
+        "nemo_convert_commit": _git_rev(), "nemo_convert_from": _code_origin(), "loadavg_at_start": os.getloadavg(),
     }
 
 
+def snapshot(rev: str, work: str) -> str:
+    """``git archive`` of ``rev`` of this checkout into ``work/code-SHA`` (reused if there)."""
+    repo = os.path.dirname(HERE)
+    sha = subprocess.run(["git", "-C", repo, "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    dest = os.path.join(work, f"code-{sha[:12]}")
+    if not os.path.exists(os.path.join(dest, ".bench-snapshot")):
+        _rm(dest)
+        os.makedirs(dest)
+        archive = subprocess.Popen(["git", "-C", repo, "archive", sha], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", dest], stdin=archive.stdout, check=True)
+        if archive.wait() != 0:
+            raise SystemExit(f"git archive {rev} failed")
+        with open(os.path.join(dest, ".bench-snapshot"), "w", encoding="utf-8") as f:
+            f.write(sha + "\n")
+    return dest
+
+
+def _code_origin() -> str:
+    """Where the children import ``nemo_convert`` from (``PYTHONPATH`` can point them at a
+    snapshot of the code), found without importing it (the parent stays torch-free)."""
+    import importlib.util
+
+    if CODE:
+        return os.path.join(CODE, "nemo_convert")
+    spec = importlib.util.find_spec("nemo_convert")
+    return os.path.dirname(spec.origin) if spec and spec.origin else "?"
+
+
 def _git_rev() -> str:
+    """The commit of the code measured: the snapshot's, else the checkout's (+dirty)."""
+    if CODE:
+        with open(os.path.join(CODE, ".bench-snapshot"), encoding="utf-8") as f:
+            return f.read().strip()[:12] + " (snapshot)"
     try:
         rev = subprocess.run(["git", "-C", os.path.dirname(HERE), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, check=True).stdout.strip()
@@ -519,52 +711,125 @@ def _mib(n: float | None) -> str:
 
 def ratios(size: dict[str, Any], baseline: dict[str, Any],
            baseline_hf: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
-    """``{name: {"median": x, "best": y}}``: time ratios on the median and on the best
-    run; memory ratios on the largest peak (the same number in both)."""
+    """``{name: {"median": x, "best": y, "cpu": z}}``: time ratios on the median and on the
+    best run, and on the CPU time; memory ratios on the largest peak (the same number in
+    both). Command cases are timed as whole commands (process start to exit), the others
+    around the operation inside their child: the key says which."""
     rows = {r["case"]: r for r in size["rows"]}
     out: dict[str, dict[str, float]] = {}
 
-    def t(num: str, den: str) -> dict[str, float]:
-        return {"median": rows[num]["op_seconds"] / rows[den]["op_seconds"],
-                "best": rows[num]["op_seconds_best"] / rows[den]["op_seconds_best"],
-                "cpu": rows[num]["op_cpu_seconds"] / max(rows[den]["op_cpu_seconds"], 1e-9)}
+    def t(num: str, den: str, den_factor: float = 1.0) -> dict[str, float]:
+        return {"median": rows[num]["op_seconds"] / (den_factor * rows[den]["op_seconds"]),
+                "best": rows[num]["op_seconds_best"] / (den_factor * rows[den]["op_seconds_best"]),
+                "cpu": rows[num]["op_cpu_seconds"] / max(den_factor * rows[den]["op_cpu_seconds"], 1e-9)}
+
+    def mem(c: str) -> None:
+        base = baseline_hf if c == "naive" and baseline_hf else baseline
+        extra = (rows[c]["peak_private"] - base["peak_private"]) / size["largest_tensor_bytes"]
+        out[f"{c} (private - baseline)/largest tensor"] = {"median": extra, "best": extra, "cpu": None}
+
+    def have(*cs: str) -> bool:
+        return all(c in rows for c in cs)
 
     for c in ("import", "import-legacy"):
-        if c in rows and "copy" in rows:
+        if have(c, "copy"):
             out[f"{c}/copy time"] = t(c, "copy")
     for c in ("import", "import-legacy"):
-        if c in rows and "naive" in rows:
+        if have(c, "naive"):
             out[f"naive/{c} time"] = t("naive", c)
     for c in ("import", "import-legacy", "naive"):
         if c in rows:
-            base = baseline_hf if c == "naive" and baseline_hf else baseline
-            extra = (rows[c]["peak_private"] - base["peak_private"]) / size["largest_tensor_bytes"]
-            out[f"{c} (private - baseline)/largest tensor"] = {"median": extra, "best": extra, "cpu": None}
+            mem(c)
+    # whole commands
+    for c in COMMAND_CASES:
+        if have(c, "copy"):
+            out[f"{c} wall/copy time"] = t(c, "copy")
+    if have("import-2proc", "import-cli"):
+        out["import-2proc wall/import-cli wall"] = t("import-2proc", "import-cli")
+        p2, p1 = rows["import-2proc"]["peak_private"], rows["import-cli"]["peak_private"]
+        out["import-2proc tree private/import-cli private"] = {"median": p2 / p1, "best": p2 / p1, "cpu": None}
+    if have("import-cli", "import"):
+        out["import-cli wall/import process wall"] = {
+            "median": rows["import-cli"]["op_seconds"] / rows["import"]["process_seconds"],
+            "best": rows["import-cli"]["op_seconds_best"] / rows["import"]["process_seconds"], "cpu": None}
+    if "import-cli" in rows:
+        mem("import-cli")
+    # reshard
+    for c in RESHARD:
+        if have(c, "copy"):
+            out[f"{c}/copy time"] = t(c, "copy")
+    if have("reshard-tp2", "reshard-tp1", "copy"):
+        rt = {k: rows["reshard-tp2"][k] + rows["reshard-tp1"][k] for k in ("op_seconds", "op_seconds_best",
+                                                                          "op_cpu_seconds")}
+        cp = rows["copy"]
+        out["reshard round trip (tp2 + tp1)/(2 × copy) time"] = {
+            "median": rt["op_seconds"] / (2 * cp["op_seconds"]), "best": rt["op_seconds_best"] / (2 * cp["op_seconds_best"]),
+            "cpu": rt["op_cpu_seconds"] / max(2 * cp["op_cpu_seconds"], 1e-9)}
+    for c in RESHARD:
+        if c in rows:
+            mem(c)
+    # quantize
+    for c in ("quantize-none", "quantize-int8"):
+        if have(c, "copy"):
+            out[f"{c}/copy time"] = t(c, "copy")
+    for c in ("quantize-none", "quantize-int8"):
+        if c in rows:
+            mem(c)
     return out
 
 
-TARGETS = {  # ratio key pattern -> (comparison, bound)
-    "import/copy time": ("<=", 1.5), "import-legacy/copy time": ("<=", 1.5),
-    "naive/import time": (">=", 4.0), "naive/import-legacy time": (">=", 4.0),
-    "import (private - baseline)/largest tensor": ("<", 3.0),
-    "import-legacy (private - baseline)/largest tensor": ("<", 3.0),
+def cross_size(res: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Private memory above the baseline at the largest size over the smallest, per case run
+    at both (the model grows ``model_ratio``×): ~1 = flat, ~model_ratio = grows with the model."""
+    if len(res["sizes"]) < 2:
+        return {}
+    small, large = min(res["sizes"], key=lambda e: e["model_bytes"]), max(res["sizes"], key=lambda e: e["model_bytes"])
+    rs, rl = {r["case"]: r for r in small["rows"]}, {r["case"]: r for r in large["rows"]}
+    out: dict[str, dict[str, float]] = {}
+    for c in rl:
+        if c not in rs or c == "copy" or c in COMMAND_CASES and c != "import-cli":
+            continue
+        base = (res.get("baseline-hf") if c == "naive" else res["baseline"])["peak_private"]
+        a, b = rs[c]["peak_private"] - base, rl[c]["peak_private"] - base
+        out[f"{c} (private - baseline) large/small"] = {
+            "small": a, "large": b, "ratio": b / a if a > 0 else float("inf"),
+            "model_ratio": large["model_bytes"] / small["model_bytes"]}
+    return out
+
+
+# ratio key -> [(comparison, bound, where the target comes from)]
+TARGETS: dict[str, list[tuple[str, float, str]]] = {
+    "import/copy time": [("<=", 1.5, "brief"), ("<=", 1.2, "issue 7")],
+    "import-legacy/copy time": [("<=", 1.5, "brief"), ("<=", 1.2, "issue 7")],
+    "naive/import time": [(">=", 4.0, "brief")], "naive/import-legacy time": [(">=", 4.0, "brief")],
+    "import (private - baseline)/largest tensor": [("<", 3.0, "brief")],
+    "import-legacy (private - baseline)/largest tensor": [("<", 3.0, "brief")],
+    "reshard-tp2/copy time": [("<=", 1.5, "reshard issue")],
+    "reshard-tp1/copy time": [("<=", 1.5, "reshard issue")],
+    "reshard-dist/copy time": [("<=", 1.5, "reshard issue")],
+    "reshard round trip (tp2 + tp1)/(2 × copy) time": [("<=", 1.5, "reshard issue")],
+    # "private memory flat across the two model sizes": at most 1.25× while the model grows 2.1×
+    "reshard-tp2 (private - baseline) large/small": [("<=", 1.25, "reshard issue: flat")],
+    "reshard-tp1 (private - baseline) large/small": [("<=", 1.25, "reshard issue: flat")],
+    "reshard-dist (private - baseline) large/small": [("<=", 1.25, "reshard issue: flat")],
 }
 
 
-def _met(key: str, value: float) -> str:
-    if key not in TARGETS:
-        return ""
-    op, bound = TARGETS[key]
-    ok = value <= bound if op == "<=" else value >= bound if op == ">=" else value < bound
-    return f"{op} {bound:g}: {'met' if ok else '**NOT met**'}"
+def _met(key: str, value: float) -> list[str]:
+    """One line per target of ``key`` (an empty string if it has none)."""
+    out = []
+    for op, bound, why in TARGETS.get(key, []):
+        ok = value <= bound if op == "<=" else value >= bound if op == ">=" else value < bound
+        out.append(f"{op} {bound:g} ({why}): {'met' if ok else '**NOT met**'}")
+    return out or [""]
 
 
 def markdown(res: dict[str, Any]) -> str:
     m, st = res["machine"], res["settings"]
     lines = [
-        "# nemo-convert import benchmark",
+        "# nemo-convert import / reshard / quantize benchmark",
         "",
-        f"- date: {m['date']}; commit {m['nemo_convert_commit']}",
+        f"- date: {m['date']}; commit {m['nemo_convert_commit']}; nemo_convert from {m.get('nemo_convert_from', '?')}",
         (f"- machine: {m['cpu']}, {m['cores']} cores, {m['ram_bytes'] / 1024**3:.1f} GiB RAM, "
          f"{m['disk_free_bytes'] / 1024**3:.0f} GiB disk free (workdir), kernel {m['kernel']}"),
         f"- python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
@@ -579,8 +844,14 @@ def markdown(res: dict[str, Any]) -> str:
         ("- time = the operation inside the child (imports excluded; median of the measured runs); best = "
          "fastest run; GB/s = model bytes / time; op CPU = user + system CPU time of the operation; "
          "process = child start to exit (wall, and user + system CPU)"),
-        ("- private − baseline: minus the torch + nemo_convert.api interpreter for (b), minus the "
-         "torch + transformers interpreter for (c); the copy imports neither"),
+        ("- **whole command** cases (`import-cli`: `python -m nemo_convert import SRC -o OUT -q`; "
+         "`import-2proc`: `python -m torch.distributed.run --standalone --nproc-per-node 2 -m nemo_convert "
+         "import SRC -o OUT -q`): time = the command's wall, start to exit (interpreter start, imports, "
+         "torchrun rendezvous and teardown included); CPU = the command's and every worker's; peak private "
+         "= the peak of the *sum* over the process tree (launcher + workers, sampled together)"),
+        ("- private − baseline: minus the torch + nemo_convert.api interpreter for (b), (d), (e), minus the "
+         "torch + transformers interpreter for (c); the copy imports neither; not given for a process "
+         "tree (see the per-process table)"),
         "",
         ("| model | case | time (s) | best (s) | GB/s | op CPU (s) | process (s) | process CPU (s) "
          "| peak private (MiB) | private − baseline (MiB) | peak RSS (MiB) | ru_maxrss (MiB) | output (MiB) | check |"),
@@ -594,7 +865,8 @@ def markdown(res: dict[str, Any]) -> str:
         for r in s["rows"]:
             gbps = s["model_bytes"] / r["op_seconds"] / 1e9 if r["op_seconds"] else 0.0
             base = res.get("baseline-hf") if r["case"] == "naive" else res["baseline"]
-            extra = "–" if r["case"] == "copy" or not base else _mib(r["peak_private"] - base["peak_private"])
+            extra = ("–" if r["case"] in ("copy", "import-2proc") or not base
+                     else _mib(r["peak_private"] - base["peak_private"]))
             lines.append(
                 f"| {s['model_bytes'] / 1e9:.2f} GB ({s['layers']} layers) | {r['label']} | {r['op_seconds']:.2f} "
                 f"| {r['op_seconds_best']:.2f} | {gbps:.2f} | {r['op_cpu_seconds']:.2f} | {r['process_seconds']:.2f} "
@@ -611,8 +883,39 @@ def markdown(res: dict[str, Any]) -> str:
     for s in res["sizes"]:
         for k, v in s["ratios"].items():
             cpu = "–" if v["cpu"] is None else f"{v['cpu']:.2f}"
-            lines.append(f"| {s['model_bytes'] / 1e9:.2f} GB | {_mib(s['largest_tensor_bytes'])} | {k} "
-                         f"| {v['median']:.2f} | {v['best']:.2f} | {cpu} | {_met(k, v['median'])} |")
+            for target in _met(k, v["median"]):
+                lines.append(f"| {s['model_bytes'] / 1e9:.2f} GB | {_mib(s['largest_tensor_bytes'])} | {k} "
+                             f"| {v['median']:.2f} | {v['best']:.2f} | {cpu} | {target} |")
+    if res.get("cross_size"):
+        lines += [
+            "",
+            "Across sizes: private memory above the baseline at the larger model over the smaller one.",
+            "",
+            "| case | smaller (MiB) | larger (MiB) | ratio | model grew | target |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
+        for k, v in res["cross_size"].items():
+            for target in _met(k, v["ratio"]):
+                lines.append(f"| {k} | {_mib(v['small'])} | {_mib(v['large'])} | {v['ratio']:.2f} "
+                             f"| {v['model_ratio']:.2f}× | {target} |")
+    trees = [(s, r) for s in res["sizes"] for r in s["rows"] if r.get("processes")]
+    if trees:
+        lines += [
+            "",
+            ("Process trees (whole-command cases): each process's own peak, from the run with the largest "
+             "sum; the peaks need not coincide, so they may add up to more than the tree's peak."),
+            "",
+            ("| model | case | process | alive (s from start) | peak private (MiB) | private − baseline (MiB) "
+             "| peak RSS (MiB) |"),
+            "|---|---|---|---|---:|---:|---:|",
+        ]
+        for s, r in trees:
+            for p in r["processes"]:
+                cmd = p["cmd"].replace("|", "\\|")
+                cmd = cmd if len(cmd) <= 90 else cmd[:87] + "…"
+                alive = f"{p['first_seen']:.1f}–{p['last_seen']:.1f}" if "first_seen" in p else "–"
+                lines.append(f"| {s['model_bytes'] / 1e9:.2f} GB | {r['case']} | `{cmd}` | {alive} | {_mib(p['peak_private'])} "
+                             f"| {_mib(p['peak_private'] - res['baseline']['peak_private'])} | {_mib(p['peak_rss'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -621,15 +924,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="0.75,1.5", help="model sizes in GB (1e9 bytes), comma-separated")
     ap.add_argument("--workdir", default=os.path.join(HERE, "out", "work"),
-                    help="where checkpoints and outputs are written (needs ~2.5× the largest size free)")
+                    help="where checkpoints and outputs are written (needs ~5× the largest size free "
+                         "with every case, ~2.5× with copy/import/naive only)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the generated checkpoints (reused by the next run) and the last outputs")
     ap.add_argument("--cases", default=",".join(ALL_CASES), help=f"comma-separated subset of {','.join(ALL_CASES)}")
+    ap.add_argument("--largest-only", default=",".join(LARGEST_ONLY),
+                    help="cases run at the largest size only ('' = every size)")
     ap.add_argument("--repeat", type=int, default=1, help="measured runs per case (after one warm-up run)")
     ap.add_argument("--no-warmup", action="store_true", help="skip the warm-up run (report the first run)")
     ap.add_argument("--no-verify", action="store_true", help="skip the bit-exact spot checks of the outputs")
     ap.add_argument("--interval", type=float, default=0.02, help="memory sampling interval in seconds")
     ap.add_argument("--results", default=os.path.join(HERE, "out"), help="folder for results.md / results.json")
+    ap.add_argument("--snapshot", metavar="REV",
+                    help="measure the code of git revision REV (e.g. HEAD), copied with `git archive` into the "
+                         "workdir, instead of the working tree (which others may be editing)")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     ap.add_argument("--_src", help=argparse.SUPPRESS)
     ap.add_argument("--_out", help=argparse.SUPPRESS)
@@ -637,6 +946,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--_generate", help=argparse.SUPPRESS)
     ap.add_argument("--_verify", help=argparse.SUPPRESS)
     ap.add_argument("--_layers", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--_qnemo", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._child:
         return child_main(args._child, args._src, args._out, args._result)
@@ -644,21 +954,27 @@ def main(argv: list[str] | None = None) -> int:
         generate(args._generate, args._layers)
         return 0
     if args._verify:
-        print(verify(args._src, args._verify, args._layers))
+        print(verify_qnemo(args._src, args._verify, args._layers, args._qnemo) if args._qnemo
+              else verify(args._src, args._verify, args._layers))
         return 0
 
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    largest_only = {c.strip() for c in args.largest_only.split(",") if c.strip()}
     bad = [c for c in cases if c not in ALL_CASES]
     if bad:
         ap.error(f"unknown case(s) {', '.join(bad)}")
     sizes = [float(s) for s in args.sizes.split(",") if s.strip()]
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
+    if args.snapshot:
+        global CODE
+        CODE = snapshot(args.snapshot, work)
     os.makedirs(args.results, exist_ok=True)
 
     res: dict[str, Any] = {
         "machine": machine_info(work),
-        "settings": {"sizes_gb": sizes, "cases": cases, "repeat": args.repeat, "interval": args.interval,
+        "settings": {"sizes_gb": sizes, "cases": cases, "largest_only": sorted(largest_only),
+                     "repeat": args.repeat, "interval": args.interval,
                      "cache": "warm (one discarded warm-up run per case)" if not args.no_warmup
                      else "first run (no warm-up; source possibly in page cache from generation)",
                      "model": {"hidden": HIDDEN, "ffn": FFN, "heads": HEADS, "kv_heads": KV_HEADS, "vocab": VOCAB,
@@ -684,19 +1000,35 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  generated in {gen_s:.1f} s")
         entry: dict[str, Any] = {"size_gb": size, "layers": layers, "model_bytes": spec["bytes"], "source": src,
                                  "largest_tensor": big_name, "largest_tensor_bytes": big, "rows": []}
-        for case in cases:
-            out = os.path.join(work, f"out-{layers}L-{case}" + (".safetensors" if case == "copy" else ".nemo"))
-            row = measure(case, src, out, work, args, verify_layers=layers)
+        here = [c for c in cases if c not in largest_only or size == max(sizes)]
+        # outputs that later cases of this size reuse: the dist .nemo and the TP2 one (reshard
+        # inputs), the 1-process CLI output (compared byte for byte with the 2-process one)
+        paths = {k: os.path.join(work, f"in-{layers}L-{k}.nemo") for k in ("dist", "tp2", "cli")}
+        for k in paths.values():
+            _rm(k)
+        for i, case in enumerate(here):
+            later = here[i + 1:]
+            wanted = {RESHARD[c][0] for c in later if c in RESHARD} | ({"cli"} if "import-2proc" in later else set())
+            kind = PRODUCES.get(case)
+            keep_as = paths[kind] if kind in wanted and not os.path.exists(paths[kind]) else None
+            suffix = ".safetensors" if case == "copy" else ".qnemo" if case.startswith("quantize-") else ".nemo"
+            out = os.path.join(work, f"out-{layers}L-{case}{suffix}")
+            run_src = ensure_input(RESHARD[case][0], src, paths, work, log) if case in RESHARD else src
+            row = measure(case, run_src, out, work, args, verify_layers=layers, verify_src=src, keep_as=keep_as,
+                          same_as=paths["cli"] if case == "import-2proc" else None)
             log(f"  {case:14s} {row['op_seconds']:7.2f} s  private {_mib(row['peak_private'])} MiB  "
                 f"rss {_mib(row['peak_rss'])} MiB  {row.get('verify', '')}")
             entry["rows"].append(row)
         entry["ratios"] = ratios(entry, res["baseline"], res.get("baseline-hf"))
         res["sizes"].append(entry)
+        for k in paths.values():
+            _rm(k)
         if not args.keep:
             _rm(src)
 
     rows = [res["baseline"], *(r for sz in res["sizes"] for r in sz["rows"])]
     res["max_rollup_delta"] = max(r["max_rollup_delta"] for r in rows)
+    res["cross_size"] = cross_size(res)
     md = markdown(res)
     print(md)
     with open(os.path.join(args.results, "results.md"), "w", encoding="utf-8") as f:
@@ -708,6 +1040,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in os.listdir(work):
             if name.startswith(".result-"):
                 _rm(os.path.join(work, name))
+        if CODE:
+            _rm(CODE)
     return 0
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from nemo_convert.errors import ConfigError, MappingError, ShapeError, UnsupportedError
+from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.qnemo.spec import TrtllmSpec, TrtTensor
 from nemo_convert.quant import trtllm_names as tn
@@ -154,7 +155,7 @@ def slice_for_rank(t: torch.Tensor, out: Output, tp: int, tp_rank: int) -> torch
     kind = Parallel.COLUMN if out.split_dim == 0 else Parallel.ROW
     if out.sections is not None and len(out.sections) > 1:
         parts = torch.split(t, list(out.sections), dim=0)
-        return torch.cat([_TP.split(p, kind, tp, tp_rank, name=out.name) for p in parts], dim=0)
+        return ops.concat([_TP.split(p, kind, tp, tp_rank, name=out.name) for p in parts], 0)
     return _TP.split(t, kind, tp, tp_rank, name=out.name)
 
 
