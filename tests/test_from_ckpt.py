@@ -41,17 +41,13 @@ from ckpt_builders import (
 
 from nemo_convert import api
 from nemo_convert.errors import ConfigError, InputError, UnsafePickleError
-from nemo_convert.formats.hf import open_hf_weights
+from tiny_models import hf_tensors
 from nemo_convert.sharding.layout import rank_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = GEOM["vocab_size"]  # 300 = the SentencePiece model's size; make_vocab_size_divisible_by = 4
 LAYERS = GEOM["num_hidden_layers"]
 
-
-def hf_tensors(folder: str) -> dict[str, torch.Tensor]:
-    src = open_hf_weights(folder)
-    return {k: src.load(k).clone() for k in src.keys()}
 
 
 @pytest.fixture(scope="module")

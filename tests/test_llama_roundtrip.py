@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from tiny_models import hf_tensors
 
 from nemo_convert import api
 from nemo_convert.tensors.safetensors_source import SafetensorsFile
@@ -24,12 +25,6 @@ VARIANTS = {
     "biases": dict(attention_bias=True, mlp_bias=True),
 }
 
-
-def hf_tensors(folder: str) -> dict[str, torch.Tensor]:
-    from nemo_convert.formats.hf import open_hf_weights
-
-    src = open_hf_weights(folder)
-    return {k: src.load(k).clone() for k in src.keys()}
 
 
 def logits(folder: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:

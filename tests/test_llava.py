@@ -12,6 +12,7 @@ import tarfile
 
 import pytest
 import torch
+from tiny_models import hf_tensors
 
 from nemo_convert import ModelFamily, api
 from tiny_multimodal import LLAVA_IMAGE_TOKEN, LLAVA_IMAGE_TOKENS, make_tiny_llava, rename_safetensors_keys
@@ -56,12 +57,6 @@ def read_json(path: str) -> dict:
     with open(path) as f:
         return json.load(f)
 
-
-def hf_tensors(folder: str) -> dict[str, torch.Tensor]:
-    from nemo_convert.formats.hf import open_hf_weights
-
-    src = open_hf_weights(folder)
-    return {k: src.load(k).clone() for k in src.keys()}  # noqa: SIM118 (a TensorSource, not a dict)
 
 
 def import_options(src: str, **extra) -> dict:

@@ -13,15 +13,11 @@ import yaml
 
 from nemo_convert import api
 from nemo_convert.errors import UnsupportedError
-from nemo_convert.formats.hf import open_hf_weights
+from tiny_models import hf_tensors
 
 GEOM = dict(num_hidden_layers=6, hidden_size=32, intermediate_size=64, num_attention_heads=4,
             vocab_size=1000, max_position_embeddings=64)
 
-
-def hf_tensors(folder: str) -> dict[str, torch.Tensor]:
-    src = open_hf_weights(folder)
-    return {k: src.load(k).clone() for k in src.keys()}
 
 
 def assert_same(a: str, b: str) -> None:

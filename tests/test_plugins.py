@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 import torch
+from tiny_models import hf_tensors
 
 from nemo_convert import ModelFamily, ShardingStrategy, TokenizerPatcher, api, hookimpl
 from nemo_convert.errors import PluginError
@@ -76,15 +77,6 @@ def run_plugins_json(env: dict[str, str]) -> dict:
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
-
-def hf_tensors(folder: str) -> dict[str, torch.Tensor]:
-    from nemo_convert.formats.hf import open_hf_weights
-
-    src = open_hf_weights(folder)
-    try:
-        return {k: src.load(k).clone() for k in src.keys()}
-    finally:
-        src.close()
 
 
 def set_config(folder: str, **changes) -> None:

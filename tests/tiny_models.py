@@ -2,4 +2,15 @@
 
 from nemo_convert.examples import LLAMA_DEFAULTS, corpus, make_tiny_llama, randomize_, write_sentencepiece
 
-__all__ = ["LLAMA_DEFAULTS", "corpus", "make_tiny_llama", "randomize_", "write_sentencepiece"]
+__all__ = ["LLAMA_DEFAULTS", "corpus", "hf_tensors", "make_tiny_llama", "randomize_", "write_sentencepiece"]
+
+
+def hf_tensors(folder: str) -> dict:
+    """Every tensor of an HF folder, copied out of the memory map (for comparisons)."""
+    from nemo_convert.formats.hf import open_hf_weights
+
+    src = open_hf_weights(folder)
+    try:
+        return {k: src.load(k).clone() for k in src.keys()}
+    finally:
+        src.close()
