@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(info)
         return 0
-    console = Console()
+    console = Console(soft_wrap=True)
     layout = f" ({info['layout']} layout)" if info["layout"] else ""
     console.print(f"[bold]{info['path']}[/]: {info['format']}{layout}, family {info['family'] or 'unknown'}, "
                   f"{info['num_tensors']} tensors, {human_bytes(info['total_bytes'])}", highlight=False)

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(data)
         return 0
-    console = Console()
+    console = Console(soft_wrap=True)
     for title, rows in data.items():
         table = Table(title=title.replace("_", " "), title_justify="left")
         cols = [c for c in (rows[0].keys() if rows else ["name", "distribution"])]
