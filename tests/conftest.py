@@ -12,13 +12,18 @@ sys.path.insert(0, os.path.dirname(__file__))
 from tiny_models import make_tiny_llama  # noqa: E402
 
 
+def folder_factory(tmp_path, build, stem):  # type: ignore[no-untyped-def]
+    """``make(**overrides) -> folder``: each call builds a model in a new folder."""
+    counter = {"n": 0}
+
+    def make(**kw):  # type: ignore[no-untyped-def]
+        counter["n"] += 1
+        return build(str(tmp_path / f"{stem}{counter['n']}"), **kw)
+
+    return make
+
+
 @pytest.fixture
 def tiny_llama(tmp_path):
     """A factory: ``tiny_llama(**overrides) -> folder`` of a saved random LlamaForCausalLM."""
-    counter = {"n": 0}
-
-    def make(**kw):
-        counter["n"] += 1
-        return make_tiny_llama(str(tmp_path / f"llama{counter['n']}"), **kw)
-
-    return make
+    return folder_factory(tmp_path, make_tiny_llama, "llama")

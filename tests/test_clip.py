@@ -5,12 +5,13 @@ NeMo's converter writes them (nemo-formats.md §3)."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import tarfile
 
 import pytest
+from conftest import folder_factory
+from tiny_models import read_json
 import torch
 from tiny_models import hf_tensors
 
@@ -23,18 +24,9 @@ NEMO_CLIP = "nemo.collections.multimodal.models.vision_language_foundation.clip.
 
 @pytest.fixture
 def tiny_clip(tmp_path):
-    counter = {"n": 0}
-
-    def make(**kw):
-        counter["n"] += 1
-        return make_tiny_clip(str(tmp_path / f"clip{counter['n']}"), **kw)
-
-    return make
+    return folder_factory(tmp_path, make_tiny_clip, "clip")
 
 
-def read_json(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
 
 
 

@@ -6,11 +6,12 @@ tower referenced (not stored) unless ``embed_vision_tower``."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import tarfile
 
 import pytest
+from conftest import folder_factory
+from tiny_models import read_json
 import torch
 from tiny_models import hf_tensors
 
@@ -44,18 +45,9 @@ SPELLINGS = {
 
 @pytest.fixture
 def tiny_llava(tmp_path):
-    counter = {"n": 0}
-
-    def make(**kw):
-        counter["n"] += 1
-        return make_tiny_llava(str(tmp_path / f"llava{counter['n']}"), **kw)
-
-    return make
+    return folder_factory(tmp_path, make_tiny_llava, "llava")
 
 
-def read_json(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
 
 
 

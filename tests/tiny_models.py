@@ -2,7 +2,7 @@
 
 from nemo_convert.examples import LLAMA_DEFAULTS, corpus, make_tiny_llama, randomize_, write_sentencepiece
 
-__all__ = ["LLAMA_DEFAULTS", "corpus", "hf_tensors", "make_tiny_llama", "randomize_", "write_sentencepiece"]
+__all__ = ["LLAMA_DEFAULTS", "corpus", "hf_tensors", "read_json", "make_tiny_llama", "randomize_", "write_sentencepiece"]
 
 
 def hf_tensors(folder: str) -> dict:
@@ -14,3 +14,10 @@ def hf_tensors(folder: str) -> dict:
         return {k: src.load(k).clone() for k in src.keys()}
     finally:
         src.close()
+
+
+def read_json(path: str) -> dict:
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
