@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nemo_convert.cli.common import common_flags, finite_flag, report
+from nemo_convert.cli.common import common_flags, finite_flag, output_flags, report
 from nemo_convert.cli.progress import make_progress
 
 
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "one model_weights.ckpt (legacy)")
     add_parallel_flags(p)
     p.add_argument("--unpacked", action="store_true", help="write the unpacked folder form instead of a tar")
-    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    output_flags(p)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a family-specific import option (repeatable), e.g. embed_vision_tower=true "
                         "for LLaVA; see docs/families/")
@@ -30,8 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "full HF checkpoint). Same as --option embed_vision_tower=true")
     p.add_argument("--allow-unmapped", action="append", default=[], metavar="GLOB",
                    help="drop source tensors matching GLOB instead of failing (repeatable)")
-    p.add_argument("--trust-pickle", action="store_true",
-                   help="allow arbitrary code in pickled .bin files (DANGEROUS; only for files you trust)")
     finite_flag(p)
     common_flags(p)
     p.set_defaults(func=run_import)
@@ -44,9 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--family", help="model family (default: from the .nemo config)")
     e.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating tensors (default: keep)")
     e.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
-    e.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
-    e.add_argument("--trust-pickle", action="store_true",
-                   help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
+    output_flags(e)
     finite_flag(e)
     common_flags(e)
     e.set_defaults(func=run_export)

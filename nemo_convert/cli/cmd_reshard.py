@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from nemo_convert.cli.cmd_convert import _warn_trust, add_parallel_flags, parallelism
-from nemo_convert.cli.common import common_flags, finite_flag, report
+from nemo_convert.cli.common import common_flags, finite_flag, output_flags, report
 from nemo_convert.cli.progress import make_progress
 
 
@@ -20,9 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--layout", choices=["dist", "legacy"], help="weights layout (default: the input's)")
     p.add_argument("--family", help="model family (default: from the config)")
     p.add_argument("--unpacked", action="store_true", help="write the unpacked folder form instead of a tar")
-    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
-    p.add_argument("--trust-pickle", action="store_true",
-                   help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
+    output_flags(p)
     finite_flag(p)
     common_flags(p)
     p.set_defaults(func=run)

@@ -17,6 +17,13 @@ def common_flags(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
         p.add_argument("--json", action="store_true", help="print a machine-readable JSON result on stdout")
 
 
+def output_flags(p: argparse.ArgumentParser) -> None:
+    """``--overwrite`` and ``--trust-pickle``, shared by the converting commands."""
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
+
+
 def finite_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-finite", action="store_true",
                    help="count NaN/Inf values in every written tensor and report the tensors that have any")
