@@ -517,7 +517,6 @@ def test_metadata_pickle_is_byte_identical_to_torchs() -> None:
     from nemo_convert.errors import ShapeError
     from nemo_convert.formats import distckpt as d
     from nemo_convert.formats.dcp_pickle import metadata_bytes
-    from nemo_convert.formats.distckpt_meta import build_metadata
 
     assert d.DCP_VERSION == getattr(dcp_fs, "CURRENT_DCP_VERSION", d.DCP_VERSION)
     rec = d.DistRecords(
@@ -530,4 +529,72 @@ def test_metadata_pickle_is_byte_identical_to_torchs() -> None:
         objects=[d.ObjectRecord("x._extra_state/shard_0_2", "__2_0.distcp", 0, 5),
                  d.ObjectRecord("x._extra_state/shard_1_2", "__2_0.distcp", 64, 5)])
     tensors, objects = d.metadata_entries(rec, ShapeError)
-    assert metadata_bytes(tensors, objects, d.DCP_VERSION) == pickle.dumps(build_metadata(rec, ShapeError))
+    assert metadata_bytes(tensors, objects, d.DCP_VERSION) == pickle.dumps(torch_metadata(rec))
+
+
+def torch_metadata(records: Any) -> Any:
+    """torch's own ``Metadata`` for ``records`` (the reference our stand-in pickle must equal)."""
+    from torch.distributed.checkpoint import filesystem as dcp_fs
+    from torch.distributed.checkpoint import metadata as md
+
+    from nemo_convert.formats import distckpt as d
+
+    tensors, objects = d.metadata_entries(records, ShapeError)
+    state: dict[str, Any] = {}
+    storage: dict[Any, Any] = {}
+    for key, shape, dtype, chunks in tensors:
+        state[key] = md.TensorStorageMetadata(
+            properties=md.TensorProperties(dtype=dtype), size=torch.Size(shape),
+            chunks=[md.ChunkStorageMetadata(offsets=torch.Size(off), sizes=torch.Size(siz))
+                    for off, siz, _, _, _ in chunks])
+        for i, (off, _, path, offset, length) in enumerate(chunks):
+            storage[md.MetadataIndex(key, off, i)] = dcp_fs._StorageInfo(path, offset, length)
+    for key, path, offset, length in objects:
+        state[key] = md.BytesStorageMetadata()
+        storage[md.MetadataIndex(key)] = dcp_fs._StorageInfo(path, offset, length)
+    return md.Metadata(state_dict_metadata=state, planner_data={k: (k,) for k in state},
+                       storage_data=storage, storage_meta=None, version=d.DCP_VERSION)
+
+
+def test_reading_a_dist_nemo_never_imports_torch_distributed_checkpoint(tmp_path: Any) -> None:
+    """torch.distributed.checkpoint costs ~0.9 s to import; reading .metadata uses stand-ins."""
+    import subprocess
+    import sys
+
+    from nemo_convert import api
+    from nemo_convert.examples import make_tiny_llama
+
+    make_tiny_llama(str(tmp_path / "hf"), num_hidden_layers=2)
+    api.import_hf(str(tmp_path / "hf"), str(tmp_path / "m.nemo"))
+    code = ("import sys; from nemo_convert import api; "
+            f"api.reshard({str(tmp_path / 'm.nemo')!r}, {str(tmp_path / 'r.nemo')!r}, tp=2); "
+            f"api.export_hf({str(tmp_path / 'r.nemo')!r}, {str(tmp_path / 'back')!r}); "
+            "print(sorted(m for m in sys.modules if m.startswith('torch.distributed.checkpoint')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_metadata_stand_ins_read_torchs_own_pickle() -> None:
+    """A pickle of torch's real Metadata (incl. StorageMeta and a save plan) reads into the
+    stand-ins with the same fields; MetadataIndex keys compare on (fqn, offset) only."""
+    from torch.distributed.checkpoint import metadata as md
+    from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+
+    from nemo_convert.formats import distckpt as d
+    from nemo_convert.formats.distckpt_meta import MetadataIndex, load_metadata
+
+    rec = d.DistRecords(tensors={"a": ((2, 3), torch.bfloat16)},
+                        chunks=[d.ChunkRecord("a", (1, 0), (1, 3), "__0_0.distcp", 64, 10),
+                                d.ChunkRecord("a", (0, 0), (1, 3), "__0_0.distcp", 0, 10)],
+                        objects=[d.ObjectRecord("x._extra_state", "__1_0.distcp", 0, 5)])
+    real = torch_metadata(rec)
+    real.storage_meta = md.StorageMeta(checkpoint_id="/ckpt", save_id="s")
+    real.all_local_plans = [SavePlan(items=[WriteItem(index=md.MetadataIndex("x"), type=WriteItemType.BYTE_IO)])]
+    got = load_metadata(pickle.dumps(real), ".metadata")
+    assert got.state_dict_metadata["a"].properties.dtype is torch.bfloat16
+    assert [tuple(c.offsets) for c in got.state_dict_metadata["a"].chunks] == [(0, 0), (1, 0)]
+    assert got.storage_data[MetadataIndex("a", (1, 0), index=7)].offset == 64
+    assert got.storage_data[MetadataIndex("x._extra_state")].relative_path == "__1_0.distcp"
+    assert got.storage_data[MetadataIndex("a", [0, 0])].offset == 0
+    assert MetadataIndex("a", (2, 0)) not in got.storage_data
+    assert got.storage_meta.checkpoint_id == "/ckpt"

@@ -44,7 +44,6 @@ from tiny_models import make_tiny_llama
 from nemo_convert import api
 from nemo_convert.errors import ConfigError, InputError, MappingError, NemoConvertError
 from nemo_convert.formats import tar_archive
-from nemo_convert.formats.distckpt import load_metadata
 
 STATE = ("model.embed_tokens.weight", "model.norm.weight")
 
@@ -540,7 +539,7 @@ def test_dcp_metadata_claiming_bytes_past_its_data_file(pristine, tmp_path, out)
     with tarfile.open(pristine["nemo"], "r:") as tf:
         tf.extractall(folder, filter="data")
     md_path = folder / "model_weights" / ".metadata"
-    md = load_metadata(md_path.read_bytes(), ".metadata")
+    md = pickle.loads(md_path.read_bytes())  # trusted here: our own output, torch's classes
     for info in md.storage_data.values():
         info.offset += 10**12
     md_path.write_bytes(pickle.dumps(md))

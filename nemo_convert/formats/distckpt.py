@@ -212,7 +212,6 @@ def metadata_entries(records: DistRecords, error: type[NemoConvertError]
 
 
 _LAZY = {
-    "build_metadata": "nemo_convert.formats.distckpt_meta",
     "load_metadata": "nemo_convert.formats.distckpt_meta",
     "DistCheckpointWriter": "nemo_convert.formats.distckpt_write",
     "write_dist_metadata": "nemo_convert.formats.distckpt_write",

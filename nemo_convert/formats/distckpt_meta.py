@@ -1,43 +1,123 @@
-"""The parts of the dist-checkpoint support that need ``torch.distributed.checkpoint``
-(slow to import): building torch's ``Metadata`` objects and reading ``.metadata`` safely.
-Writing never needs this module (see :mod:`nemo_convert.formats.dcp_pickle`)."""
+"""Reading a DCP ``.metadata`` pickle safely, without importing ``torch.distributed.checkpoint``.
+
+That package costs ~0.9 s to import (it pulls in the compiler stack) — more than a third
+of resharding a 1.5 GB model. The pickle only *names* torch's dataclasses, so an
+allow-listing unpickler resolves those names to the small stand-ins below, which hold
+the same fields. Nothing else can be constructed. Writing has its own stand-ins
+(:mod:`nemo_convert.formats.dcp_pickle`).
+"""
 
 from __future__ import annotations
 
 import collections
 import io
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import filesystem as _dcp_fs
-from torch.distributed.checkpoint import metadata as _dcp_md
-from torch.distributed.checkpoint import planner as _dcp_planner
 
-from nemo_convert.errors import InputError, NemoConvertError, UnsafePickleError
-from nemo_convert.formats.distckpt import DCP_VERSION, DistRecords, metadata_entries
+from nemo_convert.errors import InputError, UnsafePickleError
 
 
-def build_metadata(records: DistRecords, error: type[NemoConvertError]) -> Any:
-    """torch's ``Metadata`` for merged records (tests compare our pickle against it)."""
-    tensors, objects = metadata_entries(records, error)
-    state_dict_md: dict[str, Any] = {}
-    storage: dict[Any, Any] = {}
-    for key, shape, dtype, chunks in tensors:
-        state_dict_md[key] = _dcp_md.TensorStorageMetadata(
-            properties=_dcp_md.TensorProperties(dtype=dtype), size=torch.Size(shape),
-            chunks=[_dcp_md.ChunkStorageMetadata(offsets=torch.Size(off), sizes=torch.Size(siz))
-                    for off, siz, _, _, _ in chunks])
-        for i, (off, _, path, offset, length) in enumerate(chunks):
-            storage[_dcp_md.MetadataIndex(key, off, i)] = _dcp_fs._StorageInfo(path, offset, length)
-    for key, path, offset, length in objects:
-        state_dict_md[key] = _dcp_md.BytesStorageMetadata()
-        storage[_dcp_md.MetadataIndex(key)] = _dcp_fs._StorageInfo(path, offset, length)
-    return _dcp_md.Metadata(state_dict_metadata=state_dict_md, planner_data={k: (k,) for k in state_dict_md},
-                            storage_data=storage, storage_meta=None, version=DCP_VERSION)
+class DcpRecord:
+    """One of torch's DCP dataclasses, as its pickled fields (``NEWOBJ`` + ``BUILD``)."""
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2:  # (dict state, slot state)
+            state = {**(state[0] or {}), **(state[1] or {})}
+        if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+            raise UnsafePickleError(f"unexpected pickled state for {type(self).__name__}")
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        return f"{type(self).__name__}({fields})"
 
 
-# --------------------------------------------------------------------------- reading
+class Metadata(DcpRecord):
+    state_dict_metadata: Any = None
+    planner_data: Any = None
+    storage_data: Any = None
+    storage_meta: Any = None
+    version: Any = None
+
+
+class TensorStorageMetadata(DcpRecord):
+    properties: Any = None
+    size: Any = None
+    chunks: Any = None
+
+
+class ChunkStorageMetadata(DcpRecord):
+    offsets: Any = None
+    sizes: Any = None
+
+
+class BytesStorageMetadata(DcpRecord):
+    pass
+
+
+class StorageInfo(DcpRecord):
+    """torch's ``filesystem._StorageInfo``: where one item's bytes are."""
+
+    relative_path: Any = None
+    offset: Any = None
+    length: Any = None
+
+
+class GenericRecord(DcpRecord):
+    """Records we only need to tolerate (``StorageMeta``, save plans, …)."""
+
+
+class TensorProperties(DcpRecord):
+    """Pickled as a tuple ``(dtype, layout, requires_grad, memory format code, pin_memory)``."""
+
+    dtype: Any = None
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, tuple) or len(state) != 5:
+            raise UnsafePickleError("unexpected pickled state for TensorProperties")
+        self.dtype, self.layout, self.requires_grad, self.memory_format, self.pin_memory = state
+
+
+class EnumMember:
+    """A member of one of torch's DCP enums, rebuilt as ``Enum(value)``."""
+
+    def __init__(self, value: Any) -> None:
+        if not isinstance(value, (int, str)) or isinstance(value, bool):
+            raise UnsafePickleError("unexpected enum value in the .metadata pickle")
+        self.value = value
+
+
+class MetadataIndex:
+    """torch's ``MetadataIndex``: equal and hashed on ``(fqn, offset)`` like the original
+    (``index`` is only a search hint), so it looks up ``storage_data`` keys."""
+
+    fqn: Any = None
+    offset: Any = None
+    index: Any = None
+
+    def __init__(self, fqn: str, offset: Sequence[int] | None = None, index: int | None = None) -> None:
+        self.fqn, self.index = fqn, index
+        self.offset = None if offset is None else torch.Size(offset)
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, dict) or not set(state) <= {"fqn", "offset", "index"}:
+            raise UnsafePickleError("unexpected pickled state for MetadataIndex")
+        self.__dict__.update(state)
+
+    def _key(self) -> tuple[Any, Any]:
+        return self.fqn, None if self.offset is None else tuple(self.offset)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MetadataIndex) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"MetadataIndex(fqn={self.fqn!r}, offset={self.offset!r}, index={self.index!r})"
 
 
 def _pure_posix(*parts: str) -> str:
@@ -52,23 +132,33 @@ def _pure_windows(*parts: str) -> str:
     return str(pathlib.PureWindowsPath(*parts))
 
 
+def _enum(name: str) -> type[EnumMember]:
+    return type(name, (EnumMember,), {})
+
+
 _MD = "torch.distributed.checkpoint.metadata"
 _OLD_MD = "torch.distributed._shard.sharded_tensor.metadata"
+_FS = "torch.distributed.checkpoint.filesystem"
 _PLANNER = "torch.distributed.checkpoint.planner"
+_MEM_FORMAT = _enum("_MEM_FORMAT_ENCODING")
 _ALLOWED: dict[tuple[str, str], Any] = {
-    **{(_MD, n): getattr(_dcp_md, n) for n in (
-        "Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
-        "BytesStorageMetadata", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
-       if hasattr(_dcp_md, n)},
+    (_MD, "Metadata"): Metadata,
+    (_MD, "TensorStorageMetadata"): TensorStorageMetadata,
+    (_MD, "ChunkStorageMetadata"): ChunkStorageMetadata,
+    (_MD, "BytesStorageMetadata"): BytesStorageMetadata,
+    (_MD, "MetadataIndex"): MetadataIndex,
+    (_MD, "TensorProperties"): TensorProperties,
+    (_MD, "StorageMeta"): type("StorageMeta", (GenericRecord,), {}),
+    (_MD, "_MEM_FORMAT_ENCODING"): _MEM_FORMAT,
     # torch < 2.2 pickled TensorProperties from its old home; the state is the same.
-    (_OLD_MD, "TensorProperties"): _dcp_md.TensorProperties,
-    (_OLD_MD, "MEM_FORMAT_ENCODING"): _dcp_md._MEM_FORMAT_ENCODING,
-    (_OLD_MD, "_MEM_FORMAT_ENCODING"): _dcp_md._MEM_FORMAT_ENCODING,
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _dcp_fs._StorageInfo,
-    ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"): _dcp_fs._StoragePrefix,
+    (_OLD_MD, "TensorProperties"): TensorProperties,
+    (_OLD_MD, "MEM_FORMAT_ENCODING"): _MEM_FORMAT,
+    (_OLD_MD, "_MEM_FORMAT_ENCODING"): _MEM_FORMAT,
+    (_FS, "_StorageInfo"): StorageInfo,
+    (_FS, "_StoragePrefix"): type("_StoragePrefix", (GenericRecord,), {}),
     # Megatron-Core 0.16 also pickles every rank's save plan (``all_local_plans``).
-    **{(_PLANNER, n): getattr(_dcp_planner, n) for n in (
-        "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData") if hasattr(_dcp_planner, n)},
+    **{(_PLANNER, n): type(n, (GenericRecord,), {}) for n in ("SavePlan", "WriteItem", "TensorWriteData")},
+    (_PLANNER, "WriteItemType"): _enum("WriteItemType"),
     ("torch", "Size"): torch.Size,
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
     ("collections", "OrderedDict"): collections.OrderedDict,
@@ -84,7 +174,7 @@ _ALLOWED: dict[tuple[str, str], Any] = {
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Resolves only the globals a DCP ``.metadata`` pickle needs."""
+    """Resolves only the globals a DCP ``.metadata`` pickle needs, to stand-ins."""
 
     def find_class(self, module: str, name: str) -> Any:
         found = _ALLOWED.get((module, name))
@@ -100,7 +190,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise UnsafePickleError("the .metadata pickle holds a persistent id, which is not allowed")
 
 
-def load_metadata(data: bytes, where: str) -> Any:
+def load_metadata(data: bytes, where: str) -> Metadata:
     """Unpickle and sanity-check a DCP ``.metadata`` without running arbitrary code."""
     try:
         md = _MetadataUnpickler(io.BytesIO(data)).load()
@@ -108,28 +198,24 @@ def load_metadata(data: bytes, where: str) -> Any:
         raise
     except Exception as exc:  # truncated / corrupted pickle
         raise InputError(f"{where}: cannot read .metadata ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(md, _dcp_md.Metadata) or not isinstance(getattr(md, "state_dict_metadata", None), dict):
+    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict):
         raise InputError(f"{where}: .metadata is not a torch distributed-checkpoint Metadata")
-    storage = getattr(md, "storage_data", None)
+    storage = md.storage_data
     if not isinstance(storage, dict):
         raise InputError(f"{where}: .metadata has no storage records")
     for index, info in storage.items():
-        if (not isinstance(index, _dcp_md.MetadataIndex) or not isinstance(info, _dcp_fs._StorageInfo)
-                or not isinstance(getattr(index, "fqn", None), str)
-                or not _is_ints(getattr(index, "offset", None), allow_none=True)
-                or not isinstance(getattr(info, "relative_path", None), str)
-                or not _is_ints((getattr(info, "offset", None), getattr(info, "length", None)))):
+        if (not isinstance(index, MetadataIndex) or not isinstance(info, StorageInfo)
+                or not isinstance(index.fqn, str) or not _is_ints(index.offset, allow_none=True)
+                or not isinstance(info.relative_path, str) or not _is_ints((info.offset, info.length))):
             raise InputError(f"{where}: .metadata has a malformed storage record {index!r}")
     for key, item in md.state_dict_metadata.items():
-        if not isinstance(key, str) or not isinstance(
-                item, (_dcp_md.TensorStorageMetadata, _dcp_md.BytesStorageMetadata)):
+        if not isinstance(key, str) or not isinstance(item, (TensorStorageMetadata, BytesStorageMetadata)):
             raise InputError(f"{where}: .metadata has a malformed entry {key!r}")
-        if isinstance(item, _dcp_md.TensorStorageMetadata):
-            props = getattr(item, "properties", None)
-            chunks = getattr(item, "chunks", None)
-            if (not isinstance(getattr(props, "dtype", None), torch.dtype) or not _is_ints(getattr(item, "size", None))
-                    or not isinstance(chunks, list)
-                    or not all(_is_ints(getattr(c, "offsets", None)) and _is_ints(getattr(c, "sizes", None))
+        if isinstance(item, TensorStorageMetadata):
+            props, chunks = item.properties, item.chunks
+            if (not isinstance(props, TensorProperties) or not isinstance(props.dtype, torch.dtype)
+                    or not _is_ints(item.size) or not isinstance(chunks, list)
+                    or not all(isinstance(c, ChunkStorageMetadata) and _is_ints(c.offsets) and _is_ints(c.sizes)
                                for c in chunks)):
                 raise InputError(f"{where}: .metadata has a malformed tensor entry {key!r}")
     return md
@@ -140,5 +226,3 @@ def _is_ints(value: Any, *, allow_none: bool = False) -> bool:
         return allow_none
     return isinstance(value, (tuple, list)) and all(
         isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 for v in value)
-
-

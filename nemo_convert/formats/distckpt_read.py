@@ -24,11 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import metadata as _dcp_md
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.distckpt import DCP_METADATA, METADATA_JSON
-from nemo_convert.formats.distckpt_meta import load_metadata
+from nemo_convert.formats.distckpt_meta import BytesStorageMetadata, MetadataIndex, load_metadata
 from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, dtype_size
 
 _STACKED = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")
@@ -188,8 +187,8 @@ class DistCheckpointSource:
     def _index_storage(self) -> None:
         storage = self.metadata.storage_data
         for key, item in self.metadata.state_dict_metadata.items():
-            if isinstance(item, _dcp_md.BytesStorageMetadata):
-                info = storage.get(_dcp_md.MetadataIndex(key))
+            if isinstance(item, BytesStorageMetadata):
+                info = storage.get(MetadataIndex(key))
                 if info is None:
                     raise InputError(f"{self._where}: .metadata has no storage record for object {key}")
                 self._objects[key] = _Chunk((), (), self._check_path(info.relative_path), info.offset, info.length)
@@ -198,7 +197,7 @@ class DistCheckpointSource:
             chunks = []
             for c in item.chunks:
                 offs, sizes = tuple(int(x) for x in c.offsets), tuple(int(x) for x in c.sizes)
-                info = storage.get(_dcp_md.MetadataIndex(key, offs))
+                info = storage.get(MetadataIndex(key, offs))
                 if info is None:
                     raise InputError(f"{self._where}: .metadata has no storage record for {key} chunk {list(offs)}")
                 if len(offs) != len(shape) or any(o < 0 or o + s > g for o, s, g in zip(offs, sizes, shape)):

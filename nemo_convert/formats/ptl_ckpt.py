@@ -300,8 +300,7 @@ def _open_ranks(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
 
 
 def _open_dist(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
-    from torch.distributed.checkpoint import metadata as dcp_md
-
+    from nemo_convert.formats.distckpt_meta import MetadataIndex
     from nemo_convert.formats.distckpt_read import DistCheckpointSource
 
     root = loc.path
@@ -327,7 +326,7 @@ def _open_dist(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
             section = raw.split(".", 1)[0] if not raw.startswith(prefix) else "model (not weights)"
             _add(dropped, section, Dropped(1, numel * dtype_size(item.properties.dtype)))
         for obj in dist.object_keys:
-            info = dist.metadata.storage_data.get(dcp_md.MetadataIndex(obj))
+            info = dist.metadata.storage_data.get(MetadataIndex(obj))
             size = Dropped(0, int(getattr(info, "length", 0) or 0), 1)
             if EXTRA_STATE in obj:
                 _add(dropped, EXTRA_STATE, size)
