@@ -13,6 +13,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from nemo_convert.cli.cmd_inspect import quiet_result_help
 from nemo_convert.cli.common import common_flags, print_json
 
 
@@ -30,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--atol", type=float, default=0.0,
                    help="absolute tolerance: |a-b| <= atol + rtol*|b| passes (default 0: exact)")
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exact)")
+    p.add_argument("--allow-dtype-change", action="store_true",
+                   help="compare tensors of different floating dtypes by value (both upcast; --atol/--rtol "
+                        "apply) and accept a changed config dtype, instead of counting a dtype change as a "
+                        "difference; the changes are still listed")
     p.add_argument("--family", help="model family of .nemo inputs (default: from their config)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many worst tensors to list (default 10)")
     p.add_argument("--clip-image", metavar="IMG",
@@ -39,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
     common_flags(p)
+    quiet_result_help(p)
     p.set_defaults(func=run)
 
 
@@ -74,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise InputError("--top must be >= 0")
     rep = verify(args.a, args.b, atol=args.atol, rtol=args.rtol, family=args.family,
-                 trust_pickle=args.trust_pickle, clip_image=args.clip_image, texts=args.texts)
+                 trust_pickle=args.trust_pickle, clip_image=args.clip_image, texts=args.texts,
+                 allow_dtype_change=args.allow_dtype_change)
     code = 0 if rep.ok else 1
     if args.json:
         print_json(rep.as_dict())
@@ -86,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     con.print(f"A: {_side(rep.a)}")
     con.print(f"B: {_side(rep.b)}")
     tol = "exact" if rep.atol == 0 and rep.rtol == 0 else f"atol {rep.atol:g}, rtol {rep.rtol:g}"
+    if rep.allow_dtype_change:
+        tol += ", dtype changes allowed"
     counts = rep.counts()
     con.print(f"[bold]tensors[/]: {len(rep.tensors)} compared ({tol}): "
               + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))

@@ -20,7 +20,13 @@ from nemo_convert.mapping.rules import Tied, condition_holds
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import ModelFamily
 from nemo_convert.verify.configs import diff_config
-from nemo_convert.verify.report import ClipReport, SideInfo, TensorDiff, VerifyReport
+from nemo_convert.verify.report import (
+    ClipReport,
+    ConfigDiff,
+    SideInfo,
+    TensorDiff,
+    VerifyReport,
+)
 from nemo_convert.verify.tensors import HFView, compare_tensors
 from nemo_convert.verify.tokenizers import PROBE_TEXTS, compare_tokenizers
 
@@ -105,14 +111,16 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool)
         raise
 
 
-def _one_sided(name: str, present: _Side, other: _Side, a_present: bool, atol: float, rtol: float) -> TensorDiff:
+def _one_sided(name: str, present: _Side, other: _Side, a_present: bool, atol: float, rtol: float,
+               allow_dtype_change: bool) -> TensorDiff:
     """A tensor only one side has: a tied copy, a non-weight, or really missing."""
     tied_to = present.tied.get(name) or other.tied.get(name)
     if tied_to and tied_to in other.view:
         x, y = present.view.load(name), other.view.load(tied_to)
-        d = compare_tensors(name, x, y, atol=atol, rtol=rtol) if a_present else compare_tensors(
-            name, y, x, atol=atol, rtol=rtol)
-        d.note = (f"tied: {'B' if a_present else 'A'} has no {name}; compared with its {tied_to}")
+        a, b = (x, y) if a_present else (y, x)
+        d = compare_tensors(name, a, b, atol=atol, rtol=rtol, allow_dtype_change=allow_dtype_change)
+        d.note = "; ".join(filter(None, [
+            f"tied: {'B' if a_present else 'A'} has no {name}; compared with its {tied_to}", d.note]))
         return d
     info = present.view.info(name)
     shape, dtype = list(info.shape), str(info.dtype).replace("torch.", "")
@@ -123,6 +131,25 @@ def _one_sided(name: str, present: _Side, other: _Side, a_present: bool, atol: f
     if a_present:
         return TensorDiff(name, status, shape_a=shape, dtype_a=dtype, note=note)
     return TensorDiff(name, status, shape_b=shape, dtype_b=dtype, note=note)
+
+
+def _is_float_dtype_name(v: Any) -> bool:
+    import torch
+
+    d = getattr(torch, v, None) if isinstance(v, str) else None
+    return isinstance(d, torch.dtype) and d.is_floating_point
+
+
+def _dtype_changes(config: list[ConfigDiff]) -> tuple[list[ConfigDiff], list[ConfigDiff]]:
+    """Split config differences into (changes of the ``dtype`` / ``torch_dtype`` key between
+    floating dtypes, the others)."""
+    dtype, other = [], []
+    for c in config:
+        key = c.path.rsplit(".", 1)[-1]
+        is_dtype = (key in ("dtype", "torch_dtype") and c.kind == "changed" and _is_float_dtype_name(c.a)
+                    and _is_float_dtype_name(c.b))
+        (dtype if is_dtype else other).append(c)
+    return dtype, other
 
 
 def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool) -> str:
@@ -138,7 +165,7 @@ def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool) ->
 def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str | None = None,
            registry: Registry | None = None, trust_pickle: bool = False,
            clip_image: str | None = None, texts: Sequence[str] | None = None,
-           probe_texts: Sequence[str] = PROBE_TEXTS) -> VerifyReport:
+           probe_texts: Sequence[str] = PROBE_TEXTS, allow_dtype_change: bool = False) -> VerifyReport:
     """Compare checkpoints ``a`` and ``b`` (HF folders or ``.nemo`` in any layout).
 
     Both sides are brought to HF tensor names (a ``.nemo`` is streamed through its
@@ -148,6 +175,10 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
 
     :param family: the model family of ``.nemo`` sides (default: from their config);
         for an HF side, default: detected from ``config.json`` (none needed).
+    :param allow_dtype_change: compare tensors of different floating dtypes by value
+        (both upcast; then ``atol``/``rtol`` apply) instead of counting the dtype change
+        as a difference, and let the configs' ``dtype``/``torch_dtype`` differ (floating
+        dtypes only). Every change is still listed (in the tensor notes and the report notes).
     :param clip_image: also compute CLIP zero-shot probabilities of ``texts`` for this
         image on both sides (informational; needs ``transformers.CLIPModel``).
     :raises NemoConvertError: bad input (unreadable checkpoint, unknown family, …).
@@ -167,7 +198,7 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
         side_a.ckpt.close()
         raise
     try:
-        rep = VerifyReport(side_a.info, side_b.info, float(atol), float(rtol))
+        rep = VerifyReport(side_a.info, side_b.info, float(atol), float(rtol), allow_dtype_change)
         names_b = set(side_b.view.names())
         for name in side_a.view.names():
             if name in names_b:
@@ -178,14 +209,15 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
                                                   str(ib.dtype).replace("torch.", "")))
                     continue
                 x, y = side_a.view.load(name), side_b.view.load(name)
-                rep.tensors.append(compare_tensors(name, x, y, atol=atol, rtol=rtol))
+                rep.tensors.append(compare_tensors(name, x, y, atol=atol, rtol=rtol,
+                                                   allow_dtype_change=allow_dtype_change))
                 del x, y
             else:
-                rep.tensors.append(_one_sided(name, side_a, side_b, True, atol, rtol))
+                rep.tensors.append(_one_sided(name, side_a, side_b, True, atol, rtol, allow_dtype_change))
         names_a = set(side_a.view.names())
         for name in side_b.view.names():
             if name not in names_a:
-                rep.tensors.append(_one_sided(name, side_b, side_a, False, atol, rtol))
+                rep.tensors.append(_one_sided(name, side_b, side_a, False, atol, rtol, allow_dtype_change))
         side_a.view.release()
         side_b.view.release()
 
@@ -195,6 +227,17 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
             rep.config += diff_config(ga, gb, "generation_config")
         elif (ga is None) != (gb is None):
             rep.notes.append(f"only {'A' if ga is not None else 'B'} has a generation config; not compared")
+        if allow_dtype_change:
+            changed: dict[tuple[str, str], int] = {}
+            for t in rep.tensors:
+                if t.status in ("close", "different") and t.dtype_a and t.dtype_b and t.dtype_a != t.dtype_b:
+                    changed[(t.dtype_a, t.dtype_b)] = changed.get((t.dtype_a, t.dtype_b), 0) + 1
+            for (da, db), n in changed.items():
+                rep.notes.append(f"{n} tensor(s) changed dtype ({da} in A, {db} in B); compared by value "
+                                 "(allow_dtype_change)")
+            dtype_diffs, rep.config = _dtype_changes(rep.config)
+            for c in dtype_diffs:
+                rep.notes.append(f"config {c.path}: {c.a} in A, {c.b} in B (allow_dtype_change)")
         rep.tokenizer = compare_tokenizers(side_a.tokenizer_files, side_b.tokenizer_files, probe_texts)
         for label, s in (("A", side_a), ("B", side_b)):
             if s.dropped:

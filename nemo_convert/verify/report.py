@@ -36,7 +36,8 @@ class TensorDiff:
     """One tensor, by its HF name.
 
     ``status``: ``equal`` (bit-identical), ``close`` (within tolerance, not identical),
-    ``different`` (beyond tolerance), ``shape`` / ``dtype`` (mismatch), ``missing_a`` /
+    ``different`` (beyond tolerance), ``shape`` / ``dtype`` (mismatch; a floating dtype
+    change is ``close`` / ``different`` instead with ``allow_dtype_change``), ``missing_a`` /
     ``missing_b`` (on one side only), ``skipped`` (on one side only, and not a weight:
     the family drops it). ``max_abs`` = max |a − b|, ``max_rel`` = max |a − b| / |b|
     (``inf`` where b = 0 and a ≠ b); ``mismatched`` counts elements with
@@ -130,12 +131,15 @@ class ClipReport:
 class VerifyReport:
     """Everything ``verify`` compared. ``ok`` is true when every tensor matches within
     the tolerance, the HF configs are equal and the tokenizers behave identically. The
-    CLIP probabilities are informational."""
+    CLIP probabilities are informational. With ``allow_dtype_change``, tensors of
+    different floating dtypes are compared by value and a changed config ``dtype`` /
+    ``torch_dtype`` is a note, not a difference."""
 
     a: SideInfo
     b: SideInfo
     atol: float
     rtol: float
+    allow_dtype_change: bool = False
     tensors: list[TensorDiff] = field(default_factory=list)
     config: list[ConfigDiff] = field(default_factory=list)
     tokenizer: TokenizerReport = field(default_factory=TokenizerReport)
@@ -184,6 +188,7 @@ class VerifyReport:
             "b": plain(self.b),
             "atol": self.atol,
             "rtol": self.rtol,
+            "allow_dtype_change": self.allow_dtype_change,
             "counts": self.counts(),
             "tensors": [plain(t) for t in self.tensors],
             "config": [plain(c) for c in self.config],

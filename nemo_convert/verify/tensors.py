@@ -95,9 +95,14 @@ def _unravel(index: int, shape: tuple[int, ...]) -> list[int]:
 
 
 def compare_tensors(name: str, a: torch.Tensor, b: torch.Tensor, *, atol: float = 0.0,
-                    rtol: float = 0.0) -> TensorDiff:
+                    rtol: float = 0.0, allow_dtype_change: bool = False) -> TensorDiff:
     """Compare ``a`` with ``b`` (the reference of ``rtol``) like ``torch.allclose(a, b,
-    atol, rtol, equal_nan=True)``, in float64 chunks."""
+    atol, rtol, equal_nan=True)``, in float64 chunks.
+
+    Different dtypes make the status ``dtype`` (the differences are still computed) —
+    unless ``allow_dtype_change`` and both are floating: then both are compared by value
+    (float64 holds every bf16, fp16 and fp32 value exactly), the status is ``close`` or
+    ``different`` like for one dtype, and ``note`` names the change."""
     diff = TensorDiff(name, "equal", list(a.shape), list(b.shape), _short(a.dtype), _short(b.dtype))
     if tuple(a.shape) != tuple(b.shape):
         diff.status = "shape"
@@ -132,8 +137,11 @@ def compare_tensors(name: str, a: torch.Tensor, b: torch.Tensor, *, atol: float 
     if fa.numel():
         diff.worst_index = _unravel(worst, tuple(a.shape))
         diff.value_a, diff.value_b = float(fa[worst].to(torch.float64)), float(fb[worst].to(torch.float64))
-    if a.dtype != b.dtype:
+    by_value = allow_dtype_change and a.dtype.is_floating_point and b.dtype.is_floating_point
+    if a.dtype != b.dtype and not by_value:
         diff.status = "dtype"
     else:
         diff.status = "different" if bad else "close"
+        if a.dtype != b.dtype:
+            diff.note = f"dtype changed ({_short(a.dtype)} → {_short(b.dtype)}); compared by value"
     return diff
