@@ -10,20 +10,16 @@ Lightning checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import dataclasses
 import io
 import json
 import os
-import sys
 import tarfile
-import types
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
+from pickle_fakes import fake_omegaconf, omegaconf_tree
 
 from nemo_convert import api
 from nemo_convert.convert.common import SECTION
@@ -258,69 +254,6 @@ class RunsCommand:
 
     def __reduce__(self) -> Any:
         return (os.system, (self.command,))
-
-
-@contextlib.contextmanager
-def fake_omegaconf() -> Iterator[dict[str, type]]:
-    """Stand-in classes registered under OmegaConf 2.x's module names, whose pickles have
-    OmegaConf's layout (``_metadata``/``_parent``/``_content``; value nodes ``_val``), so
-    that a checkpoint can hold a "DictConfig" without omegaconf installed."""
-
-    @dataclasses.dataclass
-    class Metadata:
-        ref_type: Any
-        object_type: Any
-        optional: bool
-        key: Any
-        flags: Any = None
-        flags_root: bool = False
-
-    @dataclasses.dataclass
-    class ContainerMetadata(Metadata):
-        key_type: Any = None
-        element_type: Any = None
-
-    class Node:
-        def __init__(self, **state: Any) -> None:
-            self.__dict__.update(state)
-
-    members = {"omegaconf.base": [Metadata, ContainerMetadata],
-               "omegaconf.nodes": [type("AnyNode", (Node,), {})],
-               "omegaconf.dictconfig": [type("DictConfig", (Node,), {})],
-               "omegaconf.listconfig": [type("ListConfig", (Node,), {})]}
-    saved = {name: sys.modules.get(name) for name in ["omegaconf", *members]}
-    classes: dict[str, type] = {}
-    sys.modules["omegaconf"] = types.ModuleType("omegaconf")
-    for module, clss in members.items():
-        mod = types.ModuleType(module)
-        for cls in clss:
-            cls.__module__, cls.__qualname__ = module, cls.__name__
-            setattr(mod, cls.__name__, cls)
-            classes[cls.__name__] = cls
-        sys.modules[module] = mod
-    try:
-        yield classes
-    finally:
-        for name, mod in saved.items():
-            if mod is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = mod
-
-
-def omegaconf_tree(classes: dict[str, type], value: Any, parent: Any = None, key: Any = None) -> Any:
-    """``value`` as OmegaConf lays out ``OmegaConf.create(value)`` (untyped: AnyNode leaves)."""
-    if isinstance(value, (dict, list)):
-        kind = "DictConfig" if isinstance(value, dict) else "ListConfig"
-        meta = classes["ContainerMetadata"](ref_type=Any, object_type=dict if kind == "DictConfig" else list,
-                                            optional=True, key=key, flags={}, key_type=Any, element_type=Any)
-        node = classes[kind](_metadata=meta, _parent=parent, _content=None)
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        content = {k: omegaconf_tree(classes, v, node, k) for k, v in items}
-        node._content = content if isinstance(value, dict) else list(content.values())
-        return node
-    meta = classes["Metadata"](ref_type=Any, object_type=None, optional=True, key=key, flags={})
-    return classes["AnyNode"](_metadata=meta, _parent=parent, _val=value)
 
 
 __all__ = ["CKPT_NAME", "GEOM", "RunsCommand", "build_module", "fake_omegaconf", "lightning_common",

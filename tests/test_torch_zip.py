@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import collections
-import dataclasses
 import fractions
 import gc
 import os
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pickle_fakes import NONE_DICT, fake_omegaconf, omegaconf_tree
 
 from nemo_convert.errors import InputError, UnsafePickleError
 from nemo_convert.tensors.base import ByteRegion, TensorSource
@@ -315,85 +315,15 @@ def test_build_cannot_alter_allow_listed_objects() -> None:
 
 
 # ------------------------------------------------------------ configs as plain data
-def _install_fake_omegaconf(monkeypatch: Any) -> dict[str, Any]:
-    """Classes whose pickled state has OmegaConf 2.x's layout (``_metadata``,
-    ``_parent``, ``_content`` / ``_val``), registered under OmegaConf's module names."""
-
-    @dataclasses.dataclass
-    class Metadata:
-        ref_type: Any
-        object_type: Any
-        optional: bool
-        key: Any
-        flags: Any = None
-        flags_root: bool = False
-        resolver_cache: Any = dataclasses.field(
-            default_factory=lambda: collections.defaultdict(dict))
-
-    @dataclasses.dataclass
-    class ContainerMetadata(Metadata):
-        key_type: Any = None
-        element_type: Any = None
-
-    class Node:
-        def __init__(self, parent: Any, metadata: Any, **fields: Any) -> None:
-            self.__dict__.update(_metadata=metadata, _parent=parent, _flags_cache=None, **fields)
-
-        def __getstate__(self) -> dict[str, Any]:
-            state = dict(self.__dict__)
-            del state["_flags_cache"]
-            return state
-
-    classes: dict[str, Any] = {"omegaconf.base": [Metadata, ContainerMetadata]}
-    nodes = [type(n, (Node,), {}) for n in ("AnyNode", "StringNode", "IntegerNode",
-                                              "FloatNode", "BooleanNode")]
-    classes["omegaconf.nodes"] = nodes
-    classes["omegaconf.dictconfig"] = [type("DictConfig", (Node,), {})]
-    classes["omegaconf.listconfig"] = [type("ListConfig", (Node,), {})]
-    out = {}
-    monkeypatch.setitem(sys.modules, "omegaconf", types.ModuleType("omegaconf"))
-    for module, members in classes.items():
-        mod = types.ModuleType(module)
-        for cls in members:
-            cls.__module__, cls.__qualname__ = module, cls.__name__
-            setattr(mod, cls.__name__, cls)
-            out[cls.__name__] = cls
-        monkeypatch.setitem(sys.modules, module, mod)
-    return out
-
-
-def _fake_config(c: dict[str, Any], value: Any, parent: Any = None, key: Any = None) -> Any:
-    """Build a fake OmegaConf tree for ``value`` the way OmegaConf lays it out."""
-    typing_any = Any
-    if isinstance(value, (dict, list)) or value is None and key == "none_dict":
-        kind = "DictConfig" if not isinstance(value, list) else "ListConfig"
-        meta = c["ContainerMetadata"](ref_type=typing_any, object_type=dict if kind == "DictConfig"
-                                      else list, optional=True, key=key, flags={},
-                                      key_type=typing_any, element_type=typing_any)
-        node = c[kind](parent, meta, _content=None)
-        if isinstance(value, dict):
-            node._content = {k: _fake_config(c, v, node, k) for k, v in value.items()}
-        elif isinstance(value, list):
-            node._content = [_fake_config(c, v, node, i) for i, v in enumerate(value)]
-        return node
-    kind = {str: "StringNode", int: "IntegerNode", float: "FloatNode", bool: "BooleanNode"}.get(
-        type(value), "AnyNode")
-    if isinstance(value, str) and value.startswith(("${", "???")):
-        kind = "AnyNode"
-    meta = c["Metadata"](ref_type=typing_any, object_type=None, optional=True, key=key, flags={})
-    return c[kind](parent, meta, _val=value)
-
-
-def test_omegaconf_configs_become_plain_dicts(tmp_path: Any, monkeypatch: Any) -> None:
-    plain = {"model": {"hidden": 64, "lr": 1.5e-4, "bf16": True, "name": "gpt",
-                       "layers": [1, {"x": None}], "tok": {"model": "${model.name}"},
-                       "missing": "???"}, "none_dict": None}
-    classes = _install_fake_omegaconf(monkeypatch)
-    cfg = _fake_config(classes, plain)
-    ckpt = {"state_dict": {"w": torch.ones(2)}, "hyper_parameters": {"cfg": cfg},
-            "hparams_type": classes["DictConfig"]}
-    path = _save(ckpt, tmp_path / "omega.ckpt")
-    monkeypatch.undo()
+def test_omegaconf_configs_become_plain_dicts(tmp_path: Any) -> None:
+    model = {"hidden": 64, "lr": 1.5e-4, "bf16": True, "name": "gpt", "layers": [1, {"x": None}],
+             "tok": {"model": "${model.name}"}, "missing": "???"}
+    plain = {"model": model, "none_dict": None}
+    with fake_omegaconf() as classes:
+        cfg = omegaconf_tree(classes, {"model": model, "none_dict": NONE_DICT}, typed=True)
+        ckpt = {"state_dict": {"w": torch.ones(2)}, "hyper_parameters": {"cfg": cfg},
+                "hparams_type": classes["DictConfig"]}
+        path = _save(ckpt, tmp_path / "omega.ckpt")
     assert "omegaconf" not in sys.modules
     src = open_torch_file(path)
     assert src.keys() == ["w"]
