@@ -288,6 +288,12 @@ def test_broken_plugin_does_not_break_the_cli(broken_plugin_installed, fresh_reg
     assert "llama" in {r["name"] for r in data["model_families"]}
 
 
+def test_quiet_silences_the_broken_plugin_warning(broken_plugin_installed, fresh_registry, cli, recwarn):
+    manager._REGISTRY = None
+    assert cli(["plugins", "--json", "-q"]) == 0
+    assert not [w for w in recwarn if issubclass(w.category, PluginLoadWarning)]
+
+
 # --------------------------------------------------------------------------- disable list
 def test_disable_list_blocks_a_plugin(monkeypatch):
     monkeypatch.setenv(DISABLE_ENV, "llama")

@@ -9,6 +9,17 @@ from rich.table import Table
 
 from nemo_convert.cli.common import common_flags, human_bytes, print_json
 
+#: What ``--quiet`` means for the commands whose output is their result (``inspect``,
+#: ``plugins``, ``verify``): the exit code alone answers; ``--json`` still prints.
+QUIET_RESULT_HELP = "print nothing but errors; the exit code is the result (--json still prints its document)"
+
+
+def quiet_result_help(p: argparse.ArgumentParser) -> None:
+    """Give ``--quiet`` (added by ``common_flags``) the help of :data:`QUIET_RESULT_HELP`."""
+    for action in p._actions:
+        if action.dest == "quiet":
+            action.help = QUIET_RESULT_HELP
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("inspect", help="show format, config summary and tensors of a checkpoint",
@@ -19,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled files (DANGEROUS)")
     common_flags(p)
+    quiet_result_help(p)
     p.set_defaults(func=run)
 
 
@@ -28,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     info = api.inspect_checkpoint(args.path, trust_pickle=args.trust_pickle)
     if args.json:
         print_json(info)
+        return 0
+    if args.quiet:  # exit 0: the checkpoint could be read (2, with an error line, when not)
         return 0
     console = Console(soft_wrap=True)
     layout = f" ({info['layout']} layout)" if info["layout"] else ""

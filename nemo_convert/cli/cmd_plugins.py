@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from nemo_convert.cli.cmd_inspect import quiet_result_help
 from nemo_convert.cli.common import common_flags, print_json
 
 
@@ -15,6 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description="List the model families, tokenizer patchers and sharding strategies "
                                    "provided by installed plugins, with the distribution of each.")
     common_flags(p)
+    quiet_result_help(p)
     p.set_defaults(func=run)
 
 
@@ -36,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     data = collect()
     if args.json:
         print_json(data)
+        return 0
+    if args.quiet:  # exit 0: the plugins load (2, with an error line, on a conflict)
         return 0
     console = Console(soft_wrap=True)
     for title, rows in data.items():

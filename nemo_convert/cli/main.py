@@ -1,12 +1,15 @@
 """Entry point: parses the command line and turns errors into one line and an exit code.
 
 Exit codes: 0 success; 2 bad input or a refused operation (one-line message);
-130 interrupted; 1 an unexpected internal error (traceback with ``--debug``).
+130 interrupted; 1 an unexpected internal error (traceback with ``--debug``); 141
+(128 + SIGPIPE, what a shell reports for ``cat``/``grep`` in the same place), silently,
+when the reader of stdout went away (``nemo-convert inspect X | head -1``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import warnings
 import sys
@@ -18,7 +21,11 @@ from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect,
 from nemo_convert.errors import NemoConvertError
 
 #: Commands that split their work across torchrun processes; the others run in process 0.
-PARALLEL_COMMANDS = ("import", "export", "reshard")
+PARALLEL_COMMANDS = ("import", "export", "reshard", "quantize")
+
+#: The exit code when stdout's reader went away: 128 + SIGPIPE, as a shell reports a tool
+#: killed by SIGPIPE (``set -o pipefail`` sees it; ``cmd | head`` does not).
+EXIT_STDOUT_CLOSED = 128 + 13
 
 COMMANDS = (cmd_convert, cmd_reshard, cmd_from_ckpt, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
 
@@ -40,6 +47,34 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
     return f"nemo-convert: warning: {message}\n"
 
 
+def _stdout_reader_gone() -> bool:
+    """Is stdout a pipe or socket whose reading end is closed? (An EPIPE from writing any
+    other file is an error like any other.)"""
+    try:
+        import select
+
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        events = poller.poll(0)
+    except (AttributeError, OSError, ValueError):  # no stdout, no fd (captured), no poll()
+        return False
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in events)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush of what is still
+    buffered cannot fail again ("Exception ignored … BrokenPipeError", exit 120)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -59,9 +94,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command not in PARALLEL_COMMANDS:
                 return 0  # a command that does not split its work runs in process 0 alone
         try:
-            return int(args.func(args) or 0)
+            with warnings.catch_warnings():
+                if getattr(args, "quiet", False):
+                    warnings.simplefilter("ignore")  # --quiet: errors only
+                code = int(args.func(args) or 0)
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+            return code
         finally:
             shutdown(args.workers)
+    except SystemExit as exc:
+        if isinstance(exc.__context__, BrokenPipeError):  # rich's Console.on_broken_pipe: it already
+            return EXIT_STDOUT_CLOSED                      # pointed stdout at /dev/null
+        raise
     except NemoConvertError as exc:
         if debug:
             raise
@@ -73,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("nemo-convert: interrupted; no output was written", file=sys.stderr)
         return 130
     except OSError as exc:
+        if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
+            _discard_stdout()  # like cat or grep: no message when the reader of our output left
+            return EXIT_STDOUT_CLOSED
         if debug:
             raise
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
