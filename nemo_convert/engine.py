@@ -3,7 +3,8 @@
 Memory: at any moment only the inputs and outputs of the task in flight are alive (the
 inputs are memory-mapped views; the outputs are the fused tensors, if any). Outputs go
 to a ``sink(name, tensor)`` callback — a format writer — that writes them out before the
-next task starts.
+next task starts. The engine only ever sees CPU tensors: a conversion that runs transforms
+on a GPU wraps the task functions that compute before streaming (``compute.Compute.place``).
 """
 
 from __future__ import annotations

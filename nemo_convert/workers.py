@@ -10,8 +10,12 @@ by the number of processes, so the output is byte-identical to a one-process run
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from nemo_convert.formats.sink import MemberSink
 
 T = TypeVar("T")
 
@@ -68,6 +72,43 @@ class Workers:
                 return NemoConvertError(f"process {r} failed: {e}")
         return None
 
+    def run_all(self, fn: Callable[[], T], undo: Callable[[T], None] | None = None) -> T:
+        """``fn()`` in every process; if it raised in any, every process raises (the first
+        error, see :meth:`agree`), after ``undo(result)`` where it had succeeded."""
+        error: BaseException | None = None
+        result: Any = None
+        try:
+            result = fn()
+        except Exception as exc:  # shared below so that every process stops
+            error = exc
+        failure = self.agree(error)
+        if failure is not None:
+            if error is None and undo is not None:
+                undo(result)
+            raise failure
+        return result
+
+    def run_on_main(self, fn: Callable[[], T]) -> T:
+        """``fn()`` in process 0 only; its result (pickled, so keep it on the CPU) on
+        every process. If it raised, every process raises."""
+        if self.world == 1:
+            return fn()
+        error: BaseException | None = None
+        result: Any = None
+        if self.is_main:
+            try:
+                result = fn()
+            except Exception as exc:  # shared below so that every process stops
+                error = exc
+        message, result = self.broadcast((None if error is None else f"{type(error).__name__}: {error}", result))
+        if error is not None:
+            raise error
+        if message is not None:
+            from nemo_convert.errors import NemoConvertError
+
+            raise NemoConvertError(f"process 0 failed: {message}")
+        return result
+
 
 SINGLE = Workers()
 
@@ -106,3 +147,73 @@ def split_balanced(sizes: Sequence[int], parts: int) -> list[range]:
             start = i + 1
     bounds.append(range(start, n))
     return [b for b in bounds if len(b)]
+
+
+def write_together(out: str, members: Sequence[str], write_mine: Callable[[MemberSink], T], *,
+                   workers: Workers, overwrite: bool, packed: bool,
+                   head: Callable[[MemberSink], None] | None = None,
+                   tail: Callable[[MemberSink, list[T]], None] | None = None) -> list[T]:
+    """Several processes write one output (a folder, or a tar when ``packed``), atomically.
+
+    1. Process 0 opens the staging entry beside ``out`` (:func:`staged_output`) and shares
+       its path. Parts go into the staging folder itself, or for a tar into a folder
+       ``<staging>.parts`` beside it.
+    2. Every process runs ``write_mine(sink)``, writing the parts it owns as files there.
+    3. Process 0 writes ``head(sink)``, then (tar) copies ``members`` (every part, in
+       archive order) into the tar, deleting each, then ``tail(sink, results)``.
+    4. Process 0 renames the output into place.
+
+    A failure in any step of any process is shared (:meth:`Workers.agree`): every process
+    raises, the staging entry and the parts folder are removed (before any process
+    returns), nothing is installed.
+    Returns every process's ``write_mine`` result, in process order.
+    """
+    import contextlib
+    import shutil
+
+    from nemo_convert.formats.sink import DirectorySink
+    from nemo_convert.formats.staging import staged_output
+    from nemo_convert.formats.tar_writer import TarWriter
+
+    done = False
+    error: BaseException | None = None
+    try:
+        with contextlib.ExitStack() as stack:
+            def open_stage() -> str | None:
+                if not workers.is_main:
+                    return None
+                stage = stack.enter_context(staged_output(out, overwrite=overwrite, is_dir=not packed))
+                if packed:
+                    os.mkdir(stage + ".parts")
+                    stack.callback(shutil.rmtree, stage + ".parts", True)
+                return stage
+
+            stage = workers.broadcast(workers.run_all(open_stage))
+            assert stage is not None
+            parts_dir = stage + ".parts" if packed else stage
+            results = workers.gather(workers.run_all(lambda: write_mine(DirectorySink(parts_dir))))
+
+            def finish() -> None:
+                if not workers.is_main:
+                    return
+                with (TarWriter(stage) if packed else contextlib.nullcontext(DirectorySink(stage))) as final:
+                    if head is not None:
+                        head(final)
+                    for name in members if packed else ():
+                        path = os.path.join(parts_dir, *name.split("/"))
+                        final.add_file(name, path)
+                        os.unlink(path)
+                    if tail is not None:
+                        tail(final, results)
+
+            workers.run_all(finish)
+            done = True
+    except Exception as exc:
+        if not done:  # already shared: every process raised at the same step. Leave together,
+            workers.barrier()  # once process 0 has removed the staging (torchrun stops the
+            raise              # others as soon as one process exits)
+        error = exc  # installing failed (process 0)
+    failure = workers.agree(error)
+    if failure is not None:
+        raise failure
+    return results

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nemo_convert.cli.common import common_flags, finite_flag, output_flags, report
+from nemo_convert.cli.common import common_flags, device_flag, finite_flag, output_flags, report
 from nemo_convert.cli.progress import make_progress
 
 
@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--allow-unmapped", action="append", default=[], metavar="GLOB",
                    help="drop source tensors matching GLOB instead of failing (repeatable)")
     finite_flag(p)
+    device_flag(p)
     common_flags(p)
     p.set_defaults(func=run_import)
 
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
     output_flags(e)
     finite_flag(e)
+    device_flag(e, what="the dtype casts (an export's splits are views and stay on the CPU)")
     common_flags(e)
     e.set_defaults(func=run_export)
 
@@ -119,7 +121,7 @@ def run_import(args: argparse.Namespace) -> int:
                         overwrite=args.overwrite, packed=not args.unpacked, progress=make_progress(args),
                         allow_unmapped=tuple(args.allow_unmapped), trust_pickle=args.trust_pickle,
                         parallel=parallelism(args), check_finite=args.check_finite,
-                        options=parse_options(args) or None, workers=args.workers)
+                        options=parse_options(args) or None, device=args.device, workers=args.workers)
     report(args, rep, "wrote")
     return 0
 
@@ -130,6 +132,7 @@ def run_export(args: argparse.Namespace) -> int:
     _warn_trust(args)
     rep = api.export_hf(args.src, args.output, dtype=args.dtype, overwrite=args.overwrite, family=args.family,
                         max_shard_bytes=parse_size(args.max_shard_size), progress=make_progress(args),
-                        trust_pickle=args.trust_pickle, check_finite=args.check_finite, workers=args.workers)
+                        trust_pickle=args.trust_pickle, check_finite=args.check_finite, device=args.device,
+                        workers=args.workers)
     report(args, rep, "wrote")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nemo_convert.cli.common import common_flags, human_bytes, print_json, warn
+from nemo_convert.cli.common import common_flags, device_flag, human_bytes, print_json, warn
 from nemo_convert.cli.progress import make_progress
 
 ALGOS = ("none", "int8_wo", "int4_wo", "fp8", "int4_awq")
@@ -36,8 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],
                    help="checkpoint dtype (default: the source's; quantized algorithms need bf16 or fp16)")
     p.add_argument("--compress", action="store_true", help="write a plain tar instead of a folder")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="where calibration and the quantization math run (default cpu)")
+    device_flag(p, what="calibration and the quantization math")
     p.add_argument("--family", help="model family (default: detected)")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     p.add_argument("--trust-pickle", action="store_true",
@@ -50,14 +49,19 @@ def run_quantize(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from nemo_convert.qnemo import quantize
+    from nemo_convert.workers import SINGLE
 
+    workers = getattr(args, "workers", None) or SINGLE
     if args.trust_pickle:
         warn(args, "--trust-pickle: pickled files may now run arbitrary code on this machine")
     rep = quantize(args.src, args.output, algo=args.algo, tp=args.tp, pp=args.pp, calib_data=args.calib_data,
                    calib_size=args.calib_size, calib_seq_len=args.calib_seq_len,
                    calib_batch_size=args.calib_batch_size, kv_cache=args.kv_cache, compress=args.compress,
                    device=args.device, overwrite=args.overwrite, group_size=args.group_size, dtype=args.dtype,
-                   family=args.family, progress=make_progress(args), trust_pickle=args.trust_pickle)
+                   family=args.family, progress=make_progress(args), trust_pickle=args.trust_pickle,
+                   workers=workers)
+    if not workers.is_main:
+        return 0  # process 0 reports for all
     for w in rep.warnings:
         warn(args, w)
     if args.json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from nemo_convert.cli.cmd_convert import _warn_trust, add_parallel_flags, parallelism
-from nemo_convert.cli.common import common_flags, finite_flag, output_flags, report
+from nemo_convert.cli.common import common_flags, device_flag, finite_flag, output_flags, report
 from nemo_convert.cli.progress import make_progress
 
 
@@ -22,6 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--unpacked", action="store_true", help="write the unpacked folder form instead of a tar")
     output_flags(p)
     finite_flag(p)
+    device_flag(p, what="the TP splits that build new tensors (gated fc1, vocabulary padding; a reshard's "
+                        "copies stay on the CPU)")
     common_flags(p)
     p.set_defaults(func=run)
 
@@ -34,6 +36,6 @@ def run(args: argparse.Namespace) -> int:
     rep = api.reshard(args.src, args.output, tp=par.tp, pp=par.pp, stage_layers=par.stage_layers,
                       layout=args.layout, overwrite=args.overwrite, packed=not args.unpacked, family=args.family,
                       progress=make_progress(args), trust_pickle=args.trust_pickle,
-                      check_finite=args.check_finite, workers=args.workers)
+                      check_finite=args.check_finite, device=args.device, workers=args.workers)
     report(args, rep, "wrote")
     return 0

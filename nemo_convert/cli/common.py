@@ -24,6 +24,15 @@ def output_flags(p: argparse.ArgumentParser) -> None:
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
 
 
+def device_flag(p: argparse.ArgumentParser, *, what: str = "the transforms that build new tensors (fuses, "
+                "TP splits, dtype casts; renames and slices stay on the CPU)") -> None:
+    """``--device``: where ``what`` run. Checked by :func:`nemo_convert.compute.resolve_device`
+    when the command starts (importing it here would load torch for ``--help``)."""
+    p.add_argument("--device", default="cpu", metavar="{cpu,cuda,cuda:N,auto}",
+                   help=f"where {what} run: cpu (default), cuda (under torchrun: cuda:LOCAL_RANK), cuda:N, "
+                        "or auto (cuda when available, else cpu)")
+
+
 def finite_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-finite", action="store_true",
                    help="count NaN/Inf values in every written tensor and report the tensors that have any")

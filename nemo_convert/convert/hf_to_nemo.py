@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from nemo_convert import __version__
+from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, registry_or_default
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.dtypes import parse_dtype
@@ -94,7 +95,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
               progress: Progress | None = None, registry: Registry | None = None,
               allow_unmapped: tuple[str, ...] = (), trust_pickle: bool = False,
               options: dict[str, Any] | None = None, parallel: Parallelism | None = None,
-              check_finite: bool = False,
+              check_finite: bool = False, device: DeviceOption = "cpu",
               workers: Workers = SINGLE) -> ConversionReport:
     """Convert a Hugging Face model folder into a ``.nemo``.
 
@@ -109,7 +110,10 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     :param check_finite: count NaN/Inf in every tensor and report the tensors that have any.
     :param parallel: target tensor/pipeline parallelism (default TP=PP=1). The dist layout
         stores global tensors and records the sizes; the legacy layout writes per-rank files.
+    :param device: where the transforms run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``
+        (see :mod:`nemo_convert.compute`).
     """
+    compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
@@ -144,7 +148,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
         stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds, par=parallel or Parallelism(),
                            overwrite=overwrite, packed=packed, progress=progress, artifacts=artifacts,
                            unstacked=fam.dist_unstacked, workers=workers,
-                           strategies=Strategies.from_registry(reg))
+                           strategies=Strategies.from_registry(reg), compute=compute)
+        notes += compute.notes(plan, ckpt.source)
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout, plan.dropped,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 from typing import Any
 
 import torch
 
+from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import (
     SECTION,
     ConversionReport,
@@ -17,16 +17,17 @@ from nemo_convert.convert.common import (
     registry_or_default,
 )
 from nemo_convert.dtypes import parse_dtype
-from nemo_convert.engine import Progress, apply_dtype, merge_stats, run_plan
-from nemo_convert.formats.hf import HFWeightsWriter, write_json
+from nemo_convert.engine import Progress, RunStats, apply_dtype, merge_stats, run_plan
+from nemo_convert.formats.hf import HFWeightsWriter, json_bytes
 from nemo_convert.formats.nemo import NemoCheckpoint, open_nemo
 from nemo_convert.errors import ConfigError
-from nemo_convert.formats.staging import check_target, refuse_overlap, staged_output
+from nemo_convert.formats.sink import DirectorySink, MemberSink
+from nemo_convert.formats.staging import check_target, refuse_overlap
 from nemo_convert.hf_config import dtype_name_of_precision, set_dtype_name
 from nemo_convert.mapping.planner import Plan, plan_conversion
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import ModelFamily
-from nemo_convert.workers import SINGLE, Workers
+from nemo_convert.workers import SINGLE, Workers, write_together
 
 DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -58,11 +59,13 @@ def hf_config_of(fam: ModelFamily, cfg: dict[str, Any], dtype: torch.dtype | Non
 def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, overwrite: bool = False,
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
               progress: Progress | None = None, registry: Registry | None = None,
-              trust_pickle: bool = False, check_finite: bool = False,
+              trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
               workers: Workers = SINGLE) -> ConversionReport:
     """Convert a ``.nemo`` (any layout) into a Hugging Face folder that ``transformers``
     loads with no missing or unexpected keys. With several ``workers`` each process
-    writes the safetensors shards it owns."""
+    writes the safetensors shards it owns. ``device`` is where the transforms run
+    (:mod:`nemo_convert.compute`): an export's splits are views, so only casts move."""
+    compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
@@ -75,33 +78,30 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
         plan = plan_conversion(fam.mapping(cfg), cfg, ckpt.source, "to_hf")
         plan.check_finite = check_finite
         warnings = apply_dtype(plan, want)
-        with contextlib.ExitStack() as stack:
-            stage = stack.enter_context(staged_output(out, overwrite=overwrite, is_dir=True)) \
-                if workers.is_main else None
-            stage = workers.broadcast(stage)
-            error: BaseException | None = None
-            try:
-                if workers.is_main:
-                    write_json(os.path.join(stage, "config.json"), hf_cfg)
-                    gen = (cfg.get(SECTION) or {}).get("hf_generation_config")
-                    if gen is not None:
-                        write_json(os.path.join(stage, "generation_config.json"), gen)
-                    for name, data in tokenizer_files(ckpt).items():
-                        with open(os.path.join(stage, name), "wb") as f:
-                            f.write(data)
-                writer = HFWeightsWriter(stage, plan.outputs(), max_shard_bytes=max_shard_bytes,
-                                         owned=workers.owns, write_index=workers.is_main)
-                mine = Plan(plan.direction, [t for t in plan.tasks if any(writer.wants(o) for o in t.outputs)],
-                            plan.dropped, plan.check_finite)
-                stats = run_plan(mine, ckpt.source, writer.write, progress=progress, description="export")
-                writer.close()
-            except Exception as exc:  # shared so that every process stops
-                error = exc
-            failure = workers.agree(error)
-            if failure is not None:
-                raise failure
-            stats = merge_stats(workers.gather(stats), sequential=False)
+        placed = compute.place(plan, ckpt.source)
+
+        def write_mine(sink: DirectorySink) -> RunStats:
+            writer = HFWeightsWriter(sink.root, plan.outputs(), max_shard_bytes=max_shard_bytes,
+                                     owned=workers.owns, write_index=workers.is_main)
+            mine = Plan(plan.direction, [t for t in placed.tasks if any(writer.wants(o) for o in t.outputs)],
+                        plan.dropped, plan.check_finite)
+            stats = run_plan(mine, ckpt.source, writer.write, progress=progress, description="export")
+            writer.close()
+            return stats
+
+        def head(final: MemberSink) -> None:
+            final.add_bytes("config.json", json_bytes(hf_cfg))
+            gen = (cfg.get(SECTION) or {}).get("hf_generation_config")
+            if gen is not None:
+                final.add_bytes("generation_config.json", json_bytes(gen))
+            for name, data in tokenizer_files(ckpt).items():
+                final.add_bytes(name, data)
+
+        stats = merge_stats(write_together(out, [], write_mine, workers=workers, overwrite=overwrite, packed=False,
+                                           head=head), sequential=False)
+        notes = compute.notes(plan, ckpt.source)
     finally:
         ckpt.close()
+        compute.release()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, None, plan.dropped,
-                            warnings + finite_warning(stats.non_finite), non_finite=stats.non_finite)
+                            warnings + finite_warning(stats.non_finite), notes, stats.non_finite)

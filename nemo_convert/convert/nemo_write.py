@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from nemo_convert.compute import CPU, Compute
 from nemo_convert.convert.common import SECTION, dir_sink
 from nemo_convert.engine import NoProgress, Progress, RunStats, merge_stats, run_plan
 from nemo_convert.errors import UnsupportedError
@@ -20,7 +21,7 @@ from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout
 from nemo_convert.sharding.tensor import TensorParallel
 from nemo_convert.tensors.base import TensorSource
-from nemo_convert.workers import SINGLE, Workers, split_balanced
+from nemo_convert.workers import SINGLE, Workers, split_balanced, write_together
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,10 @@ DIST_PART_BYTES = 1 << 30
 
 def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str, Parallel],
                  playout: ParallelLayout, padded: int | None, unstacked: tuple[str, ...] = (),
-                 strategies: Strategies = Strategies()) -> list[WeightPart]:
+                 strategies: Strategies = Strategies(), compute: Compute = CPU) -> list[WeightPart]:
     """The output parts of the weights, defined by the plan alone (never by the number of
-    processes), in archive order."""
+    processes), in archive order. ``plan`` is placed on ``compute``'s device already; the
+    per-rank writer's splits are placed here."""
     infos = plan.outputs()
     if layout == "dist":
         sizes = [t.out_bytes for t in plan.tasks]
@@ -123,12 +125,13 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
         parts.append(WeightPart(f"model_weights/__{len(groups)}_0.distcp", extras, 0))
         return parts
     if playout.tp * playout.pp > 1:
+        splitter = compute.tensor_parallel(strategies.tensor)
         parts = []
         for p, t, folder in playout.rank_dirs():
             def write_rank(sink: MemberSink, progress: Progress | None, p: int = p, t: int = t) -> tuple[RunStats, Any]:
                 return write_rank_file(sink, plan, source, playout, kinds, pp_rank=p, tp_rank=t,
                                        padded_vocab=padded, progress=progress,
-                                       tensor_parallel=strategies.tensor), None
+                                       tensor_parallel=splitter), None
             nbytes = sum(t.out_bytes for t in plan.tasks if any(p in playout.stages_of(o) for o in t.outputs))
             parts.append(WeightPart(f"{folder}/{WEIGHTS}", write_rank, nbytes))
         return parts
@@ -145,13 +148,16 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
                kinds: dict[str, Parallel], par: Parallelism = Parallelism(), overwrite: bool = False,
                packed: bool = True, progress: Progress | None = None,
                artifacts: Sequence[tuple[str, bytes]] = (), workers: Workers = SINGLE,
-               unstacked: tuple[str, ...] = (), strategies: Strategies = Strategies()) -> RunStats:
+               unstacked: tuple[str, ...] = (), strategies: Strategies = Strategies(),
+               compute: Compute = CPU) -> RunStats:
     """Stage and write a complete ``.nemo`` (config, artifacts, weights) at ``out``.
 
     ``cfg`` is completed with the parallel sizes and vocabulary sizes; ``artifacts`` are
     ``(member name, bytes)`` pairs already referenced from ``cfg``. With several
     ``workers`` each process writes the weight parts it owns and process 0 the rest;
-    the result is byte-identical to a one-process run.
+    the result is byte-identical to a one-process run. The transforms that build new
+    tensors run on ``compute``'s device (:mod:`nemo_convert.compute`); the output dtypes
+    of ``plan`` must be final.
     """
     vocab, padded = vocab_sizes(cfg, plan, kinds, par.tp)
     playout = check_geometry(cfg, plan, kinds, par, padded, strategies)
@@ -163,7 +169,8 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
         ours["padded_vocab_size"] = padded
     if par.stage_layers is not None:
         ours["pipeline_stage_layers"] = list(par.stage_layers)
-    parts = weight_parts(layout, plan, source, kinds, playout, padded, unstacked, strategies)
+    parts = weight_parts(layout, compute.place(plan, source), source, kinds, playout, padded, unstacked,
+                         strategies, compute)
     progress = progress or NoProgress()
     mine = [p for i, p in enumerate(parts) if workers.owns(i)]
     progress.start("write", sum(p.nbytes for p in mine), 0)
@@ -173,6 +180,7 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
         return _write_together(out, cfg, parts, layout, overwrite, packed, progress, artifacts, workers)
     finally:
         progress.finish()
+        compute.release()
 
 
 def _write_alone(out: str, cfg: dict[str, Any], parts: list[WeightPart], layout: str, overwrite: bool,
@@ -192,52 +200,23 @@ def _write_together(out: str, cfg: dict[str, Any], parts: list[WeightPart], layo
                     packed: bool, progress: Progress, artifacts: Sequence[tuple[str, bytes]],
                     workers: Workers) -> RunStats:
     """Every process writes its parts as files in a shared staging folder; process 0 then
-    adds the config, artifacts and metadata (and, for a packed ``.nemo``, streams the parts
-    into the tar in archive order, deleting each after it is copied)."""
-    import contextlib
-    import os
-    import shutil
+    adds the artifacts and config, the parts (streamed into the tar in archive order for a
+    packed ``.nemo``) and the dist metadata (:func:`nemo_convert.workers.write_together`)."""
 
-    with contextlib.ExitStack() as stack:
-        stage = None
-        if workers.is_main:
-            stage = stack.enter_context(staged_output(out, overwrite=overwrite, is_dir=not packed))
-        stage = workers.broadcast(stage)
-        parts_dir = stage if not packed else stage + ".parts"
-        if workers.is_main and packed:
-            os.makedirs(parts_dir, exist_ok=True)
-            stack.callback(shutil.rmtree, parts_dir, True)
-        workers.barrier()
-        error: BaseException | None = None
-        results: dict[int, tuple[RunStats, Any]] = {}
-        try:
-            sink = DirectorySink(parts_dir)
-            for i, part in enumerate(parts):
-                if workers.owns(i):
-                    results[i] = part.write(sink, progress)
-        except Exception as exc:  # shared below so that every process stops
-            error = exc
-        all_results = workers.gather({i: r for i, r in results.items()})
-        failure = workers.agree(error)
-        if failure is not None:
-            raise failure
-        merged = {i: r for d in all_results for i, r in d.items()}
-        if workers.is_main:
-            try:
-                with (TarWriter(stage) if packed else contextlib.nullcontext(DirectorySink(stage))) as final:
-                    for name, data in artifacts:
-                        final.add_bytes(name, data)
-                    final.add_bytes(CONFIG_MEMBER, dump_yaml(cfg))
-                    if packed:
-                        for part in parts:
-                            path = os.path.join(parts_dir, *part.member.split("/"))
-                            final.add_file(part.member, path)
-                            os.unlink(path)
-                    if layout == "dist":
-                        finish_dist(final, [merged[i][1] for i in range(len(parts))])
-            except Exception as exc:
-                error = exc
-        failure = workers.agree(error)
-        if failure is not None:
-            raise failure
+    def write_mine(sink: DirectorySink) -> dict[int, tuple[RunStats, Any]]:
+        return {i: part.write(sink, progress) for i, part in enumerate(parts) if workers.owns(i)}
+
+    def head(final: MemberSink) -> None:
+        for name, data in artifacts:
+            final.add_bytes(name, data)
+        final.add_bytes(CONFIG_MEMBER, dump_yaml(cfg))
+
+    def tail(final: MemberSink, results: list[dict[int, tuple[RunStats, Any]]]) -> None:
+        if layout == "dist":
+            merged = {i: r for d in results for i, r in d.items()}
+            finish_dist(final, [merged[i][1] for i in range(len(parts))])
+
+    results = write_together(out, [p.member for p in parts], write_mine, workers=workers, overwrite=overwrite,
+                             packed=packed, head=head, tail=tail)
+    merged = {i: r for d in results for i, r in d.items()}
     return merge_stats([merged[i][0] for i in range(len(parts))], sequential=False)

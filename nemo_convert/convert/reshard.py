@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, kinds_for, registry_or_default
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.engine import Progress
@@ -51,11 +52,15 @@ def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]
 def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None = None,
             stage_layers: tuple[int, ...] | None = None, overwrite: bool = False, packed: bool = True,
             family: str | None = None, progress: Progress | None = None, registry: Registry | None = None,
-            trust_pickle: bool = False, check_finite: bool = False, workers: Workers = SINGLE) -> ConversionReport:
+            trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
+            workers: Workers = SINGLE) -> ConversionReport:
     """Rewrite a ``.nemo`` at another TP×PP and/or weights layout (``dist`` or ``legacy``).
 
     The output is checked to be a complete model of its family before anything is written.
+    ``device`` is where the transforms run (:mod:`nemo_convert.compute`): a reshard's
+    tasks are copies, so only the per-rank writer's splits that build new tensors move.
     """
+    compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
@@ -75,9 +80,10 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
         stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
                            par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
                            progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked, workers=workers,
-                           strategies=Strategies.from_registry(reg))
+                           strategies=Strategies.from_registry(reg), compute=compute)
+        notes = [f"TP={tp} PP={pp}"] + compute.notes(plan, ckpt.source)
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,
-                            warnings=finite_warning(stats.non_finite), notes=[f"TP={tp} PP={pp}"],
+                            warnings=finite_warning(stats.non_finite), notes=notes,
                             non_finite=stats.non_finite)

@@ -159,7 +159,11 @@ class HFWeightsWriter:
                              f"(shards {', '.join(self._names[i] for i in unfinished)})")
 
 
+def json_bytes(obj: Any) -> bytes:
+    """``obj`` as an HF-style JSON file (2-space indent, keys in order, final newline)."""
+    return (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8")
+
+
 def write_json(path: str, obj: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
+    with open(path, "wb") as f:
+        f.write(json_bytes(obj))

@@ -29,7 +29,9 @@ class ModelFamily:
     :param default_layout: ``"dist"`` (Megatron-Core distributed checkpoint) or
         ``"legacy"`` (one ``model_weights.ckpt``), the layout NeMo itself uses.
     :param tokenizer_files: HF tokenizer file names that travel with the model.
-    :param hf_model_class: the ``transformers`` class name used by ``verify`` and tests.
+    :param hf_model_class: the name of the ``transformers`` model class that loads the
+        family's HF checkpoints (default ``AutoModelForCausalLM``); ``quantize`` runs it to
+        calibrate.
     :param trtllm: optional TensorRT-LLM description for ``quantize`` (family specific).
     :param add_tokens: tokens added to the SentencePiece tokenizer on import (NeVA adds
         ``<extra_id_0>`` …); the vocabulary change is reported, embeddings are not resized.

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from nemo_convert.errors import ConfigError, InputError, UnsupportedError
+from nemo_convert.errors import ConfigError, InputError, PluginError
 from nemo_convert.quant.calibrate import (
     KV_MODULES,
     Stats,
@@ -105,22 +105,23 @@ def _batches(ids: torch.Tensor, batch_size: int) -> Iterator[torch.Tensor]:
         yield ids[start:start + batch_size]
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    d = torch.device(device or "cpu")
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise UnsupportedError("--device cuda: no CUDA device is available")
-    if d.type not in ("cpu", "cuda"):
-        raise UnsupportedError(f"--device {d}: use cpu or cuda")
-    return d
+def hf_model_class(name: str) -> Any:
+    """The ``transformers`` class called ``name`` (a family's ``hf_model_class``)."""
+    import transformers
+
+    cls = getattr(transformers, name, None)
+    if not isinstance(cls, type) or not hasattr(cls, "from_pretrained"):
+        raise PluginError(f"hf_model_class {name!r}: transformers {transformers.__version__} has no model "
+                          "class of that name")
+    return cls
 
 
 def calibrate(folder: str, ids: torch.Tensor, modules: Sequence[str], *, dtype: torch.dtype,
               device: torch.device, batch_size: int = 4, max_samples: int = 64,
-              kv_modules: Sequence[str] = KV_MODULES) -> dict[str, Stats]:
-    """Load the HF model in ``folder`` and collect statistics of ``modules`` over ``ids``."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+              kv_modules: Sequence[str] = KV_MODULES, model_class: str = "AutoModelForCausalLM") -> dict[str, Stats]:
+    """Load the HF model in ``folder`` as ``transformers.<model_class>`` (the family's
+    ``hf_model_class``) and collect statistics of ``modules`` over ``ids``."""
+    model = hf_model_class(model_class).from_pretrained(folder, dtype=dtype)
     try:
         model.to(device)
         return collect_activation_stats(model, _batches(ids, max(1, batch_size)), list(modules),

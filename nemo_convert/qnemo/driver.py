@@ -15,23 +15,33 @@ Folder output opens the TP rank files of a stage together, so each tensor is rea
 quantized once and its slices go to every rank. A tar holds one open member at a time, so
 ``compress=True`` writes rank after rank and re-reads (and re-quantizes) each tensor once
 per TP rank; AWQ's search runs once per linear either way.
+
+Several processes (``workers``, torchrun) split the rank files: ``rank{i}.safetensors`` is
+written by process ``i mod world`` (its TP ranks of a stage together, also for a tar),
+calibration runs in process 0 alone and its statistics are broadcast, AWQ's α of each
+linear is searched in one process and shared, and process 0 writes ``config.json``, the
+tokenizer and the tar (:func:`nemo_convert.workers.write_together`). The output is
+byte-identical to a one-process run.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nemo_convert import __version__
+from nemo_convert.compute import resolve_device
 from nemo_convert.convert.common import dir_sink
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
@@ -48,6 +58,7 @@ from nemo_convert.qnemo import calibration as calib
 from nemo_convert.qnemo.plan import (
     ALGOS,
     DTYPE_NAME,
+    Item,
     QuantPlan,
     build_plan,
     slice_for_rank,
@@ -61,7 +72,13 @@ from nemo_convert.qnemo.tokenizer import (
 )
 from nemo_convert.qnemo.writer import RankStream
 from nemo_convert.quant.algorithms import DEFAULT_GROUP_SIZE
+from nemo_convert.quant.calibrate import Stats
 from nemo_convert.quant.trtllm_names import QUANT_ALGO, quantization_section
+from nemo_convert.tensors.base import TensorSource
+from nemo_convert.workers import SINGLE, Workers, write_together
+
+if TYPE_CHECKING:
+    from nemo_convert.convert.checkpoint import Checkpoint
 
 KV_CACHE_CHOICES = ("none", "fp8")
 _NAMED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -137,11 +154,12 @@ def trtllm_config(spec: TrtllmSpec, plan: QuantPlan) -> dict[str, Any]:
 
 
 def _write_ranks(sink: MemberSink, plan: QuantPlan, produce: Producer, *, together: bool,
-                 progress: Progress) -> tuple[int, int]:
+                 progress: Progress, owned: Callable[[int], bool] = lambda rank: True) -> tuple[int, int]:
+    """Write the rank files ``owned`` accepts, one pipeline stage at a time."""
     tensors = nbytes = 0
     for stage in range(plan.pp):
-        ranks = [r for r in plan.ranks if r.pp_rank == stage]
-        groups = [ranks] if together else [[r] for r in ranks]
+        ranks = [r for r in plan.ranks if r.pp_rank == stage and owned(r.rank)]
+        groups = ([ranks] if ranks else []) if together else [[r] for r in ranks]
         for group in groups:
             with ExitStack() as stack:
                 streams = [RankStream(stack.enter_context(sink.open_member(r.name)), r.infos, r.name)
@@ -161,47 +179,49 @@ def _write_ranks(sink: MemberSink, plan: QuantPlan, produce: Producer, *, togeth
     return tensors, nbytes
 
 
-def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_data: str | None = None,
-             calib_size: int = 64, calib_seq_len: int = 512, calib_batch_size: int = 4, kv_cache: str = "none",
-             compress: bool = False, device: str | torch.device = "cpu", overwrite: bool = False,
-             group_size: int = DEFAULT_GROUP_SIZE, dtype: str | torch.dtype | None = None,
-             family: str | None = None, awq_grid: int = 20, progress: Progress | None = None,
-             registry: Registry | None = None, trust_pickle: bool = False) -> QuantizeReport:
-    """Write a TensorRT-LLM checkpoint (``.qnemo``) of ``src`` (a ``.nemo`` or an HF folder).
+@dataclass
+class _Job:
+    """The opened source and the checked plan: what every process knows before writing."""
 
-    :param algo: ``none`` (plain checkpoint in the model dtype), ``int8_wo``, ``int4_wo``,
-        ``fp8`` or ``int4_awq``.
-    :param tp: tensor-parallel size of the TensorRT-LLM checkpoint; ``pp`` pipeline size.
-    :param calib_data: text file, one calibration sample per line (default: the built-in
-        English sample); ``calib_size`` rows of ``calib_seq_len`` tokens are used.
-    :param kv_cache: ``"fp8"`` adds an FP8 KV-cache scale per attention (calibrated).
-    :param compress: write a plain tar instead of a folder.
-    :param device: where calibration and the quantization math run (``cpu`` / ``cuda``).
-    :param group_size: int4 group size (64 or 128).
-    :param dtype: checkpoint dtype (``bf16``/``fp16``/``fp32``); default: the source's.
-    """
-    t0 = time.perf_counter()
-    progress = progress or NoProgress()
-    reg = registry if registry is not None else get_registry()
+    ck: Checkpoint
+    fam: ModelFamily
+    spec: TrtllmSpec
+    source: TensorSource
+    plan: QuantPlan
+    tok_section: dict[str, Any] | None
+    tok_files: dict[str, bytes]
+
+    def close(self) -> None:
+        self.ck.close()
+
+
+def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str | torch.device,
+                   dtype: str | torch.dtype | None, overwrite: bool) -> tuple[torch.device, torch.dtype | None]:
+    """The one-line errors of the options alone; ``(device, dtype)``."""
     if algo not in ALGOS:
         raise UnsupportedError(f"unknown --algo {algo!r}; expected one of {', '.join(ALGOS)}")
     if kv_cache not in KV_CACHE_CHOICES:
         raise UnsupportedError(f"unknown --kv-cache {kv_cache!r}; expected none or fp8")
-    dev = calib.resolve_device(device)
+    dev = resolve_device(device)
     want_dtype = parse_dtype(dtype)
     refuse_overlap(src, out)
     if os.path.lexists(out) and not overwrite:
         raise OutputExistsError(f"{out} exists; pass --overwrite to replace it")
+    return dev, want_dtype
 
+
+def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, algo: str, tp: int,
+                   pp: int, dtype: torch.dtype | None, group_size: int, kv_cache: str) -> _Job:
+    """Open ``src`` lazily (HF names, through the ``to_hf`` plan for a ``.nemo``) and build
+    the checked plan; nothing is written."""
     from nemo_convert.convert.checkpoint import open_checkpoint
 
     ck = open_checkpoint(src, trust_pickle=trust_pickle)
-    tmp: str | None = None
     try:
         if ck.format == "hf":
             fam = reg.family(family) if family else reg.family_for_hf_config(ck.config)
             hf_cfg = ck.config
-            source = ck.source
+            source: TensorSource = ck.source
             tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.tokenizer_files)
         else:
             from nemo_convert.convert.nemo_to_hf import hf_config_of
@@ -214,67 +234,196 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
             tok_section, tok_files = tokenizer_from_nemo(ck.handle, ck.config)
         spec = _trtllm_spec(fam, reg)
         infos = {k: source.info(k) for k in list(source.keys())}
-        mdtype = _model_dtype(hf_cfg, infos, want_dtype)
+        mdtype = _model_dtype(hf_cfg, infos, dtype)
         plan = build_plan(spec, spec.config(copy.deepcopy(hf_cfg)), infos, algo=algo, tp=tp, pp=pp,
                           dtype=mdtype, group_size=group_size, kv_cache_fp8=kv_cache == "fp8")
-        notes: list[str] = []
-        warnings: list[str] = []
-        if tok_section is None:
-            warnings.append("the source has no tokenizer files; the .qnemo has no tokenizer_config.yaml")
-
-        stats: dict[str, Any] = {}
-        calib_info: calib.CalibrationInfo | None = None
-        if plan.needs_calibration:
-            tc = time.perf_counter()
-            texts = calib.read_calibration_texts(calib_data)
-            folder = src
-            if ck.format != "hf":
-                from nemo_convert.convert.nemo_to_hf import export_hf
-
-                parent = os.path.dirname(os.path.abspath(out))
-                os.makedirs(parent, exist_ok=True)
-                tmp = tempfile.mkdtemp(prefix=".nemo-convert-calib-", dir=parent)
-                folder = os.path.join(tmp, "hf")
-                export_hf(src, folder, dtype=mdtype, registry=reg, family=fam.name, trust_pickle=trust_pickle)
-            ids = calib.calibration_tokens(folder, texts, n=calib_size, seq_len=calib_seq_len,
-                                           vocab_size=plan.model_config.get("vocab_size"))
-            kv_mods = () if spec.kv_cache is None else tuple(
-                sorted({spec.kv_cache.k.rsplit(".", 1)[-1], spec.kv_cache.v.rsplit(".", 1)[-1]}))
-            stats = calib.calibrate(folder, ids, plan.calibration_modules(), dtype=mdtype, device=dev,
-                                    batch_size=calib_batch_size, kv_modules=kv_mods,
-                                    max_samples=64 if algo == "int4_awq" else 0)
-            check_stats(plan, stats)
-            calib_info = calib.CalibrationInfo(calib_data or "built-in", int(ids.shape[0]), int(ids.shape[1]),
-                                               int(ids.numel()), str(dev), DTYPE_NAME[mdtype],
-                                               time.perf_counter() - tc)
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp = None
-
-        config = trtllm_config(spec, plan)
-        producer = Producer(plan, source, stats, dev, awq_grid=awq_grid)
-        progress.start("quantize" if algo != "none" else "convert", plan.total_bytes, plan.total_tensors)
-        try:
-            with staged_output(out, overwrite=overwrite, is_dir=not compress) as stage, \
-                    (TarWriter(stage) if compress else dir_sink(stage)) as sink:
-                sink.add_bytes("config.json", (json.dumps(config, indent=2) + "\n").encode("utf-8"))
-                for name in sorted(tok_files):
-                    sink.add_bytes(name, tok_files[name])
-                if tok_section is not None:
-                    sink.add_bytes(TOKENIZER_CONFIG, dump_yaml(tok_section))
-                tensors, nbytes = _write_ranks(sink, plan, producer, together=not compress, progress=progress)
-        finally:
-            progress.finish()
-    finally:
+    except BaseException:
         ck.close()
+        raise
+    return _Job(ck, fam, spec, source, plan, tok_section, tok_files)
+
+
+def _calibrate(job: _Job, src: str, out: str, *, calib_data: str | None, calib_size: int, calib_seq_len: int,
+               calib_batch_size: int, dev: torch.device, reg: Registry,
+               trust_pickle: bool) -> tuple[dict[str, Stats], calib.CalibrationInfo]:
+    """Run the model over the calibration text and check every scale input is there."""
+    plan, spec = job.plan, job.spec
+    tc = time.perf_counter()
+    texts = calib.read_calibration_texts(calib_data)
+    folder, tmp = src, None
+    try:
+        if job.ck.format != "hf":
+            from nemo_convert.convert.nemo_to_hf import export_hf
+
+            parent = os.path.dirname(os.path.abspath(out))
+            os.makedirs(parent, exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=".nemo-convert-calib-", dir=parent)
+            folder = os.path.join(tmp, "hf")
+            export_hf(src, folder, dtype=plan.dtype, registry=reg, family=job.fam.name, trust_pickle=trust_pickle)
+        ids = calib.calibration_tokens(folder, texts, n=calib_size, seq_len=calib_seq_len,
+                                       vocab_size=plan.model_config.get("vocab_size"))
+        kv_mods = () if spec.kv_cache is None else tuple(
+            sorted({spec.kv_cache.k.rsplit(".", 1)[-1], spec.kv_cache.v.rsplit(".", 1)[-1]}))
+        stats = calib.calibrate(folder, ids, plan.calibration_modules(), dtype=plan.dtype, device=dev,
+                                batch_size=calib_batch_size, kv_modules=kv_mods,
+                                max_samples=64 if plan.algo == "int4_awq" else 0,
+                                model_class=job.fam.hf_model_class)
+        check_stats(plan, stats)
+    finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    if compress and tp > 1 and algo != "none":
+    info = calib.CalibrationInfo(calib_data or "built-in", int(ids.shape[0]), int(ids.shape[1]), int(ids.numel()),
+                                 str(dev), DTYPE_NAME[plan.dtype], time.perf_counter() - tc)
+    return stats, info
+
+
+def _stats_on(stats: dict[str, Stats], device: torch.device) -> dict[str, Stats]:
+    def move(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(device)
+
+    return {k: dataclasses.replace(st, input_amax=move(st.input_amax), act_mean=move(st.act_mean),
+                                   samples=move(st.samples), output_amax=move(st.output_amax))
+            for k, st in stats.items()}
+
+
+def _calibrate_once(job: _Job, workers: Workers, dev: torch.device,
+                    **kw: Any) -> tuple[dict[str, Stats], calib.CalibrationInfo | None]:
+    """Calibrate if the plan needs it: in process 0 only, its statistics shared with every
+    process (so every process quantizes with the very same scales)."""
+    if not job.plan.needs_calibration:
+        return {}, None
+    if workers.world == 1:
+        return _calibrate(job, dev=dev, **kw)
+
+    def on_main() -> tuple[dict[str, Stats], calib.CalibrationInfo]:
+        stats, info = _calibrate(job, dev=dev, **kw)
+        return _stats_on(stats, torch.device("cpu")), info
+
+    stats, info = workers.run_on_main(on_main)
+    return _stats_on(stats, dev), info
+
+
+def _awq_items_of(plan: QuantPlan, workers: Workers) -> list[Item]:
+    """The linears whose AWQ α this process searches: those of each stage it writes a rank
+    file of, dealt round robin among the processes writing that stage."""
+    mine: list[Item] = []
+    for stage, items in enumerate(plan.stages):
+        owners = sorted({r.rank % workers.world for r in plan.ranks if r.pp_rank == stage})
+        linears = [it for it in items if it.kind == "linear"]
+        mine.extend(it for j, it in enumerate(linears) if owners[j % len(owners)] == workers.rank)
+    return mine
+
+
+def _share_awq_search(plan: QuantPlan, producer: Producer, workers: Workers, progress: Progress) -> None:
+    """With several processes, AWQ's α of each linear is searched once, in one process, and
+    shared with all of them (a process writing TP ranks of a stage needs every α of it)."""
+    if plan.algo != "int4_awq" or workers.world == 1:
+        return
+    mine = _awq_items_of(plan, workers)
+    sizes = [sum(producer.source.info(n).nbytes for n in it.sources) for it in mine]
+
+    def search() -> dict[str, float]:
+        progress.start("awq search", sum(sizes), len(mine))
+        try:
+            found: dict[str, float] = {}
+            for it, size in zip(mine, sizes):
+                found[it.key] = producer.search_awq(it)
+                progress.advance(size, 1)
+            return found
+        finally:
+            progress.finish()
+
+    for found in workers.gather(workers.run_all(search)):
+        producer.awq_alpha.update(found)
+
+
+def _write_head(sink: MemberSink, config: dict[str, Any], job: _Job) -> None:
+    """``config.json`` and the tokenizer: the members before the rank files."""
+    sink.add_bytes("config.json", (json.dumps(config, indent=2) + "\n").encode("utf-8"))
+    for name in sorted(job.tok_files):
+        sink.add_bytes(name, job.tok_files[name])
+    if job.tok_section is not None:
+        sink.add_bytes(TOKENIZER_CONFIG, dump_yaml(job.tok_section))
+
+
+def _write_output(out: str, config: dict[str, Any], job: _Job, producer: Producer, *, compress: bool,
+                  overwrite: bool, progress: Progress, workers: Workers) -> tuple[int, int]:
+    """Stage, write and install the output; ``(tensors, bytes)`` of the rank files."""
+    plan = job.plan
+    mine = [r for r in plan.ranks if workers.owns(r.rank)]
+    progress.start("quantize" if plan.algo != "none" else "convert", sum(r.nbytes for r in mine),
+                   sum(len(r.infos) for r in mine))
+    try:
+        if workers.world == 1:
+            with staged_output(out, overwrite=overwrite, is_dir=not compress) as stage, \
+                    (TarWriter(stage) if compress else dir_sink(stage)) as sink:
+                _write_head(sink, config, job)
+                return _write_ranks(sink, plan, producer, together=not compress, progress=progress)
+        # Each process writes its rank files as files (so its TP ranks of a stage together);
+        # process 0 adds config and tokenizer and, for a tar, the rank files in order.
+        counts = write_together(
+            out, [r.name for r in plan.ranks],
+            lambda sink: _write_ranks(sink, plan, producer, together=True, progress=progress, owned=workers.owns),
+            workers=workers, overwrite=overwrite, packed=compress,
+            head=lambda sink: _write_head(sink, config, job))
+        return sum(t for t, _ in counts), sum(n for _, n in counts)
+    finally:
+        progress.finish()
+
+
+def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_data: str | None = None,
+             calib_size: int = 64, calib_seq_len: int = 512, calib_batch_size: int = 4, kv_cache: str = "none",
+             compress: bool = False, device: str | torch.device = "cpu", overwrite: bool = False,
+             group_size: int = DEFAULT_GROUP_SIZE, dtype: str | torch.dtype | None = None,
+             family: str | None = None, awq_grid: int = 20, progress: Progress | None = None,
+             registry: Registry | None = None, trust_pickle: bool = False,
+             workers: Workers = SINGLE) -> QuantizeReport:
+    """Write a TensorRT-LLM checkpoint (``.qnemo``) of ``src`` (a ``.nemo`` or an HF folder).
+
+    :param algo: ``none`` (plain checkpoint in the model dtype), ``int8_wo``, ``int4_wo``,
+        ``fp8`` or ``int4_awq``.
+    :param tp: tensor-parallel size of the TensorRT-LLM checkpoint; ``pp`` pipeline size.
+    :param calib_data: text file, one calibration sample per line (default: the built-in
+        English sample); ``calib_size`` rows of ``calib_seq_len`` tokens are used.
+    :param kv_cache: ``"fp8"`` adds an FP8 KV-cache scale per attention (calibrated).
+    :param compress: write a plain tar instead of a folder.
+    :param device: where calibration and the quantization math run (``cpu`` / ``cuda``).
+    :param group_size: int4 group size (64 or 128).
+    :param dtype: checkpoint dtype (``bf16``/``fp16``/``fp32``); default: the source's.
+    :param workers: the processes sharing the work (torchrun): rank file ``i`` is written
+        by process ``i mod world``, calibration runs in process 0 and its statistics are
+        shared, process 0 writes the rest; the output is byte-identical to one process's.
+    """
+    t0 = time.perf_counter()
+    progress = progress or NoProgress()
+    reg = registry if registry is not None else get_registry()
+
+    def prepare() -> tuple[_Job, torch.device]:
+        dev, want_dtype = _check_options(src, out, algo=algo, kv_cache=kv_cache, device=device, dtype=dtype,
+                                         overwrite=overwrite)
+        return _open_and_plan(src, reg, family=family, trust_pickle=trust_pickle, algo=algo, tp=tp, pp=pp,
+                              dtype=want_dtype, group_size=group_size, kv_cache=kv_cache), dev
+
+    job, dev = workers.run_all(prepare, undo=lambda r: r[0].close())
+    try:
+        plan = job.plan
+        stats, calib_info = _calibrate_once(job, workers, dev, src=src, out=out, calib_data=calib_data,
+                                            calib_size=calib_size, calib_seq_len=calib_seq_len,
+                                            calib_batch_size=calib_batch_size, reg=reg, trust_pickle=trust_pickle)
+        producer = Producer(plan, job.source, stats, dev, awq_grid=awq_grid)
+        _share_awq_search(plan, producer, workers, progress)
+        tensors, nbytes = _write_output(out, trtllm_config(job.spec, plan), job, producer, compress=compress,
+                                        overwrite=overwrite, progress=progress, workers=workers)
+    finally:
+        job.close()
+    warnings = [] if job.tok_section is not None else \
+        ["the source has no tokenizer files; the .qnemo has no tokenizer_config.yaml"]
+    notes = []
+    if compress and tp > 1 and algo != "none" and workers.world == 1:
         notes.append(f"--compress with TP {tp}: each tensor was read and quantized once per TP rank")
-    files = ["config.json", *sorted(tok_files)] + ([TOKENIZER_CONFIG] if tok_section is not None else []) \
+    files = ["config.json", *sorted(job.tok_files)] + ([TOKENIZER_CONFIG] if job.tok_section is not None else []) \
         + [r.name for r in plan.ranks]
-    return QuantizeReport(out, fam.name, algo, QUANT_ALGO.get(algo), "FP8" if plan.kv_cache_fp8 else None,
+    return QuantizeReport(out, job.fam.name, algo, QUANT_ALGO.get(algo), "FP8" if plan.kv_cache_fp8 else None,
                           DTYPE_NAME[plan.dtype], tp, pp, files, tensors, nbytes, time.perf_counter() - t0,
                           compress, None if calib_info is None else calib_info.as_dict(), plan.dropped,
                           warnings, notes)
-

@@ -44,9 +44,7 @@ class Producer:
             k, v = (self.stats[m].output_amax for m in item.modules)
             assert k is not None and v is not None
             return {"": fp8.fp8_kv_cache_scaling_factor(k, v, k_margin=KV_K_MARGIN)}
-        parts = [self.source.load(n) for n in item.sources]
-        full = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        del parts
+        full = self._load(item)
         if item.kind == "tensor":
             want = item.outputs[0].dtype
             return {"": full.to(want) if full.dtype.is_floating_point and full.dtype != want else full}
@@ -56,6 +54,21 @@ class Producer:
             raise NemoConvertError(f"internal error: {item.key}: the algorithm produced {sorted(out)}, "
                                    f"planned {sorted(want)}")
         return {k: v.cpu() for k, v in out.items()}
+
+    def search_awq(self, item: Item) -> float:
+        """Search (and remember) AWQ's α of the linear ``item``, without quantizing it."""
+        st = self._stats(item)
+        assert st is not None
+        w = self._load(item).to(self.device)
+        found = awq.awq_search(w, st.act_mean, samples=st.samples, group_size=self.plan.group_size,
+                               n_grid=self.awq_grid, dtype=self.plan.dtype)
+        self.awq_alpha[item.key] = found.alpha
+        return found.alpha
+
+    def _load(self, item: Item) -> torch.Tensor:
+        """The item's sources, read and fused along dim 0."""
+        parts = [self.source.load(n) for n in item.sources]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
     def _stats(self, item: Item) -> Stats | None:
         if self.plan.algo not in CALIBRATED:
