@@ -51,6 +51,7 @@ RESHARD = {  # case -> (input kind, tp, output layout)
     "reshard-dist": ("dist", 2, "dist"),
 }
 PRODUCES = {"import": "dist", "reshard-tp2": "tp2", "import-cli": "cli"}  # outputs later cases can reuse
+PAIRABLE = ("import", "import-legacy", *RESHARD, "quantize-none", "quantize-int8")  # timed like the copy
 CASE_LABELS = {
     "baseline": "interpreter baseline (torch + nemo_convert.api)",
     "baseline-hf": "interpreter baseline (torch + transformers Llama)",
@@ -570,22 +571,35 @@ def _summarise(case: str, runs: list[ChildRun], warmup: ChildRun | None, loads: 
 
 def measure(case: str, src: str | None, out: str | None, work: str, args: argparse.Namespace,
             verify_layers: int | None = None, verify_src: str | None = None, keep_as: str | None = None,
-            same_as: str | None = None) -> dict[str, Any]:
+            same_as: str | None = None, pair_with_copy: str | None = None) -> dict[str, Any]:
     """Warm-up + measured runs of one case. The output of the last run is spot-checked against
     ``verify_src`` (the HF source; default ``src``), compared byte for byte with ``same_as`` if
-    given, and then moved to ``keep_as`` (an input of a later case) or deleted."""
+    given, and then moved to ``keep_as`` (an input of a later case) or deleted.
+
+    With ``pair_with_copy`` (the HF source), every measured run is preceded by a streaming
+    copy of that source, so each run has its own baseline measured seconds before it: the
+    row then carries the per-run ratios (``paired_ratios``), which machine-load swings
+    between cases cannot skew."""
     warm = None
     if not args.no_warmup:
         if out:
             _rm(out)
         warm = run_case(case, src or "-", out or "-", work, args.interval)
-    runs, loads = [], []
+    runs, loads, pairs = [], [], []
+    copy_out = os.path.join(work, "paired-copy.safetensors")
     for _ in range(args.repeat):
         if out:
             _rm(out)
+        if pair_with_copy:
+            _rm(copy_out)
+            pairs.append(run_case("copy", pair_with_copy, copy_out, work, args.interval).result["op_seconds"])
+            _rm(copy_out)
         loads.append(os.getloadavg()[0])
         runs.append(run_case(case, src or "-", out or "-", work, args.interval))
     row = _summarise(case, runs, warm, loads)
+    if pairs:
+        row["paired_copy_seconds"] = pairs
+        row["paired_ratios"] = [a / b for a, b in zip(row["op_seconds_all"], pairs)]
     if out is None:
         return row
     if os.path.exists(out):
@@ -718,6 +732,11 @@ def ratios(size: dict[str, Any], baseline: dict[str, Any],
     rows = {r["case"]: r for r in size["rows"]}
     out: dict[str, dict[str, float]] = {}
 
+    for c, r in rows.items():
+        if r.get("paired_ratios"):
+            pr = r["paired_ratios"]
+            out[f"{c}/copy time (paired)"] = {"median": statistics.median(pr), "best": min(pr), "cpu": None}
+
     def t(num: str, den: str, den_factor: float = 1.0) -> dict[str, float]:
         return {"median": rows[num]["op_seconds"] / (den_factor * rows[den]["op_seconds"]),
                 "best": rows[num]["op_seconds_best"] / (den_factor * rows[den]["op_seconds_best"]),
@@ -808,6 +827,8 @@ TARGETS: dict[str, list[tuple[str, float, str]]] = {
     "reshard-tp1/copy time": [("<=", 1.5, "reshard issue")],
     "reshard-dist/copy time": [("<=", 1.5, "reshard issue")],
     "reshard round trip (tp2 + tp1)/(2 × copy) time": [("<=", 1.5, "reshard issue")],
+    **{f"{c}/copy time (paired)": [("<=", 1.5, "reshard issue")] for c in ("reshard-tp2", "reshard-tp1", "reshard-dist")},
+    **{f"{c}/copy time (paired)": [("<=", 1.5, "brief"), ("<=", 1.2, "issue 7")] for c in ("import", "import-legacy")},
     # "private memory flat across the two model sizes": at most 1.25× while the model grows 2.1×
     "reshard-tp2 (private - baseline) large/small": [("<=", 1.25, "reshard issue: flat")],
     "reshard-tp1 (private - baseline) large/small": [("<=", 1.25, "reshard issue: flat")],
@@ -939,6 +960,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--snapshot", metavar="REV",
                     help="measure the code of git revision REV (e.g. HEAD), copied with `git archive` into the "
                          "workdir, instead of the working tree (which others may be editing)")
+    ap.add_argument("--paired", action="store_true",
+                    help="precede every measured run of an import/reshard/quantize case with a streaming copy "
+                         "and report the median of the per-run ratios too (robust to load swings)")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     ap.add_argument("--_src", help=argparse.SUPPRESS)
     ap.add_argument("--_out", help=argparse.SUPPRESS)
@@ -1015,7 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
             out = os.path.join(work, f"out-{layers}L-{case}{suffix}")
             run_src = ensure_input(RESHARD[case][0], src, paths, work, log) if case in RESHARD else src
             row = measure(case, run_src, out, work, args, verify_layers=layers, verify_src=src, keep_as=keep_as,
-                          same_as=paths["cli"] if case == "import-2proc" else None)
+                          same_as=paths["cli"] if case == "import-2proc" else None,
+                          pair_with_copy=src if args.paired and case != "copy" and case in PAIRABLE else None)
             log(f"  {case:14s} {row['op_seconds']:7.2f} s  private {_mib(row['peak_private'])} MiB  "
                 f"rss {_mib(row['peak_rss'])} MiB  {row.get('verify', '')}")
             entry["rows"].append(row)
