@@ -11,6 +11,7 @@ from typing import BinaryIO, Sequence
 import torch
 
 from nemo_convert.errors import NemoConvertError
+from nemo_convert.formats.output_file import open_output
 from nemo_convert.tensors.base import DTYPE_TO_SAFETENSORS, TensorInfo
 
 
@@ -47,7 +48,7 @@ class SafetensorsStreamWriter:
         self.path = path
         self._infos = list(infos)
         self._next = 0
-        self._f: BinaryIO = open(path, "wb")
+        self._f: BinaryIO = open_output(path)
         self._f.write(build_header(self._infos, metadata))
 
     @property

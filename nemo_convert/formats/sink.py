@@ -12,6 +12,8 @@ import shutil
 from contextlib import contextmanager
 from typing import BinaryIO, Iterator, Protocol
 
+from nemo_convert.formats.output_file import open_output
+
 
 class MemberSink(Protocol):
     """Accepts named files (``/``-separated relative names), one open member at a time."""
@@ -54,7 +56,7 @@ class DirectorySink:
 
     @contextmanager
     def open_member(self, name: str) -> Iterator[BinaryIO]:
-        with open(self._path(name), "wb") as f:
+        with open_output(self._path(name)) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -12,6 +12,8 @@ import shutil
 from contextlib import contextmanager
 from typing import BinaryIO, Iterator
 
+from nemo_convert.formats.output_file import open_output
+
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tarfile and GNU tar pad archives to whole records
@@ -126,7 +128,7 @@ class TarWriter:
     def __init__(self, path: str, *, mtime: int = 0) -> None:
         self.path = path
         self._mtime = int(mtime)
-        self._f: BinaryIO = open(path, "wb")
+        self._f: BinaryIO = open_output(path)
         self._pos = 0
         self._files: set[str] = set()
         self._dirs: set[str] = set()
