@@ -39,7 +39,7 @@ sys.path.insert(0, HERE)
 
 from memory import ChildRun, run_measured
 
-ALL_CASES = ("copy", "import", "import-legacy", "naive", "import-cli", "import-2proc",
+ALL_CASES = ("copy", "copy-writeback", "import", "import-legacy", "naive", "import-cli", "import-2proc",
              "reshard-tp2", "reshard-tp1", "reshard-dist", "quantize-none", "quantize-int8")
 # Timed as whole commands by the parent (process start to exit), memory summed over the
 # process tree; every other case is timed inside its child, around the operation alone.
@@ -56,6 +56,7 @@ CASE_LABELS = {
     "baseline": "interpreter baseline (torch + nemo_convert.api)",
     "baseline-hf": "interpreter baseline (torch + transformers Llama)",
     "copy": "(a) streaming copy",
+    "copy-writeback": "(a') streaming copy + early writeback",
     "import": "(b) import_hf, dist layout",
     "import-legacy": "(b) import_hf, legacy layout",
     "naive": "(c) naive peer",
@@ -231,9 +232,25 @@ def _safetensors_files(src: str) -> list[str]:
     return [os.path.join(src, f) for f in files]
 
 
-def case_copy(src: str, out: str) -> dict[str, Any]:
+def _sync_file_range() -> Any:
+    """Linux ``sync_file_range`` through ctypes (the copy imports nothing of ours), or None."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    return fn
+
+
+def case_copy(src: str, out: str, writeback: bool = False) -> dict[str, Any]:
     """(a) Every tensor's bytes, from memory-mapped source shards into one new safetensors
-    file: plain file I/O, no tensor is ever built. fsync at the end."""
+    file: plain file I/O, no tensor is ever built. fsync at the end. (a') ``writeback``:
+    the same, asking Linux to start writing every completed 32 MiB at once (what our
+    writers do, ``nemo_convert/formats/output_file.py``), so the final fsync has little left."""
+    sfr = _sync_file_range() if writeback else None
+    chunk, requested = 32 << 20, 0
     shards = []  # (path, data start, [(begin, end, name, dtype, shape)] in file order)
     for path in _safetensors_files(src):
         with open(path, "rb") as f:
@@ -262,6 +279,11 @@ def case_copy(src: str, out: str) -> dict[str, Any]:
                     while done < len(view):  # a raw write may be short
                         done += o.write(view[done:])
                     total += len(view)
+                    pos = 8 + len(raw) + total
+                    if sfr is not None and pos - requested >= chunk:
+                        end = pos - pos % chunk
+                        sfr(o.fileno(), requested, end - requested, 2)
+                        requested = end
                     view.release()
                 mv.release()
         os.fsync(o.fileno())
@@ -377,9 +399,9 @@ def child_main(case: str, src: str, out: str, result: str) -> int:
         import torch
         import transformers
         from transformers.models.llama import modeling_llama  # noqa: F401
-    elif case == "copy":
+    elif case in ("copy", "copy-writeback"):
         t0, c0 = time.perf_counter(), time.process_time()
-        info = case_copy(src, out)
+        info = case_copy(src, out, writeback=case == "copy-writeback")
     elif case in ("import", "import-legacy", "quantize-none", "quantize-int8") or case in RESHARD:
         import torch
 
@@ -604,7 +626,7 @@ def measure(case: str, src: str | None, out: str | None, work: str, args: argpar
         return row
     if os.path.exists(out):
         row["output_bytes"] = _du(out)
-        if verify_layers is not None and case != "copy" and not args.no_verify:
+        if verify_layers is not None and not case.startswith("copy") and not args.no_verify:
             qnemo = {"quantize-none": "none", "quantize-int8": "int8_wo"}.get(case)
             row["verify"] = verify_in_child(verify_src or src, out, verify_layers, qnemo)
             if same_as and os.path.exists(same_as):
@@ -753,6 +775,9 @@ def ratios(size: dict[str, Any], baseline: dict[str, Any],
     for c in ("import", "import-legacy"):
         if have(c, "copy"):
             out[f"{c}/copy time"] = t(c, "copy")
+    for c in ("import", "import-legacy", *RESHARD):
+        if have(c, "copy-writeback"):
+            out[f"{c}/copy-writeback time"] = t(c, "copy-writeback")
     for c in ("import", "import-legacy"):
         if have(c, "naive"):
             out[f"naive/{c} time"] = t("naive", c)
@@ -806,7 +831,7 @@ def cross_size(res: dict[str, Any]) -> dict[str, dict[str, float]]:
     rs, rl = {r["case"]: r for r in small["rows"]}, {r["case"]: r for r in large["rows"]}
     out: dict[str, dict[str, float]] = {}
     for c in rl:
-        if c not in rs or c == "copy" or c in COMMAND_CASES and c != "import-cli":
+        if c not in rs or c in ("copy", "copy-writeback") or c in COMMAND_CASES and c != "import-cli":
             continue
         base = (res.get("baseline-hf") if c == "naive" else res["baseline"])["peak_private"]
         a, b = rs[c]["peak_private"] - base, rl[c]["peak_private"] - base
@@ -886,7 +911,7 @@ def markdown(res: dict[str, Any]) -> str:
         for r in s["rows"]:
             gbps = s["model_bytes"] / r["op_seconds"] / 1e9 if r["op_seconds"] else 0.0
             base = res.get("baseline-hf") if r["case"] == "naive" else res["baseline"]
-            extra = ("–" if r["case"] in ("copy", "import-2proc") or not base
+            extra = ("–" if r["case"] in ("copy", "copy-writeback", "import-2proc") or not base
                      else _mib(r["peak_private"] - base["peak_private"]))
             lines.append(
                 f"| {s['model_bytes'] / 1e9:.2f} GB ({s['layers']} layers) | {r['label']} | {r['op_seconds']:.2f} "
@@ -1035,12 +1060,12 @@ def main(argv: list[str] | None = None) -> int:
             wanted = {RESHARD[c][0] for c in later if c in RESHARD} | ({"cli"} if "import-2proc" in later else set())
             kind = PRODUCES.get(case)
             keep_as = paths[kind] if kind in wanted and not os.path.exists(paths[kind]) else None
-            suffix = ".safetensors" if case == "copy" else ".qnemo" if case.startswith("quantize-") else ".nemo"
+            suffix = ".safetensors" if case.startswith("copy") else ".qnemo" if case.startswith("quantize-") else ".nemo"
             out = os.path.join(work, f"out-{layers}L-{case}{suffix}")
             run_src = ensure_input(RESHARD[case][0], src, paths, work, log) if case in RESHARD else src
             row = measure(case, run_src, out, work, args, verify_layers=layers, verify_src=src, keep_as=keep_as,
                           same_as=paths["cli"] if case == "import-2proc" else None,
-                          pair_with_copy=src if args.paired and case != "copy" and case in PAIRABLE else None)
+                          pair_with_copy=src if args.paired and case in PAIRABLE else None)
             log(f"  {case:14s} {row['op_seconds']:7.2f} s  private {_mib(row['peak_private'])} MiB  "
                 f"rss {_mib(row['peak_rss'])} MiB  {row.get('verify', '')}")
             entry["rows"].append(row)
