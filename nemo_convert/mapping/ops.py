@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from nemo_convert.errors import ShapeError
+from nemo_convert.tensors import hugepages
 
 
 def concat(tensors: list[torch.Tensor], dim: int = 0, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -23,6 +24,11 @@ def concat(tensors: list[torch.Tensor], dim: int = 0, *, out: torch.Tensor | Non
                 raise ShapeError(f"cannot concatenate shapes {[list(x.shape) for x in tensors]} on dim {dim}")
         shape[dim] = sum(t.shape[dim] for t in tensors)
         return torch.empty(shape, dtype=tensors[0].dtype, device="meta")
+    if (out is None and tensors and tensors[0].device.type == "cpu"
+            and all(t.dtype == tensors[0].dtype and t.dim() == tensors[0].dim() for t in tensors)):
+        shape = list(tensors[0].shape)
+        shape[dim] = sum(t.shape[dim] for t in tensors)
+        out = hugepages.empty(shape, tensors[0].dtype)
     if out is not None:
         return torch.cat(tensors, dim=dim, out=out)
     return torch.cat(tensors, dim=dim)
@@ -51,7 +57,7 @@ class BufferPool:
         turn = self._turn.get(key, 0) % max(1, self.rotation)
         self._turn[key] = turn + 1
         while len(ring) <= turn:
-            ring.append(torch.empty(shape, dtype=like.dtype))
+            ring.append(hugepages.empty(shape, like.dtype))
         return ring[turn]
 
 
