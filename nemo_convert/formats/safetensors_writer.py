@@ -12,6 +12,7 @@ import torch
 
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.formats.output_file import open_output
+from nemo_convert.tensors import hugepages
 from nemo_convert.tensors.base import DTYPE_TO_SAFETENSORS, TensorInfo
 
 
@@ -20,7 +21,8 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
+    if not t.is_contiguous():  # e.g. a row-parallel slice: one copy, on huge pages
+        t = hugepages.empty(t.shape, t.dtype).copy_(t)
     if t.numel() == 0:
         return memoryview(b"")
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
