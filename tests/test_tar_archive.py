@@ -108,6 +108,38 @@ def test_member_stream_seek_and_add_file(tmp_path):
         assert arc.names() == ["h.bin", "dir/copy.bin"]
 
 
+def _archive_with_copies(tmp_path, name: str) -> bytes:
+    p = str(tmp_path / name)
+    with TarWriter(p) as w:
+        w.add_bytes("first.txt", b"odd-sized member\n")
+        for i, size in enumerate((0, 1, 513, 3_000_017)):
+            src = tmp_path / f"part{i}.bin"
+            src.write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+            w.add_file(f"parts/{i}.bin", str(src))
+        with w.open_member("after.bin") as s:  # buffered writes still line up after a kernel copy
+            s.write(b"after")
+    return open(p, "rb").read()
+
+
+def test_add_file_in_kernel_equals_the_user_space_copy(tmp_path, monkeypatch):
+    calls = []
+    real = os.copy_file_range
+
+    def counting(*args):
+        calls.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", counting)
+    kernel = _archive_with_copies(tmp_path, "kernel.tar")
+    assert calls  # the kernel path was taken
+    monkeypatch.setattr(os, "copy_file_range", lambda *a: (_ for _ in ()).throw(OSError(18, "EXDEV")))
+    user = _archive_with_copies(tmp_path, "user.tar")
+    assert kernel == user
+    with tarfile.open(str(tmp_path / "kernel.tar")) as tf:
+        assert tf.extractfile("./parts/3.bin").read() == (tmp_path / "part3.bin").read_bytes()
+        assert tf.extractfile("./after.bin").read() == b"after"
+
+
 def test_writer_misuse(tmp_path):
     w = TarWriter(str(tmp_path / "a.tar"))
     with w.open_member("a") as s:
