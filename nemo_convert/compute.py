@@ -126,8 +126,8 @@ class Compute:
         return Plan(plan.direction, tasks, plan.dropped, plan.check_finite, plan.pool)
 
     def tensor_parallel(self, inner: TensorParallel | None) -> TensorParallel | None:
-        """The tensor-parallel strategy for the per-rank writer: ``inner`` (None: the
-        built-in), with the splits that build a new tensor run on the device."""
+        """The tensor-parallel strategy for the per-rank writer and reader: ``inner`` (None:
+        the built-in), with the splits and merges that build a new tensor run on the device."""
         return DeviceTensorParallel(inner or TensorParallel(), self) if self.active else inner
 
     def notes(self, plan: Plan, source: TensorSource) -> list[str]:
@@ -172,7 +172,8 @@ def _split_builds(t: torch.Tensor, kind: Parallel, tp: int, padded_vocab: int | 
 
 class DeviceTensorParallel(TensorParallel):
     """``inner``'s tensor parallelism, with the splits that build a new tensor (gated fc1
-    at TP > 1, vocabulary padding) run on ``compute``'s device; slices stay CPU views."""
+    at TP > 1, vocabulary padding) and the merges of per-rank slices (concatenations) run
+    on ``compute``'s device; slices stay CPU views."""
 
     def __init__(self, inner: TensorParallel, compute: Compute) -> None:
         self.inner, self.compute = inner, compute
@@ -186,7 +187,10 @@ class DeviceTensorParallel(TensorParallel):
 
     def merge(self, parts: Sequence[torch.Tensor], kind: Parallel, *, name: str = "tensor",
               vocab: int | None = None) -> torch.Tensor:
-        return self.inner.merge(parts, kind, name=name, vocab=vocab)
+        if len(parts) == 1 or kind is Parallel.REPLICATED or parts[0].is_meta:
+            return self.inner.merge(parts, kind, name=name, vocab=vocab)  # no new tensor (or shapes only)
+        merged = self.inner.merge([self.compute.to_device(p) for p in parts], kind, name=name, vocab=vocab)
+        return self.compute.to_host(merged)
 
     def local_shape(self, shape: tuple[int, ...], kind: Parallel, tp: int, *,
                     padded_vocab: int | None = None) -> tuple[int, ...]:

@@ -169,10 +169,15 @@ def test_import_sends_only_the_fused_inputs(models, tmp_path):
     assert sorted(rec.sent) == sorted(per_layer * LAYERS)
 
 
-def test_export_without_a_cast_moves_nothing(models, tmp_path):
+def test_export_without_a_cast_moves_only_the_rank_merges(models, tmp_path):
     rec = staged()
-    api.export_hf(models["tp2"], str(tmp_path / "hf"), device=rec)
-    assert rec.sent == []
+    api.export_hf(models["dist"], str(tmp_path / "from-dist"), device=rec)
+    assert rec.sent == []  # global tensors: the splits are views
+    api.export_hf(models["tp2"], str(tmp_path / "from-tp2"), device=rec)
+    # per-rank input: each TP rank's slice of every split tensor goes to the device to be
+    # concatenated there (norms are replicated: nothing to merge)
+    qkv, proj, fc1, fc2, vocab = (32, HIDDEN), (HIDDEN, 16), (FFN, HIDDEN), (HIDDEN, FFN // 2), (504, HIDDEN)
+    assert sorted(rec.sent) == sorted([qkv, proj, fc1, fc2] * 2 * LAYERS + [vocab] * 2 * 2)
 
 
 def test_export_with_a_cast_moves_every_tensor(models, tmp_path):

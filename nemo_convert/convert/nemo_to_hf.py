@@ -70,7 +70,8 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
     want = parse_dtype(dtype)
-    ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
+    ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
+                     tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
         cfg = ckpt.config

@@ -64,7 +64,8 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
-    ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
+    ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
+                     tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
         cfg = copy.deepcopy(ckpt.config)

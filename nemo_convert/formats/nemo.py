@@ -130,13 +130,16 @@ def _stage_sizes(container: Container, prefix: str, tp_pp: tuple[int, int], trus
     return sizes
 
 
-def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | None = None) -> NemoCheckpoint:
+def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | None = None,
+              tensor_parallel: Any = None) -> NemoCheckpoint:
     """Open a ``.nemo`` (tar, gzipped tar, or folder) without extracting it.
 
     Tensors come out under global logical names whatever the layout (dist, legacy, or
     legacy per-rank — merged on demand), with vocabulary padding removed when the true
     vocabulary size is known. ``kinds_for(cfg)`` gives each tensor's parallel kind (from
     the model family); it is needed to merge per-rank files and to trim padding.
+    ``tensor_parallel`` merges per-rank slices (default: the built-in strategy; a
+    conversion passes the registry's, placed on its ``--device``).
     """
     from nemo_convert.mapping.rules import Parallel
 
@@ -177,7 +180,8 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
             playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes,
                                           tied=bool(config.get("share_embeddings_and_output_weights")))
             vocab = (config.get("nemo_convert") or {}).get("vocab_size")
-            source = PerRankSource(container, prefix, playout, kinds, vocab=vocab, trust_pickle=trust_pickle)
+            source = PerRankSource(container, prefix, playout, kinds, vocab=vocab, trust_pickle=trust_pickle,
+                                   tensor_parallel=tensor_parallel)
             layout = "legacy"
         else:
             raise InputError(f"{path}: has {CONFIG_MEMBER} but no weights (model_weights/, model_weights.ckpt "
