@@ -27,3 +27,16 @@ def folder_factory(tmp_path, build, stem):  # type: ignore[no-untyped-def]
 def tiny_llama(tmp_path):
     """A factory: ``tiny_llama(**overrides) -> folder`` of a saved random LlamaForCausalLM."""
     return folder_factory(tmp_path, make_tiny_llama, "llama")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module's tests (tiny tensors: extra threads only contend on
+    a busy machine; and a reference run that must match torchrun processes started with
+    OMP_NUM_THREADS=1)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -76,13 +76,8 @@ def work(tmp_path_factory):
     return d
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # The one-process references run here; the torchrun processes run with OMP_NUM_THREADS=1.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# The one-process references run here; the torchrun processes run with OMP_NUM_THREADS=1.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 CASES = {

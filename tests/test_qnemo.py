@@ -41,13 +41,7 @@ ALGOS = ["int8_wo", "int4_wo", "fp8", "int4_awq"]
 
 
 # --------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # The tensors here are tiny; extra intra-op threads only add contention on a busy machine.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
