@@ -71,6 +71,24 @@ def test_int8_zero_rows_and_requantization_matches() -> None:
 
 
 # ---------------------------------------------------------------- int4 packing
+@pytest.mark.parametrize("src,dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16),
+                                       (torch.float16, torch.float16), (torch.float32, torch.float32)])
+def test_int8_fake_quantize_equals_the_round_trip_bit_for_bit(src: torch.dtype, dtype: torch.dtype) -> None:
+    from nemo_convert.quant.int8 import fake_quantize_int8_wo
+
+    g = torch.Generator().manual_seed(7)
+    w = (torch.randn(96, 80, generator=g) * torch.logspace(-4, 1, 80)).to(src)
+    w[3] = 0  # an all-zero row (scale 1)
+    w[5, :8] = -1e-9  # tiny negatives that round to -0.0 before the int8 cast
+    before = w.clone()
+    got = fake_quantize_int8_wo(w, dtype=dtype)
+    want = dequantize_int8_wo(quantize_int8_wo(w, dtype=dtype)).to(dtype)
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape == w.shape
+    bits = torch.int16 if dtype.itemsize == 2 else torch.int32
+    assert torch.equal(got.view(bits), want.view(bits))  # -0.0 and +0.0 differ here
+    assert torch.equal(w, before)  # the source tensor is never written
+
+
 def test_pack_int4_nibble_order_and_round_trip() -> None:
     q = torch.tensor([[-8], [7], [1], [-1]], dtype=torch.int8)
     p = pack_int4(q, dim=0)

