@@ -40,3 +40,14 @@ def test_huge_page_buffers_are_plain_tensors(monkeypatch):
     advised.clear()
     hugepages.empty((10,), torch.float32)
     assert advised == []  # small buffers are not advised
+
+
+def test_the_advice_can_be_turned_off():
+    import os
+    import subprocess
+    import sys
+
+    code = "from nemo_convert.tensors import hugepages; print(hugepages._MADVISE is None)"
+    env = {**os.environ, "NEMO_CONVERT_NO_HUGEPAGES": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
