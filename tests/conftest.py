@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
@@ -40,3 +41,22 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli(*argv) -> (exit code, stdout, stderr)``: ``main`` in-process, the signal handlers it
+    installs restored afterwards."""
+    from nemo_convert.cli.main import main
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+    def call(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield call
+    for s, h in saved.items():
+        signal.signal(s, h)

@@ -7,7 +7,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import tarfile
@@ -40,24 +39,6 @@ COMMANDS = _commands(build_parser())
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "nemo_convert", *args], capture_output=True, text=True,
                           check=False, timeout=120, cwd=ROOT, env=env)
-
-
-@pytest.fixture
-def cli(capsys):
-    """``cli(*argv) -> (exit code, stdout, stderr)``, running ``main`` in-process."""
-    from nemo_convert.cli.main import main
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-
-    def call(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield call
-    for s, h in saved.items():
-        signal.signal(s, h)
 
 
 @pytest.fixture(scope="module")

@@ -197,18 +197,6 @@ def test_reshard_moves_only_the_splits_that_build_tensors(models, tmp_path):
 
 
 # -- (3) no CUDA: one line, exit 2, nothing written ----------------------------------------------
-@pytest.fixture
-def cli(capsys):
-    from nemo_convert.cli.main import main
-
-    def call(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-    return call
-
-
 @no_gpu
 @pytest.mark.parametrize("command,src", [("import", "hf"), ("export", "dist"), ("reshard", "tp2")])
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])

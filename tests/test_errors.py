@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from nemo_convert import api
 from nemo_convert.errors import (ConfigError, InputError, MappingError, NemoConvertError, OutputExistsError,
                                  PluginError)
-from tiny_models import make_tiny_llama
+from tiny_models import edit_config, make_tiny_llama
 
 
 # --------------------------------------------------------------------------- helpers
@@ -77,15 +77,6 @@ def hf(pristine, tmp_path):
 def out(tmp_path):
     (tmp_path / "out").mkdir()
     return str(tmp_path / "out" / "m.nemo")
-
-
-def edit_config(folder: str, **changes) -> None:
-    path = os.path.join(folder, "config.json")
-    with open(path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    cfg.update(changes)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
 
 
 def weights(folder: str) -> str:

@@ -9,7 +9,6 @@ import fractions
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -124,20 +123,12 @@ def per_rank(world):
 
 
 @pytest.fixture
-def cli(capsys):
-    from nemo_convert.cli.main import main
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-
+def cli(cli):
+    """conftest's ``cli``, with stderr's whitespace collapsed (rich wraps long lines)."""
     def call(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, " ".join(err.split())  # rich wraps long lines
-
-    yield call
-    for s, h in saved.items():
-        signal.signal(s, h)
+        code, out, err = cli(*argv)
+        return code, out, " ".join(err.split())
+    return call
 
 
 # ------------------------------------------------------------------------- one file

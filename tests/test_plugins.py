@@ -18,7 +18,7 @@ import warnings
 
 import pytest
 import torch
-from tiny_models import hf_tensors
+from tiny_models import edit_config, hf_tensors
 
 from nemo_convert import ModelFamily, ShardingStrategy, TokenizerPatcher, api, hookimpl
 from nemo_convert.errors import PluginError
@@ -77,15 +77,6 @@ def run_plugins_json(env: dict[str, str]) -> dict:
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
-
-
-def set_config(folder: str, **changes) -> None:
-    path = os.path.join(folder, "config.json")
-    with open(path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    cfg.update(changes)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
 
 
 @pytest.fixture
@@ -167,7 +158,7 @@ def test_out_of_tree_plugin_listed_by_cli(toy_site):
 
 def test_out_of_tree_plugin_converts_a_checkpoint(toy_installed, tiny_llama, tmp_path, cli, capsys):
     src = tiny_llama(tokenizer=False)
-    set_config(src, architectures=["ToyForCausalLM"])
+    edit_config(src, architectures=["ToyForCausalLM"])
     nemo, back = str(tmp_path / "toy.nemo"), str(tmp_path / "back")
     assert cli(["import", src, "-o", nemo, "--family", "toy-gpt", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
