@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nemo_convert.cli.cmd_inspect import QUIET_RESULT_HELP
+from nemo_convert.cli.common import QUIET_RESULT_HELP
 from nemo_convert.cli.main import build_parser, main
 
 

@@ -7,19 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from nemo_convert.cli.common import common_flags, human_bytes, print_json
-
-#: What ``--quiet`` means for the commands whose output is their result (``inspect``,
-#: ``plugins``, ``verify``): the exit code alone answers; ``--json`` still prints.
-QUIET_RESULT_HELP = "print nothing but errors; the exit code is the result (--json still prints its document)"
-
-
-def quiet_result_help(p: argparse.ArgumentParser) -> None:
-    """Give ``--quiet`` (added by ``common_flags``) the help of :data:`QUIET_RESULT_HELP`."""
-    for action in p._actions:
-        if action.dest == "quiet":
-            action.help = QUIET_RESULT_HELP
-
+from nemo_convert.cli.common import QUIET_RESULT_HELP, common_flags, human_bytes, print_json
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("inspect", help="show format, config summary and tensors of a checkpoint",
@@ -29,8 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("path", help="HF folder, .nemo file or unpacked .nemo folder")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled files (DANGEROUS)")
-    common_flags(p)
-    quiet_result_help(p)
+    common_flags(p, quiet_help=QUIET_RESULT_HELP)
     p.set_defaults(func=run)
 
 

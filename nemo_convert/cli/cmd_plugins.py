@@ -7,16 +7,14 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from nemo_convert.cli.cmd_inspect import quiet_result_help
-from nemo_convert.cli.common import common_flags, print_json
+from nemo_convert.cli.common import QUIET_RESULT_HELP, common_flags, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plugins", help="list model families, tokenizer patchers and sharding strategies",
                        description="List the model families, tokenizer patchers and sharding strategies "
                                    "provided by installed plugins, with the distribution of each.")
-    common_flags(p)
-    quiet_result_help(p)
+    common_flags(p, quiet_help=QUIET_RESULT_HELP)
     p.set_defaults(func=run)
 
 

@@ -13,8 +13,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from nemo_convert.cli.cmd_inspect import quiet_result_help
-from nemo_convert.cli.common import common_flags, print_json
+from nemo_convert.cli.common import QUIET_RESULT_HELP, common_flags, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -43,8 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--texts", nargs="+", metavar="TEXT", help="candidate captions for --clip-image")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
-    common_flags(p)
-    quiet_result_help(p)
+    common_flags(p, quiet_help=QUIET_RESULT_HELP)
     p.set_defaults(func=run)
 
 

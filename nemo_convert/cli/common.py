@@ -10,9 +10,15 @@ from typing import Any
 from rich.console import Console
 
 
-def common_flags(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
+#: What ``--quiet`` means for the commands whose output is their result (``inspect``,
+#: ``plugins``, ``verify``): the exit code alone answers; ``--json`` still prints.
+QUIET_RESULT_HELP = "print nothing but errors; the exit code is the result (--json still prints its document)"
+
+
+def common_flags(p: argparse.ArgumentParser, *, json_flag: bool = True,
+                 quiet_help: str = "no progress bar and no summary") -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
+    p.add_argument("--quiet", "-q", action="store_true", help=quiet_help)
     if json_flag:
         p.add_argument("--json", action="store_true", help="print a machine-readable JSON result on stdout")
 
