@@ -79,6 +79,15 @@ class _CountingStream:
     def tell(self) -> int:
         return self._here
 
+    def copy_range(self, fileno: int, offset: int, size: int) -> bool:
+        """Append bytes of an input file in the kernel, where the stream below can."""
+        copy = getattr(self._raw, "copy_range", None)
+        if copy is None or not copy(fileno, offset, size):
+            return False
+        self._here += size
+        self.pos = max(self.pos, self._here)
+        return True
+
     def seek(self, pos: int, whence: int = 0) -> int:
         if whence != 0 or not self._can_seek:
             raise OSError("only absolute seeks within the data member are supported")

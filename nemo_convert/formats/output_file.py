@@ -13,14 +13,21 @@ system without it, a pipe) it is silently skipped: it only changes timing, never
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
 import os
-from typing import Callable
+from typing import Any, Callable
+
+import torch
+
+from nemo_convert.tensors.file_map import file_origin
 
 #: Completed bytes between two writeback requests.
 WRITEBACK_CHUNK = 32 << 20
 _SYNC_FILE_RANGE_WRITE = 2
 _BUFFER = 1 << 20
+#: ``copy_file_range`` errors that mean "not here" (other file system, old kernel, …).
+NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
 
 
 def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
@@ -56,6 +63,31 @@ class OutputFile(io.BufferedWriter):
                 self._start_writeback(pos - pos % self._chunk)
         return n
 
+    def copy_range(self, fileno: int, offset: int, size: int) -> bool:
+        """Append ``size`` bytes of the open file ``fileno`` from byte ``offset``, in the
+        kernel (``copy_file_range``: no pass through user memory). False, with nothing
+        written, where the call is not available (then the caller writes the bytes)."""
+        copy = getattr(os, "copy_file_range", None)
+        if copy is None or size <= 0:
+            return False
+        self.flush()
+        here = self.tell()
+        done = 0
+        try:
+            while done < size:
+                n = copy(fileno, self.fileno(), size - done, offset + done, here + done)
+                if n == 0:
+                    raise OSError(f"input ended after {done} of {size} bytes")
+                done += n
+        except OSError as exc:
+            if done == 0 and exc.errno in NO_COPY_RANGE:
+                return False
+            raise
+        self.seek(here + size)
+        if self._enabled and here + size - self._requested >= self._chunk:
+            self._start_writeback(here + size - (here + size) % self._chunk)
+        return True
+
     def _start_writeback(self, end: int) -> None:
         assert _SYNC_FILE_RANGE is not None
         if _SYNC_FILE_RANGE(self.fileno(), self._requested, end - self._requested, _SYNC_FILE_RANGE_WRITE) != 0:
@@ -72,3 +104,14 @@ class OutputFile(io.BufferedWriter):
 def open_output(path: str) -> OutputFile:
     """Create (truncate) ``path`` for writing an output, with early writeback."""
     return OutputFile(path)
+
+
+def write_tensor(stream: Any, t: torch.Tensor, data: memoryview) -> None:
+    """Append tensor ``t``'s bytes (``data``, its raw little-endian view) to ``stream``:
+    copied file to file when ``t`` views a range of an input file and the stream can
+    ``copy_range`` (:mod:`nemo_convert.tensors.file_map`), else written from memory."""
+    origin = file_origin(t)
+    copy = getattr(stream, "copy_range", None)
+    if origin is not None and copy is not None and copy(origin.fileno, origin.offset, origin.length):
+        return
+    stream.write(data)

@@ -11,7 +11,7 @@ from typing import BinaryIO, Sequence
 import torch
 
 from nemo_convert.errors import NemoConvertError
-from nemo_convert.formats.output_file import open_output
+from nemo_convert.formats.output_file import open_output, write_tensor
 from nemo_convert.tensors import hugepages
 from nemo_convert.tensors.base import DTYPE_TO_SAFETENSORS, TensorInfo
 
@@ -62,7 +62,7 @@ class SafetensorsStreamWriter:
         if name != want.name or tuple(t.shape) != want.shape or t.dtype != want.dtype:
             raise NemoConvertError(f"internal error: {self.path} expected {want.name} {list(want.shape)} "
                                    f"{want.dtype}, got {name} {list(t.shape)} {t.dtype}")
-        self._f.write(tensor_bytes(t))
+        write_tensor(self._f, t, tensor_bytes(t))
         self._next += 1
         if self.done:
             self.close()

@@ -6,7 +6,6 @@ member's size is known, so no member is buffered or copied twice.
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import shutil
@@ -23,7 +22,6 @@ _COPY_CHUNK = 16 << 20
 _MAX_META_HEADER = 1 << 20  # PAX / GNU long-name header blocks larger than this are refused
 _GZIP_MAX_RATIO = 1100  # deflate cannot expand data by more than ~1032x
 _DISK_FRACTION = 0.9  # gzip extraction may use at most this share of the free space
-_NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
 
 
 def tar_size_field(size: int) -> bytes:
@@ -114,31 +112,27 @@ class _MemberStream(io.RawIOBase):
         if not self.closed and not self._f.closed:  # a no-op once the archive was aborted
             self._f.flush()
 
-    def copy_from(self, src: BinaryIO, size: int) -> bool:
-        """Append ``size`` bytes of the file ``src`` (from its start) in the kernel
-        (``copy_file_range``: no pass through user memory; on file systems that support it,
-        no copy at all). False, with nothing written, where that call is not available."""
-        copy = getattr(os, "copy_file_range", None)
-        if copy is None or size == 0:
-            return False
+    def copy_range(self, fileno: int, offset: int, size: int) -> bool:
+        """Append ``size`` bytes of the open file ``fileno`` from byte ``offset`` in the
+        kernel (:meth:`OutputFile.copy_range <nemo_convert.formats.output_file.OutputFile.copy_range>`).
+        False, with nothing written, where that is not available."""
         self._checkClosed()
-        self._f.flush()
-        base = self._start + self._pos
-        done = 0
-        try:
-            while done < size:
-                n = copy(src.fileno(), self._f.fileno(), size - done, done, base + done)
-                if n == 0:
-                    raise OSError(f"{getattr(src, 'name', 'source')} ended after {done} of {size} bytes")
-                done += n
-        except OSError as exc:
-            if done == 0 and exc.errno in _NO_COPY_RANGE:
-                return False  # e.g. across file systems on older kernels: copy in user space
-            raise
+        copy = getattr(self._f, "copy_range", None)
+        if copy is None:
+            return False
+        if not self._synced:
+            self._f.seek(self._start + self._pos)
+            self._synced = True
+        if not copy(fileno, offset, size):
+            return False
         self._pos += size
         self.size = max(self.size, self._pos)
-        self._f.seek(self._start + self._pos)  # the buffered file's position, past the copy
         return True
+
+    def copy_from(self, src: BinaryIO, size: int) -> bool:
+        """Append the first ``size`` bytes of the file ``src`` in the kernel (no pass
+        through user memory). False, with nothing written, where that is not available."""
+        return self.copy_range(src.fileno(), 0, size)
 
 
 class TarWriter:

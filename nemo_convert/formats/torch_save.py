@@ -20,6 +20,7 @@ import torch
 
 from nemo_convert.crc import crc32
 from nemo_convert.formats.safetensors_writer import tensor_bytes
+from nemo_convert.tensors.file_map import FileOrigin, file_origin
 
 ALIGN = 64
 PIECE = 4 << 20  # checksum and write in pieces: one pass over each piece while it is in cache
@@ -60,6 +61,13 @@ class _Pickler(pickle.Pickler):
         return None
 
 
+def _checksum(mv: memoryview) -> int:
+    crc = 0
+    for start in range(0, mv.nbytes, PIECE):
+        crc = crc32(mv[start:start + PIECE], crc)
+    return crc & 0xFFFFFFFF
+
+
 class TorchSaveWriter:
     """Writes a ``torch.save``-compatible zip of a flat ``{name: tensor}`` dict, streamed."""
 
@@ -79,7 +87,10 @@ class TorchSaveWriter:
         self._out.write(data)
         self._pos += n
 
-    def _record(self, name: str, data: Any) -> None:
+    def _record(self, name: str, data: Any, origin: FileOrigin | None = None) -> None:
+        """Write one STORED zip record. With ``origin`` (the bytes are a range of an input
+        file) and a stream that can ``copy_range``, the bytes are copied file to file and
+        only checksummed here — or not even that when the input's record CRC is known."""
         mv = memoryview(data).cast("B")
         full = f"{_ARCHIVE}/{name}".encode()
         size = mv.nbytes
@@ -91,8 +102,17 @@ class TorchSaveWriter:
         extra = z64_local + struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # torch's "FB" padding field
         s32 = 0xFFFFFFFF if zip64 else size
         version = 45 if zip64 else 20
+        copy = getattr(self._out, "copy_range", None) if origin is not None else None
         streamed = self._seekable and size > PIECE
-        if streamed:  # header first, checksum while writing, then patch it in: one pass over the bytes
+        if copy is not None and origin is not None:
+            crc = origin.crc32 if origin.crc32 is not None else _checksum(mv)
+            self._write(struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, crc, s32, s32,
+                                    len(full), len(extra)) + full + extra)
+            if copy(origin.fileno, origin.offset, size):
+                self._pos += size
+            else:
+                self._write(mv)
+        elif streamed:  # header first, checksum while writing, then patch it in: one pass over the bytes
             header_at = self._out.tell()
             crc = 0
             self._write(struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, 0, s32, s32,
@@ -122,7 +142,7 @@ class TorchSaveWriter:
             raise ValueError(f"duplicate tensor name {name!r}")
         key = str(len(self._entries))
         ref = _StorageRef(key, tensor.dtype, tensor.numel())
-        self._record(f"data/{key}", tensor_bytes(tensor))
+        self._record(f"data/{key}", tensor_bytes(tensor), file_origin(tensor))
         self._entries[name] = _TensorRef(ref, tuple(tensor.shape))
 
     def save_tensor(self, tensor: torch.Tensor) -> None:
@@ -131,7 +151,7 @@ class TorchSaveWriter:
         if self._entries:
             raise ValueError("save_tensor writes a one-tensor archive")
         ref = _StorageRef("0", tensor.dtype, tensor.numel())
-        self._record("data/0", tensor_bytes(tensor))
+        self._record("data/0", tensor_bytes(tensor), file_origin(tensor))
         self._single = _TensorRef(ref, tuple(tensor.shape))
         self.close()
 

@@ -9,12 +9,12 @@ modify them in place.
 
 from __future__ import annotations
 
-import mmap
-import os
 from dataclasses import dataclass
 from typing import Iterator, Protocol, runtime_checkable
 
 import torch
+
+from nemo_convert.tensors.file_map import FileMap  # noqa: F401  (re-exported: part of the contract)
 
 # safetensors dtype strings <-> torch dtypes (also used for our own headers).
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
@@ -143,44 +143,6 @@ class RegionReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class FileMap:
-    """A private (copy-on-write) memory map of a whole file, shared by the tensors on it.
-
-    Mapping with ``ACCESS_COPY`` lets :func:`torch.frombuffer` build tensors without a
-    read-only warning, while pages that are only read stay clean and file-backed: they
-    are page cache, not private memory.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.size = os.path.getsize(path)
-        self._file = open(path, "rb")
-        self._mmap: mmap.mmap | None = (
-            mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
-        )
-
-    def tensor(self, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A tensor viewing ``numel(shape)`` elements at byte ``offset`` of the file."""
-        numel = 1
-        for s in shape:
-            numel *= s
-        nbytes = numel * dtype_size(dtype)
-        if offset < 0 or offset + nbytes > self.size:
-            from nemo_convert.errors import InputError
-
-            raise InputError(f"{self.path}: tensor bytes [{offset}, {offset + nbytes}) lie outside the file")
-        if numel == 0 or self._mmap is None:
-            return torch.empty(shape, dtype=dtype)
-        flat = torch.frombuffer(self._mmap, dtype=torch.uint8, count=nbytes, offset=offset)
-        return flat.view(dtype).view(shape)
-
-    def close(self) -> None:
-        # Tensors may still view the map; dropping our reference lets the GC unmap it
-        # once the last tensor is gone.
-        self._mmap = None
-        self._file.close()
 
 
 @runtime_checkable

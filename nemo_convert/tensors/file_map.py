@@ -1,0 +1,113 @@
+"""Memory maps of input files, and where a mapped tensor's bytes lie in its file.
+
+Every tensor a reader hands out is a view on a :class:`FileMap` where the format allows.
+Because a writer can ask which file and byte range a contiguous tensor views
+(:func:`file_origin`), an output tensor that is just a range of an input — a renamed
+weight, a dim-0 tensor-parallel slice, a dist-checkpoint tensor passed through — is
+copied file to file in the kernel (``copy_file_range``) instead of through user memory,
+which on our benchmark VM is ~1.5–2× faster than writing from the map
+(docs/performance.md). Readers that know a stored record's CRC-32 (zip archives) note it
+with :meth:`FileMap.note_checksum`, so a whole record written again needs no new pass.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+_LIVE: "weakref.WeakSet[FileMap]" = weakref.WeakSet()
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class FileOrigin:
+    """A contiguous byte range of an open input file that holds a tensor's bytes."""
+
+    fileno: int
+    offset: int
+    length: int
+    crc32: int | None  # the stored CRC-32 of exactly these bytes, where a reader knew it
+    path: str
+
+
+class FileMap:
+    """A private (copy-on-write) memory map of a whole file, shared by the tensors on it.
+
+    Mapping with ``ACCESS_COPY`` lets :func:`torch.frombuffer` build tensors without a
+    read-only warning, while pages that are only read stay clean and file-backed: they
+    are page cache, not private memory. Tensors on the map must never be modified (the
+    :class:`~nemo_convert.tensors.base.TensorSource` contract): a writer may copy their
+    bytes from the file rather than from memory.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.size = os.path.getsize(path)
+        self._file = open(path, "rb")
+        self._mmap: mmap.mmap | None = (
+            mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
+        )
+        self._checksums: dict[tuple[int, int], int] = {}
+        self.address = 0
+        if self._mmap is not None:
+            probe = torch.frombuffer(self._mmap, dtype=torch.uint8, count=1)
+            self.address = probe.data_ptr()
+            del probe
+            with _LOCK:
+                _LIVE.add(self)
+
+    def tensor(self, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A tensor viewing ``numel(shape)`` elements at byte ``offset`` of the file."""
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * dtype.itemsize
+        if offset < 0 or offset + nbytes > self.size:
+            from nemo_convert.errors import InputError
+
+            raise InputError(f"{self.path}: tensor bytes [{offset}, {offset + nbytes}) lie outside the file")
+        if numel == 0 or self._mmap is None:
+            return torch.empty(shape, dtype=dtype)
+        flat = torch.frombuffer(self._mmap, dtype=torch.uint8, count=nbytes, offset=offset)
+        return flat.view(dtype).view(shape)
+
+    def note_checksum(self, offset: int, length: int, crc32: int) -> None:
+        """Record the stored CRC-32 of bytes ``[offset, offset + length)`` (a zip record)."""
+        self._checksums[(offset, length)] = crc32 & 0xFFFFFFFF
+
+    def origin(self, address: int, length: int) -> FileOrigin | None:
+        """Where ``length`` bytes at memory ``address`` lie in the file, if on this map."""
+        if self._mmap is None or self._file.closed or not self.address:
+            return None
+        offset = address - self.address
+        if offset < 0 or offset + length > self.size:
+            return None
+        return FileOrigin(self._file.fileno(), offset, length, self._checksums.get((offset, length)), self.path)
+
+    def close(self) -> None:
+        # Tensors may still view the map; dropping our reference lets the GC unmap it
+        # once the last tensor is gone.
+        with _LOCK:
+            _LIVE.discard(self)
+        self._mmap = None
+        self._file.close()
+
+
+def file_origin(t: torch.Tensor) -> FileOrigin | None:
+    """The input file range holding ``t``'s bytes, when ``t`` is a contiguous CPU view on
+    a live :class:`FileMap`; else None (computed tensors, copies, GPU tensors)."""
+    if t.device.type != "cpu" or t.numel() == 0 or not t.is_contiguous() or t.requires_grad:
+        return None
+    address, length = t.data_ptr(), t.numel() * t.element_size()
+    with _LOCK:
+        maps = list(_LIVE)
+    for fmap in maps:
+        found = fmap.origin(address, length)
+        if found is not None:
+            return found
+    return None
