@@ -12,6 +12,7 @@ import torch
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.tensors import hugepages
+from nemo_convert.tensors.pieces import Lazy, materialize, rows
 
 
 def concat(tensors: list[torch.Tensor], dim: int = 0, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -67,11 +68,11 @@ def _expect(t: torch.Tensor, dim0: int, what: str, rest: tuple[int, ...] | None 
         raise ShapeError(f"{what} has shape {list(t.shape)}, but the config implies {list(want)}")
 
 
-def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, heads: int, groups: int,
-             head_dim: int, pool: BufferPool | None = None) -> torch.Tensor:
+def fuse_qkv_lazy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, heads: int, groups: int,
+                  head_dim: int) -> Lazy:
     """Megatron's grouped QKV: per query group g, its ``heads/groups`` query heads, then
     ``k_g``, then ``v_g`` (``head_dim`` rows each). Works for weights ``[rows, in]`` and
-    biases ``[rows]`` alike."""
+    biases ``[rows]`` alike. Deferred (:mod:`nemo_convert.tensors.pieces`): the pieces, in order."""
     if heads % groups:
         raise ShapeError(f"num_attention_heads={heads} is not a multiple of num_query_groups={groups}")
     per = heads // groups
@@ -79,11 +80,19 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, heads: int, g
     _expect(q, heads * head_dim, "q", rest)
     _expect(k, groups * head_dim, "k", rest)
     _expect(v, groups * head_dim, "v", rest)
-    shape = (groups, (per + 2) * head_dim, *rest)
-    out = pool.get(shape, q) if pool is not None else None
-    fused = concat([q.reshape(groups, per * head_dim, *rest), k.reshape(groups, head_dim, *rest),
-                    v.reshape(groups, head_dim, *rest)], 1, out=out)
-    return fused.reshape(groups * (per + 2) * head_dim, *rest)
+    parts = []
+    for g in range(groups):
+        parts += [q.narrow(0, g * per * head_dim, per * head_dim), k.narrow(0, g * head_dim, head_dim),
+                  v.narrow(0, g * head_dim, head_dim)]
+    return rows(parts)
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, heads: int, groups: int,
+             head_dim: int, pool: BufferPool | None = None) -> torch.Tensor:
+    """:func:`fuse_qkv_lazy`, copied into one tensor (a pooled buffer when given)."""
+    fused = fuse_qkv_lazy(q, k, v, heads=heads, groups=groups, head_dim=head_dim)
+    out = pool.get(tuple(fused.shape), q) if pool is not None and not isinstance(fused, torch.Tensor) else None
+    return materialize(fused, out)
 
 
 def split_qkv(fused: torch.Tensor, *, heads: int, groups: int,
@@ -100,24 +109,31 @@ def split_qkv(fused: torch.Tensor, *, heads: int, groups: int,
             v.reshape(groups * head_dim, *rest))
 
 
-def fuse_gated(gate: torch.Tensor, up: torch.Tensor, *, ffn: int | None = None,
-               pool: BufferPool | None = None) -> torch.Tensor:
-    """Megatron's gated fc1: ``[gate; up]`` on dim 0 (the activation applies to the first half)."""
+def fuse_gated_lazy(gate: torch.Tensor, up: torch.Tensor, *, ffn: int | None = None) -> Lazy:
+    """Megatron's gated fc1: ``[gate; up]`` on dim 0 (the activation applies to the first
+    half). Deferred: the two pieces."""
     if ffn is not None:
         _expect(gate, ffn, "gate projection")
         _expect(up, ffn, "up projection", tuple(gate.shape[1:]))
     elif gate.shape != up.shape:
         raise ShapeError(f"gate {list(gate.shape)} and up {list(up.shape)} projections differ in shape")
-    out = pool.get((2 * gate.shape[0], *gate.shape[1:]), gate) if pool is not None else None
-    return concat([gate, up], 0, out=out)
+    return rows([gate, up])
 
 
-def split_gated(fc1: torch.Tensor, *, ffn: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`fuse_gated`; returns views."""
+def fuse_gated(gate: torch.Tensor, up: torch.Tensor, *, ffn: int | None = None,
+               pool: BufferPool | None = None) -> torch.Tensor:
+    """:func:`fuse_gated_lazy`, copied into one tensor (a pooled buffer when given)."""
+    fused = fuse_gated_lazy(gate, up, ffn=ffn)
+    out = pool.get(tuple(fused.shape), gate) if pool is not None and not isinstance(fused, torch.Tensor) else None
+    return materialize(fused, out)
+
+
+def split_gated(fc1: Lazy, *, ffn: int | None = None) -> tuple[Lazy, Lazy]:
+    """Inverse of :func:`fuse_gated`; returns views (or pieces of pieces)."""
     if fc1.shape[0] % 2 or (ffn is not None and fc1.shape[0] != 2 * ffn):
         raise ShapeError(f"gated fc1 has {fc1.shape[0]} rows, expected 2 × ffn_hidden_size={ffn}")
     half = fc1.shape[0] // 2
-    return fc1[:half], fc1[half:]
+    return fc1.narrow(0, 0, half), fc1.narrow(0, half, half)
 
 
 def padded_vocab_size(vocab: int, divisible_by: int, tp: int = 1) -> int:
@@ -126,21 +142,28 @@ def padded_vocab_size(vocab: int, divisible_by: int, tp: int = 1) -> int:
     return -(-vocab // m) * m
 
 
-def pad_vocab(t: torch.Tensor, padded: int) -> torch.Tensor:
-    """Zero rows appended on dim 0 up to ``padded`` rows (no-op when already that size)."""
+def pad_vocab_lazy(t: Lazy, padded: int) -> Lazy:
+    """Zero rows appended on dim 0 up to ``padded`` rows (no-op when already that size).
+    Deferred where ``t`` can be: the rows of ``t``, then a block of zeros."""
     if t.shape[0] > padded:
         raise ShapeError(f"vocabulary of {t.shape[0]} rows does not fit a padded size of {padded}")
     if t.shape[0] == padded:
         return t
-    pad = torch.zeros((padded - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    return concat([t, pad], 0)
+    device = "cpu" if not isinstance(t, torch.Tensor) else t.device
+    pad = torch.zeros((padded - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=device)
+    return rows([t, pad])
 
 
-def trim_vocab(t: torch.Tensor, vocab: int) -> torch.Tensor:
+def pad_vocab(t: torch.Tensor, padded: int) -> torch.Tensor:
+    """:func:`pad_vocab_lazy` as one tensor."""
+    return materialize(pad_vocab_lazy(t, padded))
+
+
+def trim_vocab(t: Lazy, vocab: int) -> Lazy:
     """The first ``vocab`` rows (undoes :func:`pad_vocab`); a view."""
     if t.shape[0] < vocab:
         raise ShapeError(f"embedding has {t.shape[0]} rows, fewer than the vocabulary size {vocab}")
-    return t[:vocab]
+    return t.narrow(0, 0, vocab)
 
 
 def largest_pow2_divisor(n: int, cap: int = 128) -> int:

@@ -16,9 +16,10 @@ import torch
 from nemo_convert.errors import ShapeError, UnsupportedError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import Parallel
+from nemo_convert.tensors.pieces import Lazy, materialize, rows
 
 
-def _chunk(t: torch.Tensor, dim: int, tp: int, rank: int, what: str) -> torch.Tensor:
+def _chunk(t: Lazy, dim: int, tp: int, rank: int, what: str) -> Lazy:
     if t.dim() <= dim:
         return t  # a bias of a row-parallel layer: replicated
     if t.shape[dim] % tp:
@@ -33,6 +34,17 @@ class TensorParallel:
 
     def split(self, t: torch.Tensor, kind: Parallel, tp: int, rank: int, *, name: str = "tensor",
               padded_vocab: int | None = None) -> torch.Tensor:
+        """Rank ``rank``'s slice of ``t`` (a view where the kind allows, else a new tensor)."""
+        return materialize(self.split_lazy(t, kind, tp, rank, name=name, padded_vocab=padded_vocab))
+
+    def merge(self, parts: Sequence[torch.Tensor], kind: Parallel, *, name: str = "tensor",
+              vocab: int | None = None) -> torch.Tensor:
+        """The global tensor from every rank's slice, in rank order."""
+        return materialize(self.merge_lazy(parts, kind, name=name, vocab=vocab))
+
+    def split_lazy(self, t: Lazy, kind: Parallel, tp: int, rank: int, *, name: str = "tensor",
+                   padded_vocab: int | None = None) -> Lazy:
+        """:meth:`split`, deferred where it only picks rows (:mod:`nemo_convert.tensors.pieces`)."""
         if tp == 1 and kind is not Parallel.VOCAB:
             return t
         if kind is Parallel.REPLICATED:
@@ -40,17 +52,18 @@ class TensorParallel:
         if kind in (Parallel.COLUMN, Parallel.QKV):
             return _chunk(t, 0, tp, rank, name)
         if kind is Parallel.ROW:
-            return _chunk(t, 1, tp, rank, name)
+            return _chunk(materialize(t) if t.dim() > 1 else t, 1, tp, rank, name)
         if kind is Parallel.GATED_FC1:
             gate, up = ops.split_gated(t)
-            return ops.concat([_chunk(gate, 0, tp, rank, name), _chunk(up, 0, tp, rank, name)], 0)
+            return rows([_chunk(gate, 0, tp, rank, name), _chunk(up, 0, tp, rank, name)])
         if kind is Parallel.VOCAB:
-            full = ops.pad_vocab(t, padded_vocab) if padded_vocab is not None else t
+            full = ops.pad_vocab_lazy(t, padded_vocab) if padded_vocab is not None else t
             return _chunk(full, 0, tp, rank, name)
         raise UnsupportedError(f"{name}: unknown parallel kind {kind!r}")
 
-    def merge(self, parts: Sequence[torch.Tensor], kind: Parallel, *, name: str = "tensor",
-              vocab: int | None = None) -> torch.Tensor:
+    def merge_lazy(self, parts: Sequence[Lazy], kind: Parallel, *, name: str = "tensor",
+                   vocab: int | None = None) -> Lazy:
+        """:meth:`merge`, deferred where it only stacks rows."""
         if len(parts) == 1 and kind is not Parallel.VOCAB:
             return parts[0]
         if kind is Parallel.REPLICATED:
@@ -60,14 +73,16 @@ class TensorParallel:
                     raise ShapeError(f"{name}: replicated tensor differs in shape on TP rank {i}")
             return first
         if kind in (Parallel.COLUMN, Parallel.QKV):
-            return ops.concat(list(parts), 0) if parts[0].dim() >= 1 else parts[0]
+            return rows(parts) if parts[0].dim() >= 1 else parts[0]
         if kind is Parallel.ROW:
-            return ops.concat(list(parts), 1) if parts[0].dim() >= 2 else parts[0]
+            if parts[0].dim() < 2:
+                return parts[0]
+            return ops.concat([materialize(p) for p in parts], 1)
         if kind is Parallel.GATED_FC1:
             halves = [ops.split_gated(p) for p in parts]
-            return ops.concat([g for g, _ in halves] + [u for _, u in halves], 0)
+            return rows([g for g, _ in halves] + [u for _, u in halves])
         if kind is Parallel.VOCAB:
-            full = ops.concat(list(parts), 0)
+            full = rows(parts)
             return ops.trim_vocab(full, vocab) if vocab is not None else full
         raise UnsupportedError(f"{name}: unknown parallel kind {kind!r}")
 
