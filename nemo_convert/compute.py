@@ -121,7 +121,7 @@ class Compute:
         final (``engine.apply_dtype``)."""
         if not self.active:
             return plan
-        tasks = [replace(t, fn=OnDevice(self, t.fn, tuple(i.dtype for i in t.infos)))
+        tasks = [replace(t, fn=OnDevice(self, t.fn, tuple(i.dtype for i in t.infos)), lazy_fn=None)
                  if self.moves(t, source) else t for t in plan.tasks]
         return Plan(plan.direction, tasks, plan.dropped, plan.check_finite, plan.pool)
 

@@ -4,9 +4,15 @@
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
+crc32_combine: Optional[Callable[[int, int, int], int]]
 try:
     from zlib_ng.zlib_ng import crc32
+    from zlib_ng.zlib_ng import crc32_combine
 except ImportError:  # pragma: no cover - platforms without a zlib-ng wheel
     from zlib import crc32
 
-__all__ = ["crc32"]
+    crc32_combine = None  # the standard zlib module does not offer it
+
+__all__ = ["crc32", "crc32_combine"]

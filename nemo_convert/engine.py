@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -21,6 +21,7 @@ from nemo_convert.dtypes import SHORT, cast_for_output, lossy_cast
 from nemo_convert.errors import InputError
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.tensors.base import TensorSource
+from nemo_convert.tensors.pieces import Pieces, materialize
 
 Sink = Callable[[str, torch.Tensor], None]
 
@@ -123,7 +124,8 @@ class _Writer(threading.Thread):
 
 
 def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress | None = None,
-             description: str = "converting", own_progress: bool = True, overlap: bool = False) -> RunStats:
+             description: str = "converting", own_progress: bool = True, overlap: bool = False,
+             lazy: bool = False) -> RunStats:
     """Stream every task of ``plan`` from ``source`` into ``sink``.
 
     With ``overlap`` a writer thread calls ``sink`` while the next task is
@@ -131,6 +133,11 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
     that a queued tensor is never overwritten. It is off by default: on the 2-core
     machines we measure on it gave no speed-up (docs/performance.md). With ``own_progress=False`` the caller has
     started ``progress`` (one bar over several plans) and finishes it.
+
+    With ``lazy`` (the sink takes :class:`~nemo_convert.tensors.pieces.Pieces` as well as
+    tensors), tasks that only rearrange rows run their deferred form on deferred inputs
+    (``TensorSource.load_lazy`` where a source has it, e.g. merged TP ranks): their outputs
+    reach the sink as pieces, never copied together. Off while counting NaN/Inf.
     """
     progress = progress or NoProgress()
     stats = RunStats()
@@ -142,18 +149,24 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
         plan.pool.rotation = QUEUE_DEPTH + 2
         writer.start()
     put = writer.put if writer is not None else sink
+    lazy = lazy and not plan.check_finite and writer is None
+    load_lazy = getattr(source, "load_lazy", None) or source.load
     try:
         for task in plan.tasks:
-            inputs = [source.load(k) for k in task.inputs]
+            deferred = lazy and task.lazy_fn is not None
+            inputs: list[Any] = [(load_lazy if deferred else source.load)(k) for k in task.inputs]
             if task.check_equal:
                 a, b = inputs
                 if not same_bits(a, b):
                     raise InputError(f"{task.inputs[0]} differs from {task.inputs[1]}, but the config says "
                                      "the embeddings are tied")
                 continue
-            outputs = task.fn(inputs)
+            outputs = task.lazy_fn(inputs) if deferred and task.lazy_fn is not None else task.fn(inputs)
             for info, out in zip(task.infos, outputs):
-                out = cast_for_output(out, info.dtype)
+                if isinstance(out, Pieces) and out.dtype != info.dtype:
+                    out = materialize(out)
+                if not isinstance(out, Pieces):
+                    out = cast_for_output(out, info.dtype)
                 if tuple(out.shape) != info.shape or out.dtype != info.dtype:
                     raise InputError(f"internal error: {info.name} came out as {list(out.shape)} {out.dtype}, "
                                      f"planned {list(info.shape)} {info.dtype}")

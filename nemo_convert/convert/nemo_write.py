@@ -101,6 +101,7 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
     processes), in archive order. ``plan`` is placed on ``compute``'s device already; the
     per-rank writer's splits are placed here."""
     infos = plan.outputs()
+    lazy = not compute.active  # our writers take deferred pieces; device runs hand back tensors
     if layout == "dist":
         sizes = [t.out_bytes for t in plan.tasks]
         groups = split_balanced(sizes, max(2, -(-sum(sizes) // DIST_PART_BYTES)))
@@ -111,7 +112,7 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
             def write(sink: MemberSink, progress: Progress | None, sub: Plan = sub, k: int = k) -> tuple[RunStats, Any]:
                 w = DistWeightsWriter(sink, infos, data_file=f"__{k}_0.distcp", unstacked=unstacked)
                 try:
-                    stats = run_plan(sub, source, w.write, progress=progress, own_progress=False)
+                    stats = run_plan(sub, source, w.write, progress=progress, own_progress=False, lazy=lazy)
                 except BaseException as exc:
                     w.abort(exc)
                     raise
@@ -131,14 +132,14 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
             def write_rank(sink: MemberSink, progress: Progress | None, p: int = p, t: int = t) -> tuple[RunStats, Any]:
                 return write_rank_file(sink, plan, source, playout, kinds, pp_rank=p, tp_rank=t,
                                        padded_vocab=padded, progress=progress,
-                                       tensor_parallel=splitter), None
+                                       tensor_parallel=splitter, lazy=lazy), None
             nbytes = sum(t.out_bytes for t in plan.tasks if any(p in playout.stages_of(o) for o in t.outputs))
             parts.append(WeightPart(f"{folder}/{WEIGHTS}", write_rank, nbytes))
         return parts
 
     def write_single(sink: MemberSink, progress: Progress | None) -> tuple[RunStats, Any]:
         w = LegacyWeightsWriter(sink, infos)
-        stats = run_plan(plan, source, w.write, progress=progress, own_progress=False)
+        stats = run_plan(plan, source, w.write, progress=progress, own_progress=False, lazy=lazy)
         w.close()
         return stats, None
     return [WeightPart(WEIGHTS, write_single, plan.total_bytes)]

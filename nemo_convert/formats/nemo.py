@@ -19,6 +19,7 @@ import yaml
 from nemo_convert.errors import InputError
 from nemo_convert.formats.sink import MemberSink
 from nemo_convert.formats.tar_archive import Container, find_member, open_nemo_container
+from nemo_convert.tensors.pieces import Lazy
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.views import PrefixView  # noqa: F401  (re-exported)
 
@@ -95,6 +96,11 @@ class VocabTrimView:
     def load(self, key: str) -> torch.Tensor:
         t = self._inner.load(key)
         return t[: self._vocab] if self._trims(key) else t
+
+    def load_lazy(self, key: str) -> Lazy:
+        """:meth:`load`, deferred where the source below defers (merged TP ranks)."""
+        t = getattr(self._inner, "load_lazy", self._inner.load)(key)
+        return t.narrow(0, 0, self._vocab) if self._trims(key) else t
 
     def group(self, key: str) -> str:
         return self._inner.group(key)

@@ -20,8 +20,9 @@ from nemo_convert.formats.torch_save import TorchSaveWriter
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout, rank_dir
-from nemo_convert.sharding.tensor import TensorParallel
+from nemo_convert.sharding.tensor import TensorParallel, deferred
 from nemo_convert.tensors.base import TensorInfo, TensorSource
+from nemo_convert.tensors.pieces import Lazy, materialize
 
 WEIGHTS = "model_weights.ckpt"
 _TP = TensorParallel()
@@ -72,7 +73,7 @@ class PerRankSource:
             self._infos[key] = TensorInfo(key, tuple(merged.shape), merged.dtype)
         return self._infos[key]
 
-    def _merge(self, key: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    def _merge(self, key: str, parts: list[torch.Tensor]) -> Lazy:
         kind = self._kind(key)
         if any(p.shape != parts[0].shape for p in parts):
             raise ShapeError(f"{key}: the tensor-parallel slices differ in shape "
@@ -80,9 +81,14 @@ class PerRankSource:
         vocab = self._vocab if kind is Parallel.VOCAB else None
         if vocab is not None and parts[0].shape[0] * len(parts) < vocab:
             vocab = None
-        return self._tp.merge(parts, kind, name=key, vocab=vocab)
+        merge = deferred(self._tp, "merge") or self._tp.merge
+        return merge(parts, kind, name=key, vocab=vocab)
 
     def load(self, key: str) -> torch.Tensor:
+        return materialize(self.load_lazy(key))
+
+    def load_lazy(self, key: str) -> Lazy:
+        """:meth:`load`, with merges that only stack rows deferred (:mod:`~nemo_convert.tensors.pieces`)."""
         p, local = self._where[key]
         return self._merge(key, [self._ranks[(p, t)].load(local) for t in range(self._layout.tp)])
 
@@ -97,25 +103,31 @@ class PerRankSource:
 
 def write_rank_file(sink: MemberSink, plan: Plan, source: TensorSource, layout: ParallelLayout,
                     kinds: dict[str, Parallel], *, pp_rank: int, tp_rank: int, padded_vocab: int | None,
-                    progress: Progress | None = None, tensor_parallel: TensorParallel | None = None) -> RunStats:
+                    progress: Progress | None = None, tensor_parallel: TensorParallel | None = None,
+                    lazy: bool = False) -> RunStats:
     """Run the part of ``plan`` that stage ``pp_rank`` needs and write TP rank ``tp_rank``'s
     slices into its folder's ``model_weights.ckpt`` (``model.``-prefixed, layers
     renumbered per stage)."""
     p, t = pp_rank, tp_rank
     splitter = tensor_parallel or _TP
+    # deferred where the strategy can (rows picked, not copied: the writer copies them file to file)
+    split_lazy = deferred(splitter, "split")
     tasks = [task for task in plan.tasks if task.outputs and any(p in layout.stages_of(o) for o in task.outputs)]
     with sink.open_member(f"{rank_dir(t, p, layout.pp)}/{WEIGHTS}") as stream:
         writer = TorchSaveWriter(stream)
 
-        def put(name: str, tensor: torch.Tensor) -> None:
+        def put(name: str, tensor: Lazy) -> None:
             if p not in layout.stages_of(name):
                 return
             kind = kinds.get(name, Parallel.REPLICATED)
-            piece = splitter.split(tensor, kind, layout.tp, t, name=name,
-                              padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
+            vocab = padded_vocab if kind is Parallel.VOCAB else None
+            if split_lazy is not None:
+                piece = split_lazy(tensor, kind, layout.tp, t, name=name, padded_vocab=vocab)
+            else:
+                piece = splitter.split(materialize(tensor), kind, layout.tp, t, name=name, padded_vocab=vocab)
             writer.add("model." + layout.local_name(name, p), piece)
 
         stats = run_plan(Plan(plan.direction, tasks, plan.dropped, plan.check_finite), source, put,
-                         progress=progress, own_progress=False)
+                         progress=progress, own_progress=False, lazy=lazy)
         writer.close()
     return stats

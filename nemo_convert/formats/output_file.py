@@ -16,16 +16,22 @@ import ctypes
 import errno
 import io
 import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from nemo_convert.tensors.file_map import file_origin
+from nemo_convert.crc import crc32, crc32_combine
+from nemo_convert.tensors import hugepages
+from nemo_convert.tensors.file_map import FileOrigin, file_origin
+from nemo_convert.tensors.pieces import Lazy, Pieces
 
 #: Completed bytes between two writeback requests.
 WRITEBACK_CHUNK = 32 << 20
 _SYNC_FILE_RANGE_WRITE = 2
 _BUFFER = 1 << 20
+#: Bytes checksummed (and written) at a time: one pass over each piece while it is in cache.
+PIECE = 4 << 20
 #: ``copy_file_range`` errors that mean "not here" (other file system, old kernel, …).
 NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
 
@@ -106,12 +112,52 @@ def open_output(path: str) -> OutputFile:
     return OutputFile(path)
 
 
-def write_tensor(stream: Any, t: torch.Tensor, data: memoryview) -> None:
-    """Append tensor ``t``'s bytes (``data``, its raw little-endian view) to ``stream``:
-    copied file to file when ``t`` views a range of an input file and the stream can
-    ``copy_range`` (:mod:`nemo_convert.tensors.file_map`), else written from memory."""
-    origin = file_origin(t)
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw little-endian bytes of ``t`` (contiguous copy only when needed)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():  # e.g. a row-parallel slice: one copy, on huge pages
+        t = hugepages.empty(t.shape, t.dtype).copy_(t)
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Some bytes of an output tensor, and the input file range holding them, if any."""
+
+    data: memoryview
+    origin: FileOrigin | None
+
+
+def tensor_chunks(t: Lazy) -> list[Chunk]:
+    """The bytes of ``t`` in order: one chunk for a tensor, one per piece for
+    :class:`~nemo_convert.tensors.pieces.Pieces`; each with its input file range."""
+    parts = t.parts if isinstance(t, Pieces) else (t,)
+    return [Chunk(tensor_bytes(p), file_origin(p)) for p in parts]
+
+
+def checksum(chunks: list[Chunk]) -> int:
+    """CRC-32 of the chunks' bytes in order; a stored CRC of a chunk's input range is
+    combined rather than recomputed where zlib-ng can combine."""
+    crc = 0
+    for c in chunks:
+        known = c.origin.crc32 if c.origin is not None else None
+        if known is not None and crc32_combine is not None:
+            crc = crc32_combine(crc, known, c.data.nbytes)
+            continue
+        for start in range(0, c.data.nbytes, PIECE):
+            crc = crc32(c.data[start:start + PIECE], crc)
+    return crc & 0xFFFFFFFF
+
+
+def write_tensor(stream: Any, t: Lazy) -> None:
+    """Append the bytes of ``t`` to ``stream``: file to file for the chunks that are
+    ranges of an input file when the stream can ``copy_range``, else from memory."""
     copy = getattr(stream, "copy_range", None)
-    if origin is not None and copy is not None and copy(origin.fileno, origin.offset, origin.length):
-        return
-    stream.write(data)
+    for c in tensor_chunks(t):
+        if c.origin is not None and copy is not None and copy(c.origin.fileno, c.origin.offset, c.data.nbytes):
+            continue
+        stream.write(c.data)

@@ -11,21 +11,8 @@ from typing import BinaryIO, Sequence
 import torch
 
 from nemo_convert.errors import NemoConvertError
-from nemo_convert.formats.output_file import open_output, write_tensor
-from nemo_convert.tensors import hugepages
+from nemo_convert.formats.output_file import open_output, tensor_bytes, write_tensor  # noqa: F401  (tensor_bytes re-exported)
 from nemo_convert.tensors.base import DTYPE_TO_SAFETENSORS, TensorInfo
-
-
-def tensor_bytes(t: torch.Tensor) -> memoryview:
-    """The raw little-endian bytes of ``t`` (contiguous copy only when needed)."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if not t.is_contiguous():  # e.g. a row-parallel slice: one copy, on huge pages
-        t = hugepages.empty(t.shape, t.dtype).copy_(t)
-    if t.numel() == 0:
-        return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
 def build_header(infos: Sequence[TensorInfo], metadata: dict[str, str] | None = None) -> bytes:
@@ -62,7 +49,7 @@ class SafetensorsStreamWriter:
         if name != want.name or tuple(t.shape) != want.shape or t.dtype != want.dtype:
             raise NemoConvertError(f"internal error: {self.path} expected {want.name} {list(want.shape)} "
                                    f"{want.dtype}, got {name} {list(t.shape)} {t.dtype}")
-        write_tensor(self._f, t, tensor_bytes(t))
+        write_tensor(self._f, t)
         self._next += 1
         if self.done:
             self.close()

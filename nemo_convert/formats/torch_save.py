@@ -19,11 +19,10 @@ from typing import Any, BinaryIO
 import torch
 
 from nemo_convert.crc import crc32
-from nemo_convert.formats.safetensors_writer import tensor_bytes
-from nemo_convert.tensors.file_map import FileOrigin, file_origin
+from nemo_convert.formats.output_file import PIECE, Chunk, checksum, tensor_chunks
+from nemo_convert.tensors.pieces import Lazy
 
 ALIGN = 64
-PIECE = 4 << 20  # checksum and write in pieces: one pass over each piece while it is in cache
 _ARCHIVE = "archive"
 _STORAGE_TYPES = {
     torch.float64: "DoubleStorage", torch.float32: "FloatStorage", torch.float16: "HalfStorage",
@@ -61,13 +60,6 @@ class _Pickler(pickle.Pickler):
         return None
 
 
-def _checksum(mv: memoryview) -> int:
-    crc = 0
-    for start in range(0, mv.nbytes, PIECE):
-        crc = crc32(mv[start:start + PIECE], crc)
-    return crc & 0xFFFFFFFF
-
-
 class TorchSaveWriter:
     """Writes a ``torch.save``-compatible zip of a flat ``{name: tensor}`` dict, streamed."""
 
@@ -87,13 +79,18 @@ class TorchSaveWriter:
         self._out.write(data)
         self._pos += n
 
-    def _record(self, name: str, data: Any, origin: FileOrigin | None = None) -> None:
-        """Write one STORED zip record. With ``origin`` (the bytes are a range of an input
-        file) and a stream that can ``copy_range``, the bytes are copied file to file and
-        only checksummed here — or not even that when the input's record CRC is known."""
-        mv = memoryview(data).cast("B")
+    def _record(self, name: str, data: Any) -> None:
+        self._record_chunks(name, [Chunk(memoryview(data).cast("B"), None)])
+
+    def _record_chunks(self, name: str, chunks: list[Chunk]) -> None:
+        """Write one STORED zip record whose bytes are ``chunks`` in order. Chunks that are
+        ranges of an input file go file to file when the stream can ``copy_range``; then
+        the CRC is computed from the mapped views first (or taken from the input's record)
+        and the header written once. Otherwise the header is patched after one pass that
+        checksums and writes each piece while it is in cache (seekable streams), or the
+        CRC comes first (others)."""
         full = f"{_ARCHIVE}/{name}".encode()
-        size = mv.nbytes
+        size = sum(c.data.nbytes for c in chunks)
         offset = self._pos
         zip64 = size >= 0xFFFFFFFF or offset >= 0xFFFFFFFF
         base = 30 + len(full)
@@ -102,56 +99,60 @@ class TorchSaveWriter:
         extra = z64_local + struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # torch's "FB" padding field
         s32 = 0xFFFFFFFF if zip64 else size
         version = 45 if zip64 else 20
-        copy = getattr(self._out, "copy_range", None) if origin is not None else None
-        streamed = self._seekable and size > PIECE
-        if copy is not None and origin is not None:
-            crc = origin.crc32 if origin.crc32 is not None else _checksum(mv)
-            self._write(struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, crc, s32, s32,
-                                    len(full), len(extra)) + full + extra)
-            if copy(origin.fileno, origin.offset, size):
-                self._pos += size
-            else:
-                self._write(mv)
-        elif streamed:  # header first, checksum while writing, then patch it in: one pass over the bytes
+
+        def header(crc: int) -> bytes:
+            return struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, crc, s32, s32,
+                               len(full), len(extra)) + full + extra
+
+        copy = getattr(self._out, "copy_range", None)
+        if copy is not None and any(c.origin is not None for c in chunks):
+            crc = checksum(chunks)
+            self._write(header(crc))
+            for c in chunks:
+                if c.origin is not None and copy(c.origin.fileno, c.origin.offset, c.data.nbytes):
+                    self._pos += c.data.nbytes
+                else:
+                    self._write(c.data)
+        elif self._seekable and size > PIECE:  # one pass over the bytes, then patch the CRC in
             header_at = self._out.tell()
+            self._write(header(0))
             crc = 0
-            self._write(struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, 0, s32, s32,
-                                    len(full), len(extra)) + full + extra)
-            for start in range(0, size, PIECE):
-                piece = mv[start:start + PIECE]
-                crc = crc32(piece, crc)
-                self._write(piece)
+            for c in chunks:
+                for start in range(0, c.data.nbytes, PIECE):
+                    piece = c.data[start:start + PIECE]
+                    crc = crc32(piece, crc)
+                    self._write(piece)
             end = self._out.tell()
-            self._out.seek(header_at + 14)
-            self._out.write(struct.pack("<I", crc & 0xFFFFFFFF))
-            self._out.seek(end)
             crc &= 0xFFFFFFFF
+            self._out.seek(header_at + 14)
+            self._out.write(struct.pack("<I", crc))
+            self._out.seek(end)
         else:
-            crc = crc32(mv) & 0xFFFFFFFF
-            self._write(struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, crc, s32, s32,
-                                    len(full), len(extra)) + full + extra)
-            self._write(mv)
+            crc = checksum(chunks)
+            self._write(header(crc))
+            for c in chunks:
+                self._write(c.data)
         c_extra = struct.pack("<HHQQQ", 0x0001, 24, size, size, offset) if zip64 else b""
         o32 = 0xFFFFFFFF if zip64 else offset
         self._central.append(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, version, version, 0, 0, 0, 0, crc,
                                          s32, s32, len(full), len(c_extra), 0, 0, 0, 0, o32) + full + c_extra)
 
-    def add(self, name: str, tensor: torch.Tensor) -> None:
+    def add(self, name: str, tensor: Lazy) -> None:
         """Append one tensor (written immediately; nothing is kept but its name and shape)."""
         if name in self._entries:
             raise ValueError(f"duplicate tensor name {name!r}")
         key = str(len(self._entries))
         ref = _StorageRef(key, tensor.dtype, tensor.numel())
-        self._record(f"data/{key}", tensor_bytes(tensor), file_origin(tensor))
+        self._record_chunks(f"data/{key}", tensor_chunks(tensor))
         self._entries[name] = _TensorRef(ref, tuple(tensor.shape))
 
-    def save_tensor(self, tensor: torch.Tensor) -> None:
+    def save_tensor(self, tensor: Lazy) -> None:
         """Write ``tensor`` itself (not a dict) as the archive's object, like
         ``torch.save(tensor, f)``; then :meth:`close`."""
         if self._entries:
             raise ValueError("save_tensor writes a one-tensor archive")
         ref = _StorageRef("0", tensor.dtype, tensor.numel())
-        self._record("data/0", tensor_bytes(tensor), file_origin(tensor))
+        self._record_chunks("data/0", tensor_chunks(tensor))
         self._single = _TensorRef(ref, tuple(tensor.shape))
         self.close()
 

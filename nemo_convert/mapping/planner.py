@@ -19,9 +19,15 @@ from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Parallel, Rename, Reshape, Rule,
                                         Tied, cfg_get, condition_holds)
 from nemo_convert.tensors.base import TensorInfo, TensorSource
+from nemo_convert.tensors.pieces import Lazy
 
 Direction = Literal["to_nemo", "to_hf"]
 TaskFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+LazyFn = Callable[[Sequence[Lazy]], Sequence[Lazy]]
+
+
+def _same(ts: Sequence[Lazy]) -> tuple[Lazy]:
+    return (ts[0],)
 
 
 @dataclass
@@ -35,6 +41,9 @@ class Task:
     infos: tuple[TensorInfo, ...] = ()
     label: str = ""
     check_equal: bool = False  # a Tied check: inputs must be equal; no outputs
+    #: ``fn`` in its deferred form, where it only rearranges rows: takes tensors or
+    #: :class:`~nemo_convert.tensors.pieces.Pieces` and may return pieces (engine ``lazy`` runs)
+    lazy_fn: LazyFn | None = None
 
     @property
     def out_bytes(self) -> int:
@@ -84,21 +93,23 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: i
     if isinstance(rule, Rename):
         for (_, h), (_, n) in zip(_expand(rule.hf, layers), _expand(rule.nemo, layers)):
             src, dst = (h, n) if to_nemo else (n, h)
-            tasks.append(Task((src,), (dst,), lambda ts: (ts[0],),
-                              (rule.parallel if to_nemo else Parallel.REPLICATED,), label="rename"))
+            tasks.append(Task((src,), (dst,), _same, (rule.parallel if to_nemo else Parallel.REPLICATED,),
+                              label="rename", lazy_fn=_same))
     elif isinstance(rule, Reshape):
         shape = rule.resolve(cfg, "nemo" if to_nemo else "hf")
         for (_, h), (_, n) in zip(_expand(rule.hf, layers), _expand(rule.nemo, layers)):
             src, dst = (h, n) if to_nemo else (n, h)
-            tasks.append(Task((src,), (dst,), lambda ts, s=shape: (ts[0].reshape(s),),
-                              (rule.parallel if to_nemo else Parallel.REPLICATED,), label="reshape"))
+            fn = (lambda ts, s=shape: (ts[0].reshape(s),))
+            tasks.append(Task((src,), (dst,), fn, (rule.parallel if to_nemo else Parallel.REPLICATED,),
+                              label="reshape", lazy_fn=fn))
     elif isinstance(rule, FuseQKV):
         geo = rule.geometry(cfg)
         qs, ks, vs, ns = (_expand(x, layers) for x in (rule.q, rule.k, rule.v, rule.nemo))
         for (_, q), (_, k), (_, v), (_, n) in zip(qs, ks, vs, ns):
             if to_nemo:
                 tasks.append(Task((q, k, v), (n,), lambda ts, g=geo: (ops.fuse_qkv(*ts, **g, pool=pool),),
-                                  (rule.parallel,), label="fuse_qkv"))
+                                  (rule.parallel,), label="fuse_qkv",
+                                  lazy_fn=lambda ts, g=geo: (ops.fuse_qkv_lazy(*ts, **g),)))
             else:
                 tasks.append(Task((n,), (q, k, v), lambda ts, g=geo: ops.split_qkv(ts[0], **g),
                                   (Parallel.REPLICATED,) * 3, label="split_qkv"))
@@ -109,7 +120,8 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: i
         for (_, g), (_, u), (_, n) in zip(gs, us, ns):
             if to_nemo:
                 tasks.append(Task((g, u), (n,), lambda ts, f=ffn: (ops.fuse_gated(ts[0], ts[1], ffn=f, pool=pool),),
-                                  (rule.parallel,), label="fuse_gated"))
+                                  (rule.parallel,), label="fuse_gated",
+                                  lazy_fn=lambda ts, f=ffn: (ops.fuse_gated_lazy(ts[0], ts[1], ffn=f),)))
             else:
                 tasks.append(Task((n,), (g, u), lambda ts, f=ffn: ops.split_gated(ts[0], ffn=f),
                                   (Parallel.REPLICATED,) * 2, label="split_gated"))
@@ -255,8 +267,8 @@ def nemo_parallel_kinds(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Para
 
 def identity_plan(source: TensorSource, kinds: dict[str, Parallel]) -> Plan:
     """Every tensor of ``source`` copied unchanged (resharding, layout changes)."""
-    tasks = [Task((k,), (k,), lambda ts: (ts[0],), (kinds.get(k, Parallel.REPLICATED),), (source.info(k),),
-                  label="copy") for k in source.keys()]
+    tasks = [Task((k,), (k,), _same, (kinds.get(k, Parallel.REPLICATED),), (source.info(k),),
+                  label="copy", lazy_fn=_same) for k in source.keys()]
     groups = {k: source.group(k) for k in source.keys()}
     order = {k: i for i, k in enumerate(source.keys())}
     tasks.sort(key=lambda t: (groups[t.inputs[0]], order[t.inputs[0]]))

@@ -13,7 +13,7 @@ import torch
 
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.formats.output_file import write_tensor
-from nemo_convert.formats.safetensors_writer import build_header, tensor_bytes
+from nemo_convert.formats.safetensors_writer import build_header
 from nemo_convert.tensors.base import TensorInfo
 
 METADATA = {"format": "pt"}
@@ -33,7 +33,7 @@ class RankStream:
         if name != want.name or tuple(t.shape) != want.shape or t.dtype != want.dtype:
             raise NemoConvertError(f"internal error: {self._name} expected {want.name} {list(want.shape)} "
                                    f"{want.dtype}, got {name} {list(t.shape)} {t.dtype}")
-        write_tensor(self._f, t, tensor_bytes(t))
+        write_tensor(self._f, t)
         self._next += 1
         return want.nbytes
 

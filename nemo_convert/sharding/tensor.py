@@ -9,7 +9,7 @@ and trimmed back on merge; everything else replicated.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -90,3 +90,17 @@ class TensorParallel:
                     padded_vocab: int | None = None) -> tuple[int, ...]:
         meta = torch.empty(shape, device="meta")
         return tuple(self.split(meta, kind, tp, 0, padded_vocab=padded_vocab).shape)
+
+
+def deferred(strategy: object, method: str) -> Callable[..., Lazy] | None:
+    """``strategy.<method>_lazy`` (``method`` is ``split`` or ``merge``) when it is the
+    deferred form of the strategy's own ``method``: defined by the class that defines
+    ``method``, or a subclass of it. A subclass that overrides only ``split`` (a device
+    wrapper, a third party's strategy) is never bypassed by an inherited lazy form."""
+    def owner(name: str) -> type | None:
+        return next((c for c in type(strategy).__mro__ if name in vars(c)), None)
+
+    eager, lazy = owner(method), owner(method + "_lazy")
+    if eager is None or lazy is None or not issubclass(lazy, eager):
+        return None
+    return getattr(strategy, method + "_lazy")  # type: ignore[no-any-return]
