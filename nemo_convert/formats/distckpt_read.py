@@ -18,7 +18,6 @@ import io
 import json
 import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +26,13 @@ import torch
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.distckpt import DCP_METADATA, METADATA_JSON
-from nemo_convert.formats.distckpt_meta import BytesStorageMetadata, MetadataIndex, load_metadata
+from nemo_convert.formats.distckpt_meta import (
+    BytesStorageMetadata,
+    MetadataIndex,
+    load_metadata,
+)
 from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, dtype_size
+from nemo_convert.tensors.torch_zip import LazyTensor, read_torch_zip
 
 _STACKED = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")
 
@@ -65,6 +69,7 @@ class _Layout:
     stride: tuple[int, ...]
     storage_offset: int
     dtype: torch.dtype
+    crc32: int | None = None  # the record's stored CRC-32, when the storage is the whole record
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -322,6 +327,8 @@ class DistCheckpointSource:
                 fmap = self._maps.get(region.path)
                 if fmap is None:
                     fmap = self._maps[region.path] = FileMap(region.path)
+                if layout.crc32 is not None:
+                    fmap.note_checksum(layout.data_offset, layout.storage_bytes, layout.crc32)
                 flat = fmap.tensor(layout.data_offset, (layout.storage_bytes // esize,), dtype)
                 t = flat.as_strided(layout.shape, layout.stride, flat.storage_offset() + layout.storage_offset)
             elif contiguous and layout.shape:
@@ -352,28 +359,19 @@ class DistCheckpointSource:
         return t
 
     def _layout(self, raw: str, c: _Chunk, region: ByteRegion) -> _Layout | None:
-        """The storage layout of a chunk's ``torch.save`` bytes, or None to fall back."""
+        """The storage layout of a chunk's ``torch.save`` bytes (read by our own zip and
+        pickle readers, no torch.load), or None to fall back to a plain load."""
         if c in self._layouts:
             return self._layouts[c]
         layout = None
         try:
-            with region.open() as f:
-                reader = torch._C.PyTorchFileReader(f)
-                records = [r for r in reader.get_all_records() if r.startswith("data/")]
-                order = reader.get_record("byteorder") if reader.has_record("byteorder") else b"little"
-                if len(records) == 1 and bytes(order).decode() == sys.byteorder:
-                    rec_offset = reader.get_record_offset(records[0])
-                    rec_size = reader.get_record_size(records[0])
-                    f.seek(0)
-                    meta = torch.load(f, map_location="meta", weights_only=True)
-                    if (isinstance(meta, torch.Tensor) and meta.untyped_storage().nbytes() <= rec_size
-                            and rec_offset + meta.untyped_storage().nbytes() <= region.length):
-                        layout = _Layout(region.offset + rec_offset, meta.untyped_storage().nbytes(),
-                                         tuple(meta.shape), tuple(meta.stride()), meta.storage_offset(),
-                                         meta.dtype)
-        except Exception as exc:  # unreadable headers: let the plain load report it
-            if isinstance(exc, (OSError, InputError)):
-                raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
+            saved = read_torch_zip(region)
+            if isinstance(saved, LazyTensor) and not saved.metadata:
+                offset, nbytes, crc = saved.storage.archive.stored_range(saved.storage)
+                layout = _Layout(offset, nbytes, saved.shape, saved.stride, saved.storage_offset, saved.dtype, crc)
+        except OSError as exc:
+            raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
+        except InputError:  # not what we can map: let the plain load report or read it
             layout = None
         self._layouts[c] = layout
         return layout

@@ -288,14 +288,23 @@ class _Archive:
         return self._data_offsets[key]
 
     def storage_view(self, ref: StorageRef, dtype: torch.dtype) -> torch.Tensor:
-        """The whole storage as a flat tensor of ``dtype`` on the file's memory map."""
+        """The whole storage as a flat tensor of ``dtype`` on the file's memory map (whose
+        writers may reuse the record's stored CRC: :mod:`~nemo_convert.tensors.file_map`)."""
         with self._lock:
-            offset = self._data_offset(ref.key)
+            offset, nbytes, crc = self.stored_range(ref)
             if self._map is None:
                 self._map = FileMap(self.region.path)
             fmap = self._map
-        count = ref.nbytes // dtype_size(dtype)
-        return fmap.tensor(self.region.offset + offset, (count,), dtype)
+        if crc is not None:
+            fmap.note_checksum(offset, nbytes, crc)
+        return fmap.tensor(offset, (nbytes // dtype_size(dtype),), dtype)
+
+    def stored_range(self, ref: StorageRef) -> tuple[int, int, int | None]:
+        """Storage ``ref``'s bytes: absolute offset in the file, length, and the record's
+        stored CRC-32 (None when the storage is shorter than its record)."""
+        info = self.members[f"{self.prefix}data/{ref.key}"]
+        crc = info.CRC if ref.nbytes == info.file_size else None
+        return self.region.offset + self._data_offset(ref.key), ref.nbytes, crc
 
     def close(self) -> None:
         with self._lock:
