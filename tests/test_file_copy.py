@@ -1,0 +1,232 @@
+"""Tensors that are ranges of an input file are copied file to file; the bytes and every
+zip CRC come out exactly as when written from memory."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import zipfile
+import zlib
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from nemo_convert import api
+from nemo_convert.formats import output_file
+from nemo_convert.formats.output_file import OutputFile, tensor_chunks, write_tensor
+from nemo_convert.formats.tar_writer import TarWriter
+from nemo_convert.formats.torch_save import TorchSaveWriter
+from nemo_convert.tensors.base import ByteRegion
+from nemo_convert.tensors.file_map import file_origin
+from nemo_convert.tensors.pieces import materialize, rows
+from nemo_convert.tensors.safetensors_source import SafetensorsFile
+from nemo_convert.tensors.torch_zip import TorchZipSource
+
+GEOM = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=1000, max_position_embeddings=64)
+
+
+@pytest.fixture
+def mapped(tmp_path):
+    path = str(tmp_path / "w.safetensors")
+    save_file({"a": torch.arange(64, dtype=torch.float32).reshape(8, 8),
+               "b": torch.arange(100, 164, dtype=torch.float32).reshape(8, 8)}, path)
+    src = SafetensorsFile(path)
+    yield src, path
+    src.close()
+
+
+def test_file_origin_names_the_bytes_of_views_on_an_input(mapped):
+    src, path = mapped
+    a = src.load("a")
+    got = file_origin(a)
+    assert got is not None and got.path == path and got.length == 256
+    with open(path, "rb") as f:
+        f.seek(got.offset)
+        assert f.read(256) == a.numpy().tobytes()
+    rows_2_to_5 = file_origin(a.narrow(0, 2, 3))
+    assert rows_2_to_5 is not None and rows_2_to_5.offset == got.offset + 64 and rows_2_to_5.length == 96
+    assert file_origin(a.t()) is None  # not contiguous
+    assert file_origin(a * 1) is None  # computed
+    assert file_origin(torch.zeros(3)) is None
+
+
+def test_a_closed_source_is_never_a_copy_origin(tmp_path):
+    path = str(tmp_path / "w.safetensors")
+    save_file({"a": torch.ones(4, 4)}, path)
+    src = SafetensorsFile(path)
+    t = src.load("a")
+    src.close()
+    assert file_origin(t) is None  # the file is closed: the writer writes from memory
+
+
+def test_copy_range_appends_in_the_kernel_and_requests_writeback(tmp_path, mapped):
+    src, _ = mapped
+    a = src.load("a")
+    origin = file_origin(a)
+    assert origin is not None
+    out = str(tmp_path / "o.bin")
+    with OutputFile(out, chunk=256) as f:
+        f.write(b"head")
+        assert f.copy_range(origin.fileno, origin.offset, origin.length)
+        f.write(b"tail")
+        if output_file._SYNC_FILE_RANGE is not None:
+            assert f.writeback_requested == 256
+    with open(out, "rb") as g:
+        assert g.read() == b"head" + a.numpy().tobytes() + b"tail"
+
+
+def test_without_copy_file_range_the_bytes_are_written_from_memory(tmp_path, mapped, monkeypatch):
+    src, _ = mapped
+    a, b = src.load("a"), src.load("b")
+
+    def refuse(*args):  # e.g. across file systems on an old kernel
+        raise OSError(18, "EXDEV")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    out = str(tmp_path / "o.bin")
+    with OutputFile(out) as f:
+        assert not f.copy_range(file_origin(a).fileno, 0, 16)  # type: ignore[union-attr]
+        write_tensor(f, rows([b[4:], a, b[:4]]))
+    with open(out, "rb") as g:
+        assert g.read() == torch.cat([b[4:], a, b[:4]]).numpy().tobytes()
+
+
+def _torch_save_bytes(tensors: dict, tar: bool, tmp_path) -> bytes:
+    """A torch.save zip of ``tensors`` written by our writer: into a tar member (a stream
+    that copies file ranges) or into memory (one that cannot)."""
+    if not tar:
+        buf = io.BytesIO()
+        w = TorchSaveWriter(buf)
+        for k, t in tensors.items():
+            w.add(k, t)
+        w.close()
+        return buf.getvalue()
+    path = str(tmp_path / "t.tar")
+    with TarWriter(path) as tw, tw.open_member("w.ckpt") as stream:
+        w = TorchSaveWriter(stream)
+        for k, t in tensors.items():
+            w.add(k, t)
+        w.close()
+    with tarfile.open(path) as tf:
+        return tf.extractfile("./w.ckpt").read()  # type: ignore[union-attr]
+
+
+def test_torch_save_records_are_identical_however_their_bytes_travel(tmp_path, mapped):
+    src, _ = mapped
+    a, b = src.load("a"), src.load("b")
+    tensors = {"whole": a, "pieces": rows([b[6:], torch.full((2, 8), 7.0), a[:3]]), "computed": a + b}
+    copied = _torch_save_bytes(tensors, True, tmp_path)
+    in_memory = _torch_save_bytes({k: materialize(v) for k, v in tensors.items()}, False, tmp_path)
+    assert copied == in_memory
+    assert zipfile.ZipFile(io.BytesIO(copied)).testzip() is None  # every CRC right
+    back = torch.load(io.BytesIO(copied), weights_only=True)
+    assert all(torch.equal(back[k], materialize(v)) for k, v in tensors.items())
+
+
+def test_a_stored_record_crc_is_reused_not_recomputed(tmp_path):
+    path = str(tmp_path / "m.pt")
+    torch.save({"w": torch.arange(1024, dtype=torch.float32)}, path)
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("data/0"))
+    src = TorchZipSource(ByteRegion(path, 0, os.path.getsize(path)))
+    try:
+        t = src.load("w")
+        (chunk,) = tensor_chunks(t)
+        assert chunk.origin is not None and chunk.origin.crc32 == info.CRC
+        assert info.CRC == zlib.crc32(t.numpy().tobytes())
+        # a slice of the record is not the record: its CRC must be computed
+        (part,) = tensor_chunks(t[:10])
+        assert part.origin is not None and part.origin.crc32 is None
+    finally:
+        src.close()
+
+
+def _zips_in(path: str) -> list[bytes]:
+    """Every torch.save zip stored in a .nemo: model_weights.ckpt members, and each item
+    of the dist data files (located by its first record's local header)."""
+    out = []
+    with tarfile.open(path) as tf:
+        for m in tf.getmembers():
+            if not m.isfile():
+                continue
+            data = tf.extractfile(m).read()  # type: ignore[union-attr]
+            if m.name.endswith("model_weights.ckpt"):
+                out.append(data)
+            elif m.name.endswith(".distcp"):
+                at = data.find(b"PK\x03\x04")
+                while at >= 0:
+                    end = data.index(b"PK\x05\x06", at) + 22
+                    out.append(data[at:end])
+                    at = data.find(b"PK\x03\x04", end)
+    return out
+
+
+@pytest.mark.parametrize("steps", [
+    [("import", dict(layout="dist"))],
+    [("import", dict(layout="legacy", parallel=api.Parallelism(2, 1)))],
+    [("import", dict(layout="dist")), ("reshard", dict(tp=2, layout="legacy"))],
+    [("import", dict(layout="legacy", parallel=api.Parallelism(2, 2))), ("reshard", dict(tp=1, layout="legacy"))],
+    [("import", dict(layout="legacy", parallel=api.Parallelism(4, 1))), ("reshard", dict(tp=2, layout="dist"))],
+])
+def test_every_written_zip_record_has_the_right_crc(tmp_path, tiny_llama, steps):
+    src = tiny_llama(**GEOM, dtype=torch.bfloat16)
+    current = src
+    for i, (op, kw) in enumerate(steps):
+        out = str(tmp_path / f"{i}.nemo")
+        (api.import_hf if op == "import" else api.reshard)(current, out, **kw)
+        current = out
+    zips = _zips_in(current)
+    assert zips
+    for data in zips:
+        assert zipfile.ZipFile(io.BytesIO(data)).testzip() is None
+
+
+def test_reshard_copies_most_bytes_file_to_file(tmp_path, tiny_llama, monkeypatch):
+    """The fast path is taken: a dist → legacy TP2 reshard copies every byte in the kernel
+    but the row-parallel slices (strided: gathered in memory) and the vocabulary padding."""
+    src = tiny_llama(**GEOM, dtype=torch.bfloat16)
+    a = str(tmp_path / "a.nemo")
+    api.import_hf(src, a, layout="dist")
+    copied = []
+    real = OutputFile.copy_range
+
+    def counting(self, fileno, offset, size):  # type: ignore[no-untyped-def]
+        ok = real(self, fileno, offset, size)
+        copied.append(size if ok else 0)
+        return ok
+
+    monkeypatch.setattr(OutputFile, "copy_range", counting)
+    b = str(tmp_path / "b.nemo")
+    api.reshard(a, b, tp=2, layout="legacy")
+    written = 0
+    with tarfile.open(b) as tf:
+        for rank in ("mp_rank_00", "mp_rank_01"):
+            sd = torch.load(io.BytesIO(tf.extractfile(f"./{rank}/model_weights.ckpt").read()),  # type: ignore[union-attr]
+                            weights_only=True)
+            written += sum(t.numel() * t.element_size() for t in sd.values())
+    row_parallel = 2 * 2 * (32 * 32 + 32 * 64)  # bf16 bytes of linear_proj and linear_fc2, 2 layers
+    padding = 2 * 8 * 32 * 2  # vocab 1000 padded to 1008 rows at TP2: zero rows of embedding and output layer
+    assert sum(copied) == written - row_parallel - padding
+
+
+def test_import_of_a_bf16_checkpoint_copies_every_byte_file_to_file(tmp_path, tiny_llama, monkeypatch):
+    """Renames, and the QKV and gated fc1 fuses (pieces of the HF tensors), all go file to file."""
+    src = tiny_llama(**GEOM, dtype=torch.bfloat16)
+    copied = []
+    real = OutputFile.copy_range
+
+    def counting(self, fileno, offset, size):  # type: ignore[no-untyped-def]
+        ok = real(self, fileno, offset, size)
+        copied.append(size if ok else 0)
+        return ok
+
+    monkeypatch.setattr(OutputFile, "copy_range", counting)
+    rep = api.import_hf(src, str(tmp_path / "a.nemo"), layout="dist")
+    assert sum(copied) == rep.bytes
+    # a cast builds new tensors: nothing can be copied
+    copied.clear()
+    api.import_hf(src, str(tmp_path / "b.nemo"), layout="dist", dtype="fp32")
+    assert sum(copied) == 0
