@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -27,27 +31,54 @@ def test_concat_of_mixed_dtypes_promotes_like_torch_cat():
 
 
 def test_huge_page_buffers_are_plain_tensors(monkeypatch):
+    import mmap
+
     from nemo_convert.tensors import hugepages
 
     advised = []
-    monkeypatch.setattr(hugepages, "_MADVISE", lambda addr, n, advice: advised.append((addr, n, advice)) or 0)
-    t = hugepages.empty((hugepages.MIN_BYTES // 4 + 123,), torch.float32)
-    assert t.shape == (hugepages.MIN_BYTES // 4 + 123,) and t.dtype == torch.float32 and t.is_contiguous()
-    (addr, n, advice), = advised
-    huge = 2 << 20
-    assert addr % huge == 0 and n % huge == 0 and advice == 14
-    assert t.data_ptr() <= addr and addr + n <= t.data_ptr() + t.numel() * 4  # only whole pages inside
+    real = mmap.mmap
+
+    class Recording(real):  # type: ignore[misc,valid-type]
+        def madvise(self, advice, *args):  # type: ignore[no-untyped-def]
+            advised.append(advice)
+            return super().madvise(advice, *args)
+
+    monkeypatch.setattr(mmap, "mmap", Recording)
+    n = hugepages.MIN_BYTES // 4 + 123
+    t = hugepages.empty((n,), torch.float32)
+    assert t.shape == (n,) and t.dtype == torch.float32 and t.is_contiguous()
+    t.fill_(1.5)
+    assert float(t.sum()) == 1.5 * n
+    if hugepages.ADVICE is not None:
+        assert advised == [hugepages.ADVICE]
     advised.clear()
-    hugepages.empty((10,), torch.float32)
-    assert advised == []  # small buffers are not advised
+    small = hugepages.empty((10,), torch.float32)
+    assert advised == [] and small.shape == (10,)  # small buffers come from torch's allocator
+
+
+def _rss_anon_mib() -> int:
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith("RssAnon:"))
+    return int(line.split()[1]) // 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc (Linux)")
+def test_a_freed_buffer_is_returned_at_once():
+    """Large buffers are private anonymous maps of their own: freeing the tensor unmaps them
+    (no heap growth over many layers), and they count as private memory while alive."""
+    from nemo_convert.tensors import hugepages
+
+    before = _rss_anon_mib()
+    for _ in range(8):
+        t = hugepages.empty((48 << 20,), torch.uint8)
+        t.fill_(7)
+        assert _rss_anon_mib() - before >= 40
+        del t
+    assert _rss_anon_mib() - before < 16
 
 
 def test_the_advice_can_be_turned_off():
-    import os
-    import subprocess
-    import sys
-
-    code = "from nemo_convert.tensors import hugepages; print(hugepages._MADVISE is None)"
+    code = "from nemo_convert.tensors import hugepages; print(hugepages.ADVICE is None)"
     env = {**os.environ, "NEMO_CONVERT_NO_HUGEPAGES": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
