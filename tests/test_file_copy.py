@@ -230,3 +230,30 @@ def test_import_of_a_bf16_checkpoint_copies_every_byte_file_to_file(tmp_path, ti
     copied.clear()
     api.import_hf(src, str(tmp_path / "b.nemo"), layout="dist", dtype="fp32")
     assert sum(copied) == 0
+
+
+def test_a_corrupt_input_record_stays_detectably_corrupt(tmp_path, tiny_llama):
+    """A whole record passed through keeps the input's stored CRC: flipped bits in the
+    input are not re-checksummed into a valid-looking output."""
+    src = tiny_llama(**GEOM, dtype=torch.bfloat16)
+    good = str(tmp_path / "good.nemo")
+    api.import_hf(src, good, layout="legacy")
+    with tarfile.open(good) as tf:
+        member = tf.getmember("./model_weights.ckpt")
+        data = tf.extractfile(member).read()  # type: ignore[union-attr]
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)  # the largest tensor's record
+    name_len, extra_len = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    at = member.offset_data + info.header_offset + 30 + name_len + extra_len + 100
+    bad = str(tmp_path / "bad.nemo")
+    blob = bytearray(open(good, "rb").read())
+    blob[at] ^= 0x40
+    with open(bad, "wb") as f:
+        f.write(blob)
+    out = str(tmp_path / "out.nemo")
+    api.reshard(bad, out, tp=1, layout="dist")
+    reports = [zipfile.ZipFile(io.BytesIO(z)).testzip() for z in _zips_in(out)]
+    assert sum(r is not None for r in reports) == 1  # exactly the flipped tensor's record
+    api.reshard(good, str(tmp_path / "ok.nemo"), tp=1, layout="dist")
+    assert all(zipfile.ZipFile(io.BytesIO(z)).testzip() is None for z in _zips_in(str(tmp_path / "ok.nemo")))
