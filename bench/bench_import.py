@@ -39,7 +39,7 @@ sys.path.insert(0, HERE)
 
 from memory import ChildRun, run_measured
 
-ALL_CASES = ("copy", "copy-writeback", "import", "import-legacy", "naive", "import-cli", "import-2proc",
+ALL_CASES = ("copy", "copy-writeback", "copy-kernel", "import", "import-legacy", "naive", "import-cli", "import-2proc",
              "reshard-tp2", "reshard-tp1", "reshard-dist", "quantize-none", "quantize-int8")
 # Timed as whole commands by the parent (process start to exit), memory summed over the
 # process tree; every other case is timed inside its child, around the operation alone.
@@ -57,6 +57,7 @@ CASE_LABELS = {
     "baseline-hf": "interpreter baseline (torch + transformers Llama)",
     "copy": "(a) streaming copy",
     "copy-writeback": "(a') streaming copy + early writeback",
+    "copy-kernel": "(a'') in-kernel copy (copy_file_range) + early writeback",
     "import": "(b) import_hf, dist layout",
     "import-legacy": "(b) import_hf, legacy layout",
     "naive": "(c) naive peer",
@@ -244,12 +245,15 @@ def _sync_file_range() -> Any:
     return fn
 
 
-def case_copy(src: str, out: str, writeback: bool = False) -> dict[str, Any]:
+def case_copy(src: str, out: str, writeback: bool = False, kernel: bool = False) -> dict[str, Any]:
     """(a) Every tensor's bytes, from memory-mapped source shards into one new safetensors
     file: plain file I/O, no tensor is ever built. fsync at the end. (a') ``writeback``:
     the same, asking Linux to start writing every completed 32 MiB at once (what our
-    writers do, ``nemo_convert/formats/output_file.py``), so the final fsync has little left."""
-    sfr = _sync_file_range() if writeback else None
+    writers do, ``nemo_convert/formats/output_file.py``), so the final fsync has little left.
+    (a'') ``kernel``: with writeback, each tensor's bytes copied file to file by
+    ``copy_file_range`` instead of written from the map (what our writers do for bytes
+    that are ranges of an input)."""
+    sfr = _sync_file_range() if writeback or kernel else None
     chunk, requested = 32 << 20, 0
     shards = []  # (path, data start, [(begin, end, name, dtype, shape)] in file order)
     for path in _safetensors_files(src):
@@ -276,8 +280,11 @@ def case_copy(src: str, out: str, writeback: bool = False) -> dict[str, Any]:
                 for b, e, *_ in items:
                     view = mv[base + b: base + e]
                     done = 0
-                    while done < len(view):  # a raw write may be short
-                        done += o.write(view[done:])
+                    while done < len(view):  # a raw write (or copy) may be short
+                        if kernel:
+                            done += os.copy_file_range(f.fileno(), o.fileno(), len(view) - done, base + b + done)
+                        else:
+                            done += o.write(view[done:])
                     total += len(view)
                     pos = 8 + len(raw) + total
                     if sfr is not None and pos - requested >= chunk:
@@ -399,9 +406,9 @@ def child_main(case: str, src: str, out: str, result: str) -> int:
         import torch
         import transformers
         from transformers.models.llama import modeling_llama  # noqa: F401
-    elif case in ("copy", "copy-writeback"):
+    elif case in ("copy", "copy-writeback", "copy-kernel"):
         t0, c0 = time.perf_counter(), time.process_time()
-        info = case_copy(src, out, writeback=case == "copy-writeback")
+        info = case_copy(src, out, writeback=case == "copy-writeback", kernel=case == "copy-kernel")
     elif case in ("import", "import-legacy", "quantize-none", "quantize-int8") or case in RESHARD:
         import torch
 
@@ -778,6 +785,8 @@ def ratios(size: dict[str, Any], baseline: dict[str, Any],
     for c in ("import", "import-legacy", *RESHARD):
         if have(c, "copy-writeback"):
             out[f"{c}/copy-writeback time"] = t(c, "copy-writeback")
+        if have(c, "copy-kernel"):
+            out[f"{c}/copy-kernel time"] = t(c, "copy-kernel")
     for c in ("import", "import-legacy"):
         if have(c, "naive"):
             out[f"naive/{c} time"] = t("naive", c)
@@ -831,7 +840,7 @@ def cross_size(res: dict[str, Any]) -> dict[str, dict[str, float]]:
     rs, rl = {r["case"]: r for r in small["rows"]}, {r["case"]: r for r in large["rows"]}
     out: dict[str, dict[str, float]] = {}
     for c in rl:
-        if c not in rs or c in ("copy", "copy-writeback") or c in COMMAND_CASES and c != "import-cli":
+        if c not in rs or c.startswith("copy") or c in COMMAND_CASES and c != "import-cli":
             continue
         base = (res.get("baseline-hf") if c == "naive" else res["baseline"])["peak_private"]
         a, b = rs[c]["peak_private"] - base, rl[c]["peak_private"] - base
@@ -916,7 +925,7 @@ def markdown(res: dict[str, Any]) -> str:
         for r in s["rows"]:
             gbps = s["model_bytes"] / r["op_seconds"] / 1e9 if r["op_seconds"] else 0.0
             base = res.get("baseline-hf") if r["case"] == "naive" else res["baseline"]
-            extra = ("–" if r["case"] in ("copy", "copy-writeback", "import-2proc") or not base
+            extra = ("–" if r["case"].startswith("copy") or r["case"] == "import-2proc" or not base
                      else _mib(r["peak_private"] - base["peak_private"]))
             lines.append(
                 f"| {s['model_bytes'] / 1e9:.2f} GB ({s['layers']} layers) | {r['label']} | {r['op_seconds']:.2f} "
