@@ -257,3 +257,41 @@ def test_a_corrupt_input_record_stays_detectably_corrupt(tmp_path, tiny_llama):
     assert sum(r is not None for r in reports) == 1  # exactly the flipped tensor's record
     api.reshard(good, str(tmp_path / "ok.nemo"), tp=1, layout="dist")
     assert all(zipfile.ZipFile(io.BytesIO(z)).testzip() is None for z in _zips_in(str(tmp_path / "ok.nemo")))
+
+
+@pytest.mark.skipif(output_file.crc32_combine is None, reason="deriving CRCs needs zlib-ng's crc32_combine")
+def test_the_crc_of_a_record_tail_is_derived_from_its_head(tmp_path):
+    """CRCs are linear: with the record's stored CRC and the head's computed one, the tail's
+    follows without reading it — and only then."""
+    from nemo_convert.tensors.file_map import FileMap
+
+    path = str(tmp_path / "blob")
+    data = os.urandom(10_000)
+    with open(path, "wb") as f:
+        f.write(data)
+    fmap = FileMap(path)
+    try:
+        fmap.note_checksum(1000, 8000, zlib.crc32(data[1000:9000]))
+        assert fmap.checksum_of(1000, 8000) == zlib.crc32(data[1000:9000])
+        assert fmap.checksum_of(5000, 4000) is None  # the head [1000, 5000) is not known yet
+        fmap.remember(1000, 2500, zlib.crc32(data[1000:3500]))
+        assert fmap.checksum_of(5000, 4000) is None  # [3500, 5000) is still missing
+        fmap.remember(3500, 1500, zlib.crc32(data[3500:5000]))
+        assert fmap.checksum_of(5000, 4000) == zlib.crc32(data[5000:9000])
+        assert fmap.checksum_of(5000, 3000) is None  # not a tail of the record
+        assert fmap.checksum_of(4000, 5000) is None  # no known range ends at 4000
+    finally:
+        fmap.close()
+
+
+def test_without_crc_combine_every_byte_is_checksummed(tmp_path, mapped, monkeypatch):
+    """The plain-zlib path (no zlib-ng wheel): nothing derived or combined, same bytes."""
+    from nemo_convert.tensors import file_map
+
+    src, _ = mapped
+    a, b = src.load("a"), src.load("b")
+    tensors = {"whole": a, "pieces": rows([b[6:], torch.full((2, 8), 7.0), a[:3]])}
+    want = _torch_save_bytes(tensors, True, tmp_path)
+    monkeypatch.setattr(output_file, "crc32_combine", None)
+    monkeypatch.setattr(file_map, "crc32_combine", None)
+    assert _torch_save_bytes(tensors, True, tmp_path) == want

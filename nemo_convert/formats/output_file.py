@@ -140,16 +140,25 @@ def tensor_chunks(t: Lazy) -> list[Chunk]:
 
 
 def checksum(chunks: list[Chunk]) -> int:
-    """CRC-32 of the chunks' bytes in order; a stored CRC of a chunk's input range is
-    combined rather than recomputed where zlib-ng can combine."""
+    """CRC-32 of the chunks' bytes in order. A chunk of an input file whose CRC is known or
+    derivable (:meth:`~nemo_convert.tensors.file_map.FileMap.checksum_of`) is not read; a
+    chunk that is read has its CRC remembered for later ones to derive from."""
+    if crc32_combine is None:  # plain zlib: one running CRC over every byte
+        crc = 0
+        for c in chunks:
+            for start in range(0, c.data.nbytes, PIECE):
+                crc = crc32(c.data[start:start + PIECE], crc)
+        return crc & 0xFFFFFFFF
     crc = 0
     for c in chunks:
-        known = c.origin.crc32 if c.origin is not None else None
-        if known is not None and crc32_combine is not None:
-            crc = crc32_combine(crc, known, c.data.nbytes)
-            continue
-        for start in range(0, c.data.nbytes, PIECE):
-            crc = crc32(c.data[start:start + PIECE], crc)
+        part = c.origin.crc32 if c.origin is not None else None
+        if part is None:
+            part = 0
+            for start in range(0, c.data.nbytes, PIECE):
+                part = crc32(c.data[start:start + PIECE], part)
+            if c.origin is not None:
+                c.origin.remember(part)
+        crc = crc32_combine(crc, part, c.data.nbytes)
     return crc & 0xFFFFFFFF
 
 

@@ -16,9 +16,11 @@ import mmap
 import os
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from nemo_convert.crc import crc32_combine
 
 _LIVE: "weakref.WeakSet[FileMap]" = weakref.WeakSet()
 _LOCK = threading.Lock()
@@ -31,8 +33,18 @@ class FileOrigin:
     fileno: int
     offset: int
     length: int
-    crc32: int | None  # the stored CRC-32 of exactly these bytes, where a reader knew it
     path: str
+    source: "FileMap" = field(repr=False, compare=False)
+
+    @property
+    def crc32(self) -> int | None:
+        """The CRC-32 of these bytes if it is known without reading them (see
+        :meth:`FileMap.checksum_of`)."""
+        return self.source.checksum_of(self.offset, self.length)
+
+    def remember(self, crc32: int) -> None:
+        """Record the CRC-32 computed for these bytes (for later ranges to derive from)."""
+        self.source.remember(self.offset, self.length, crc32)
 
 
 class FileMap:
@@ -52,7 +64,9 @@ class FileMap:
         self._mmap: mmap.mmap | None = (
             mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
         )
-        self._checksums: dict[tuple[int, int], int] = {}
+        self._checksums: dict[tuple[int, int], int] = {}  # exact ranges: stored or computed
+        self._records: dict[int, tuple[int, int]] = {}  # end -> (start, CRC) of stored records
+        self._from: dict[int, list[tuple[int, int]]] = {}  # start -> [(end, CRC)] of known ranges
         self.address = 0
         if self._mmap is not None:
             probe = torch.frombuffer(self._mmap, dtype=torch.uint8, count=1)
@@ -78,7 +92,40 @@ class FileMap:
 
     def note_checksum(self, offset: int, length: int, crc32: int) -> None:
         """Record the stored CRC-32 of bytes ``[offset, offset + length)`` (a zip record)."""
-        self._checksums[(offset, length)] = crc32 & 0xFFFFFFFF
+        self._records[offset + length] = (offset, crc32 & 0xFFFFFFFF)
+        self.remember(offset, length, crc32)
+
+    def remember(self, offset: int, length: int, crc32: int) -> None:
+        """Record a CRC-32 computed for bytes ``[offset, offset + length)``."""
+        if (offset, length) not in self._checksums:
+            self._checksums[(offset, length)] = crc32 & 0xFFFFFFFF
+            self._from.setdefault(offset, []).append((offset + length, crc32 & 0xFFFFFFFF))
+
+    def checksum_of(self, offset: int, length: int) -> int | None:
+        """The CRC-32 of ``[offset, offset + length)`` without reading it, or None: a range
+        known as such, or the tail of a stored record whose head is covered by known
+        ranges — CRCs are linear, so ``crc(tail) = crc(record) ^ shift(crc(head), len(tail))``.
+        (Slices of a tensor-parallel split: every rank's CRC but the first is derived.)"""
+        known = self._checksums.get((offset, length))
+        if known is not None or crc32_combine is None:
+            return known
+        record = self._records.get(offset + length)
+        if record is None or record[0] >= offset:
+            return None
+        head = self._chain(record[0], offset)
+        return None if head is None else record[1] ^ crc32_combine(head, 0, length)
+
+    def _chain(self, start: int, end: int) -> int | None:
+        """CRC-32 of ``[start, end)`` combined from known ranges that tile it, if they do."""
+        assert crc32_combine is not None
+        crc, at = 0, start
+        while at < end:
+            steps = [(e, c) for e, c in self._from.get(at, ()) if e <= end]
+            if not steps:
+                return None
+            e, c = max(steps)
+            crc, at = crc32_combine(crc, c, e - at), e
+        return crc
 
     def origin(self, address: int, length: int) -> FileOrigin | None:
         """Where ``length`` bytes at memory ``address`` lie in the file, if on this map."""
@@ -87,7 +134,7 @@ class FileMap:
         offset = address - self.address
         if offset < 0 or offset + length > self.size:
             return None
-        return FileOrigin(self._file.fileno(), offset, length, self._checksums.get((offset, length)), self.path)
+        return FileOrigin(self._file.fileno(), offset, length, self.path, self)
 
     def close(self) -> None:
         # Tensors may still view the map; dropping our reference lets the GC unmap it
