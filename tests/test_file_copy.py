@@ -295,3 +295,30 @@ def test_without_crc_combine_every_byte_is_checksummed(tmp_path, mapped, monkeyp
     monkeypatch.setattr(output_file, "crc32_combine", None)
     monkeypatch.setattr(file_map, "crc32_combine", None)
     assert _torch_save_bytes(tensors, True, tmp_path) == want
+
+
+@pytest.mark.parametrize("layout,tp", [("dist", 1), ("legacy", 2)])
+def test_export_copies_every_byte_file_to_file(tmp_path, tiny_llama, monkeypatch, layout, tp):
+    """QKV split into q, k, v (pieces per query group), gated fc1 split, dim-0 TP-rank
+    merges and the vocabulary trim: an uncast export writes from memory only the
+    row-parallel merges (interleaved rows)."""
+    from tiny_models import hf_tensors
+
+    src = tiny_llama(**GEOM, dtype=torch.bfloat16)
+    a = str(tmp_path / "a.nemo")
+    api.import_hf(src, a, layout=layout, parallel=api.Parallelism(tp, 1))
+    copied = []
+    real = OutputFile.copy_range
+
+    def counting(self, fileno, offset, size):  # type: ignore[no-untyped-def]
+        ok = real(self, fileno, offset, size)
+        copied.append(size if ok else 0)
+        return ok
+
+    monkeypatch.setattr(OutputFile, "copy_range", counting)
+    out = str(tmp_path / "hf")
+    rep = api.export_hf(a, out)
+    row_parallel = 2 * 2 * (32 * 32 + 32 * 64) if tp > 1 else 0  # o_proj and down_proj, 2 layers, bf16
+    assert sum(copied) == rep.bytes - row_parallel
+    want, got = hf_tensors(src), hf_tensors(out)
+    assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)

@@ -86,7 +86,8 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
                                      owned=workers.owns, write_index=workers.is_main)
             mine = Plan(plan.direction, [t for t in placed.tasks if any(writer.wants(o) for o in t.outputs)],
                         plan.dropped, plan.check_finite)
-            stats = run_plan(mine, ckpt.source, writer.write, progress=progress, description="export")
+            stats = run_plan(mine, ckpt.source, writer.write, progress=progress, description="export",
+                             lazy=not compute.active)  # the safetensors writer takes pieces
             writer.close()
             return stats
 

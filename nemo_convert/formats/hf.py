@@ -9,11 +9,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import torch
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.safetensors_writer import SafetensorsStreamWriter
 from nemo_convert.hf_config import read_config_json
+from nemo_convert.tensors.pieces import Lazy
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.safetensors_source import SafetensorsFile, ShardedSafetensors
 from nemo_convert.tensors.views import MultiSource
@@ -139,7 +139,7 @@ class HFWeightsWriter:
         """Whether this writer writes tensor ``name`` (its shard is owned)."""
         return self._shard_of.get(name, -1) in self._owned
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
+    def write(self, name: str, tensor: Lazy) -> None:
         i = self._shard_of[name]
         if i not in self._owned:
             return

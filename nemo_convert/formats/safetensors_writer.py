@@ -8,10 +8,10 @@ import os
 import struct
 from typing import BinaryIO, Sequence
 
-import torch
 
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.formats.output_file import open_output, tensor_bytes, write_tensor  # noqa: F401  (tensor_bytes re-exported)
+from nemo_convert.tensors.pieces import Lazy
 from nemo_convert.tensors.base import DTYPE_TO_SAFETENSORS, TensorInfo
 
 
@@ -44,7 +44,7 @@ class SafetensorsStreamWriter:
     def done(self) -> bool:
         return self._next == len(self._infos)
 
-    def write(self, name: str, t: torch.Tensor) -> None:
+    def write(self, name: str, t: Lazy) -> None:
         want = self._infos[self._next]
         if name != want.name or tuple(t.shape) != want.shape or t.dtype != want.dtype:
             raise NemoConvertError(f"internal error: {self.path} expected {want.name} {list(want.shape)} "

@@ -95,18 +95,26 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, heads: int, g
     return materialize(fused, out)
 
 
-def split_qkv(fused: torch.Tensor, *, heads: int, groups: int,
-              head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`fuse_qkv`; returns views of ``fused``."""
+def split_qkv_lazy(fused: Lazy, *, heads: int, groups: int, head_dim: int) -> tuple[Lazy, Lazy, Lazy]:
+    """Inverse of :func:`fuse_qkv_lazy`: q, k and v, each the rows of its blocks in group
+    order (views of ``fused`` where one block is the whole result, else pieces)."""
     if heads % groups:
         raise ShapeError(f"num_attention_heads={heads} is not a multiple of num_query_groups={groups}")
     per = heads // groups
     rest = tuple(fused.shape[1:])
     _expect(fused, (heads + 2 * groups) * head_dim, "fused qkv", rest)
-    g = fused.reshape(groups, (per + 2) * head_dim, *rest)
-    q, k, v = torch.split(g, [per * head_dim, head_dim, head_dim], dim=1)
-    return (q.reshape(heads * head_dim, *rest), k.reshape(groups * head_dim, *rest),
-            v.reshape(groups * head_dim, *rest))
+    block = (per + 2) * head_dim
+    q = [fused.narrow(0, g * block, per * head_dim) for g in range(groups)]
+    k = [fused.narrow(0, g * block + per * head_dim, head_dim) for g in range(groups)]
+    v = [fused.narrow(0, g * block + (per + 1) * head_dim, head_dim) for g in range(groups)]
+    return rows(q), rows(k), rows(v)
+
+
+def split_qkv(fused: torch.Tensor, *, heads: int, groups: int,
+              head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`split_qkv_lazy` as tensors (views where one block is the whole result)."""
+    q, k, v = split_qkv_lazy(fused, heads=heads, groups=groups, head_dim=head_dim)
+    return materialize(q), materialize(k), materialize(v)
 
 
 def fuse_gated_lazy(gate: torch.Tensor, up: torch.Tensor, *, ffn: int | None = None) -> Lazy:

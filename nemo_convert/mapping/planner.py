@@ -112,7 +112,8 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: i
                                   lazy_fn=lambda ts, g=geo: (ops.fuse_qkv_lazy(*ts, **g),)))
             else:
                 tasks.append(Task((n,), (q, k, v), lambda ts, g=geo: ops.split_qkv(ts[0], **g),
-                                  (Parallel.REPLICATED,) * 3, label="split_qkv"))
+                                  (Parallel.REPLICATED,) * 3, label="split_qkv",
+                                  lazy_fn=lambda ts, g=geo: ops.split_qkv_lazy(ts[0], **g)))
     elif isinstance(rule, FuseGated):
         ffn = cfg_get(cfg, rule.ffn)
         ffn = int(ffn) if ffn is not None else None
@@ -123,8 +124,8 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: i
                                   (rule.parallel,), label="fuse_gated",
                                   lazy_fn=lambda ts, f=ffn: (ops.fuse_gated_lazy(ts[0], ts[1], ffn=f),)))
             else:
-                tasks.append(Task((n,), (g, u), lambda ts, f=ffn: ops.split_gated(ts[0], ffn=f),
-                                  (Parallel.REPLICATED,) * 2, label="split_gated"))
+                fn = (lambda ts, f=ffn: ops.split_gated(ts[0], ffn=f))
+                tasks.append(Task((n,), (g, u), fn, (Parallel.REPLICATED,) * 2, label="split_gated", lazy_fn=fn))
     elif isinstance(rule, Custom):
         par = rule.parallel if isinstance(rule.parallel, tuple) else (rule.parallel,) * len(rule.nemo)
         hf_lists = [[x for _, x in _expand(h, layers)] for h in rule.hf]

@@ -97,7 +97,8 @@ Lazy = Union[torch.Tensor, Pieces]
 def rows(parts: Sequence[Lazy]) -> Lazy:
     """``parts`` concatenated on dim 0, deferred where possible: a :class:`Pieces` when
     every part is a CPU tensor (contiguous or already :class:`Pieces`), else one new
-    tensor (meta tensors give a shape-only result)."""
+    tensor (meta tensors give a shape-only result). A single contiguous part is returned
+    as it is."""
     if not parts:
         raise ShapeError("internal error: nothing to concatenate")
     first = parts[0]
@@ -105,6 +106,8 @@ def rows(parts: Sequence[Lazy]) -> Lazy:
     if any(p.dim() != first.dim() or tuple(p.shape[1:]) != rest or p.dtype != first.dtype for p in parts):
         raise ShapeError(f"cannot concatenate shapes {[list(p.shape) for p in parts]} on dim 0")
     shape = (sum(int(p.shape[0]) for p in parts), *rest)
+    if len(parts) == 1 and (isinstance(first, Pieces) or first.is_contiguous()):
+        return first  # already the whole result: no copy, deferred or not
     deferrable = all(isinstance(p, Pieces) or (p.device.type == "cpu" and p.is_contiguous()) for p in parts)
     if deferrable:
         flat: list[torch.Tensor] = []
