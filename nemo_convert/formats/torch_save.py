@@ -14,11 +14,11 @@ import io
 import pickle
 import struct
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import torch
 
-from nemo_convert.crc import crc32
 from nemo_convert.formats.output_file import PIECE, Chunk, checksum, tensor_chunks
 from nemo_convert.tensors.pieces import Lazy
 
@@ -60,6 +60,10 @@ class _Pickler(pickle.Pickler):
         return None
 
 
+#: One thread that checksums a record while its bytes are copied in the kernel.
+_CHECKSUMS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemo-convert-crc")
+
+
 class TorchSaveWriter:
     """Writes a ``torch.save``-compatible zip of a flat ``{name: tensor}`` dict, streamed."""
 
@@ -83,12 +87,7 @@ class TorchSaveWriter:
         self._record_chunks(name, [Chunk(memoryview(data).cast("B"), None)])
 
     def _record_chunks(self, name: str, chunks: list[Chunk]) -> None:
-        """Write one STORED zip record whose bytes are ``chunks`` in order. Chunks that are
-        ranges of an input file go file to file when the stream can ``copy_range``; then
-        the CRC is computed from the mapped views first (or taken from the input's record)
-        and the header written once. Otherwise the header is patched after one pass that
-        checksums and writes each piece while it is in cache (seekable streams), or the
-        CRC comes first (others)."""
+        """Write one STORED zip record whose bytes are ``chunks`` in order (see below)."""
         full = f"{_ARCHIVE}/{name}".encode()
         size = sum(c.data.nbytes for c in chunks)
         offset = self._pos
@@ -104,34 +103,31 @@ class TorchSaveWriter:
             return struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, crc, s32, s32,
                                len(full), len(extra)) + full + extra
 
+        # A large record on a seekable stream is checksummed by another thread while its
+        # bytes are written (both release the GIL), and the CRC patched into the header
+        # after; otherwise the CRC comes first. Chunks that are ranges of an input file go
+        # file to file where the stream can copy_range.
         copy = getattr(self._out, "copy_range", None)
-        if copy is not None and any(c.origin is not None for c in chunks):
-            crc = checksum(chunks)
-            self._write(header(crc))
+        pending = _CHECKSUMS.submit(checksum, chunks) if self._seekable and size > PIECE else None
+        header_at = self._out.tell() if pending is not None else 0
+        crc = 0 if pending is not None else checksum(chunks)
+        self._write(header(crc))
+        try:
             for c in chunks:
-                if c.origin is not None and copy(c.origin.fileno, c.origin.offset, c.data.nbytes):
+                if copy is not None and c.origin is not None and copy(c.origin.fileno, c.origin.offset,
+                                                                       c.data.nbytes):
                     self._pos += c.data.nbytes
-                else:
-                    self._write(c.data)
-        elif self._seekable and size > PIECE:  # one pass over the bytes, then patch the CRC in
-            header_at = self._out.tell()
-            self._write(header(0))
-            crc = 0
-            for c in chunks:
+                    continue
                 for start in range(0, c.data.nbytes, PIECE):
-                    piece = c.data[start:start + PIECE]
-                    crc = crc32(piece, crc)
-                    self._write(piece)
+                    self._write(c.data[start:start + PIECE])
+        finally:
+            if pending is not None:
+                crc = pending.result()  # also on failure: the thread must be done with the chunks
+        if pending is not None:
             end = self._out.tell()
-            crc &= 0xFFFFFFFF
             self._out.seek(header_at + 14)
             self._out.write(struct.pack("<I", crc))
             self._out.seek(end)
-        else:
-            crc = checksum(chunks)
-            self._write(header(crc))
-            for c in chunks:
-                self._write(c.data)
         c_extra = struct.pack("<HHQQQ", 0x0001, 24, size, size, offset) if zip64 else b""
         o32 = 0xFFFFFFFF if zip64 else offset
         self._central.append(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, version, version, 0, 0, 0, 0, crc,
