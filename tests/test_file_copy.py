@@ -94,6 +94,20 @@ def test_without_copy_file_range_the_bytes_are_written_from_memory(tmp_path, map
         assert g.read() == torch.cat([b[4:], a, b[:4]]).numpy().tobytes()
 
 
+def count_copies(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """From now on, the sizes of the byte ranges copied file to file (0 for a refusal)."""
+    copied: list[int] = []
+    real = OutputFile.copy_range
+
+    def counting(self, fileno, offset, size):  # type: ignore[no-untyped-def]
+        ok = real(self, fileno, offset, size)
+        copied.append(size if ok else 0)
+        return ok
+
+    monkeypatch.setattr(OutputFile, "copy_range", counting)
+    return copied
+
+
 def _torch_save_bytes(tensors: dict, tar: bool, tmp_path) -> bytes:
     """A torch.save zip of ``tensors`` written by our writer: into a tar member (a stream
     that copies file ranges) or into memory (one that cannot)."""
@@ -190,15 +204,7 @@ def test_reshard_copies_most_bytes_file_to_file(tmp_path, tiny_llama, monkeypatc
     src = tiny_llama(**GEOM, dtype=torch.bfloat16)
     a = str(tmp_path / "a.nemo")
     api.import_hf(src, a, layout="dist")
-    copied = []
-    real = OutputFile.copy_range
-
-    def counting(self, fileno, offset, size):  # type: ignore[no-untyped-def]
-        ok = real(self, fileno, offset, size)
-        copied.append(size if ok else 0)
-        return ok
-
-    monkeypatch.setattr(OutputFile, "copy_range", counting)
+    copied = count_copies(monkeypatch)
     b = str(tmp_path / "b.nemo")
     api.reshard(a, b, tp=2, layout="legacy")
     written = 0
@@ -215,15 +221,7 @@ def test_reshard_copies_most_bytes_file_to_file(tmp_path, tiny_llama, monkeypatc
 def test_import_of_a_bf16_checkpoint_copies_every_byte_file_to_file(tmp_path, tiny_llama, monkeypatch):
     """Renames, and the QKV and gated fc1 fuses (pieces of the HF tensors), all go file to file."""
     src = tiny_llama(**GEOM, dtype=torch.bfloat16)
-    copied = []
-    real = OutputFile.copy_range
-
-    def counting(self, fileno, offset, size):  # type: ignore[no-untyped-def]
-        ok = real(self, fileno, offset, size)
-        copied.append(size if ok else 0)
-        return ok
-
-    monkeypatch.setattr(OutputFile, "copy_range", counting)
+    copied = count_copies(monkeypatch)
     rep = api.import_hf(src, str(tmp_path / "a.nemo"), layout="dist")
     assert sum(copied) == rep.bytes
     # a cast builds new tensors: nothing can be copied
@@ -307,15 +305,7 @@ def test_export_copies_every_byte_file_to_file(tmp_path, tiny_llama, monkeypatch
     src = tiny_llama(**GEOM, dtype=torch.bfloat16)
     a = str(tmp_path / "a.nemo")
     api.import_hf(src, a, layout=layout, parallel=api.Parallelism(tp, 1))
-    copied = []
-    real = OutputFile.copy_range
-
-    def counting(self, fileno, offset, size):  # type: ignore[no-untyped-def]
-        ok = real(self, fileno, offset, size)
-        copied.append(size if ok else 0)
-        return ok
-
-    monkeypatch.setattr(OutputFile, "copy_range", counting)
+    copied = count_copies(monkeypatch)
     out = str(tmp_path / "hf")
     rep = api.export_hf(a, out)
     row_parallel = 2 * 2 * (32 * 32 + 32 * 64) if tp > 1 else 0  # o_proj and down_proj, 2 layers, bf16
