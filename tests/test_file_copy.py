@@ -22,7 +22,7 @@ from nemo_convert.tensors.base import ByteRegion
 from nemo_convert.tensors.file_map import file_origin
 from nemo_convert.tensors.pieces import materialize, rows
 from nemo_convert.tensors.safetensors_source import SafetensorsFile
-from nemo_convert.tensors.torch_zip import TorchZipSource
+from nemo_convert.tensors.torch_zip_source import TorchZipSource
 
 GEOM = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=1000, max_position_embeddings=64)

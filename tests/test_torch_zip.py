@@ -23,12 +23,8 @@ from pickle_fakes import NONE_DICT, fake_omegaconf, omegaconf_tree
 from nemo_convert.errors import InputError, UnsafePickleError
 from nemo_convert.tensors.base import ByteRegion, TensorSource
 from nemo_convert.tensors.safe_unpickle import safe_load_pickle_bytes
-from nemo_convert.tensors.torch_zip import (
-    LazyTensor,
-    TorchZipSource,
-    open_torch_file,
-    read_torch_zip,
-)
+from nemo_convert.tensors.torch_zip import LazyTensor, read_torch_zip
+from nemo_convert.tensors.torch_zip_source import TorchZipSource, open_torch_file
 
 
 def _save(obj: Any, path: Any, **kw: Any) -> str:

@@ -28,7 +28,7 @@ def is_hf_folder(path: str) -> bool:
 
 
 def _bin_source(folder: str, trust_pickle: bool) -> TensorSource:
-    from nemo_convert.tensors.torch_zip import open_torch_file
+    from nemo_convert.tensors.torch_zip_source import open_torch_file
 
     index = os.path.join(folder, BIN_INDEX)
     if os.path.isfile(index):

@@ -120,7 +120,7 @@ def _stage_sizes(container: Container, prefix: str, tp_pp: tuple[int, int], trus
     """Layers per pipeline stage, counted from each stage's TP-rank-0 file."""
     from nemo_convert.formats.nemo_weights import split_layer_name
     from nemo_convert.sharding.layout import rank_dir
-    from nemo_convert.tensors.torch_zip import TorchZipSource
+    from nemo_convert.tensors.torch_zip_source import TorchZipSource
 
     tp, pp = tp_pp
     sizes = []
@@ -170,7 +170,7 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
             layout = "dist"
             extra = list(getattr(dist, "extra_state_keys", []))
         elif container.exists(prefix + "model_weights.ckpt"):
-            from nemo_convert.tensors.torch_zip import TorchZipSource
+            from nemo_convert.tensors.torch_zip_source import TorchZipSource
 
             zs = TorchZipSource(container.region(prefix + "model_weights.ckpt"), trust_pickle=trust_pickle)
             source, layout = PrefixView(zs, "model."), "legacy"

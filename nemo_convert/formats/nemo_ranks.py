@@ -34,7 +34,7 @@ class PerRankSource:
     def __init__(self, container: Container, prefix: str, layout: ParallelLayout,
                  kinds: dict[str, Parallel], *, vocab: int | None = None, trust_pickle: bool = False,
                  tensor_parallel: TensorParallel | None = None) -> None:
-        from nemo_convert.tensors.torch_zip import TorchZipSource
+        from nemo_convert.tensors.torch_zip_source import TorchZipSource
 
         self._tp = tensor_parallel or _TP
         self._layout = layout

@@ -236,7 +236,7 @@ def open_training_checkpoint(loc: Located, *, trust_pickle: bool = False) -> Tra
 
 
 def _zip_source(path: str, trust_pickle: bool):  # type: ignore[no-untyped-def]
-    from nemo_convert.tensors.torch_zip import TorchZipSource
+    from nemo_convert.tensors.torch_zip_source import TorchZipSource
 
     return TorchZipSource(ByteRegion(path, 0, os.path.getsize(path)), trust_pickle=trust_pickle)
 
