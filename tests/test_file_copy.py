@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import time
 import zipfile
 import zlib
 
@@ -312,3 +313,29 @@ def test_export_copies_every_byte_file_to_file(tmp_path, tiny_llama, monkeypatch
     assert sum(copied) == rep.bytes - row_parallel
     want, got = hf_tensors(src), hf_tensors(out)
     assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_writes_records_too(tmp_path):
+    """The checksum thread is per process: a child forked after the parent used it (the
+    default multiprocessing start method on Linux) must not wait on the parent's thread."""
+    big = {"w": torch.arange(3 << 20, dtype=torch.float32)}  # 12 MiB: checksummed on the thread
+    _torch_save_bytes(big, True, tmp_path)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            (tmp_path / "child").mkdir()
+            data = _torch_save_bytes(big, True, tmp_path / "child")
+            os._exit(0 if zipfile.ZipFile(io.BytesIO(data)).testzip() is None else 3)
+        except BaseException:
+            os._exit(4)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung writing a record")

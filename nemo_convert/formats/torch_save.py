@@ -11,6 +11,7 @@ CRC-checked and 64-byte aligned like torch's own.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import struct
 from collections import OrderedDict
@@ -60,8 +61,16 @@ class _Pickler(pickle.Pickler):
         return None
 
 
-#: One thread that checksums a record while its bytes are copied in the kernel.
-_CHECKSUMS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemo-convert-crc")
+_CHECKSUMS: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _checksum_thread() -> ThreadPoolExecutor:
+    """The one thread (per process: a forked child makes its own) that checksums a record
+    while its bytes are written."""
+    global _CHECKSUMS
+    if _CHECKSUMS is None or _CHECKSUMS[0] != os.getpid():
+        _CHECKSUMS = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemo-convert-crc"))
+    return _CHECKSUMS[1]
 
 
 class TorchSaveWriter:
@@ -108,7 +117,7 @@ class TorchSaveWriter:
         # after; otherwise the CRC comes first. Chunks that are ranges of an input file go
         # file to file where the stream can copy_range.
         copy = getattr(self._out, "copy_range", None)
-        pending = _CHECKSUMS.submit(checksum, chunks) if self._seekable and size > PIECE else None
+        pending = _checksum_thread().submit(checksum, chunks) if self._seekable and size > PIECE else None
         header_at = self._out.tell() if pending is not None else 0
         crc = 0 if pending is not None else checksum(chunks)
         self._write(header(crc))
