@@ -54,6 +54,10 @@ def test_non_contiguous_or_meta_parts_are_concatenated_at_once():
     assert isinstance(meta, torch.Tensor) and meta.is_meta and tuple(meta.shape) == (7, 3)
     with pytest.raises(ShapeError):
         rows([rand(2, 3), rand(2, 4)])
+    # pieces followed by a part that cannot be deferred: everything is copied together
+    strided_too = rand(6, 4).t()  # 4 x 6, not contiguous
+    mixed = rows([rows([a[:2], a[2:]]), strided_too])
+    assert isinstance(mixed, torch.Tensor) and torch.equal(mixed, torch.cat([a, strided_too]))
 
 
 def test_materialize_into_a_given_buffer():

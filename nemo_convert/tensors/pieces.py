@@ -115,7 +115,7 @@ def rows(parts: Sequence[Lazy]) -> Lazy:
             flat.extend(p.parts if isinstance(p, Pieces) else (p,))
         return Pieces(flat, shape, first.dtype)
     tensors = [materialize(p) for p in parts]
-    if first.is_meta:
+    if tensors[0].is_meta:
         return torch.empty(shape, dtype=first.dtype, device="meta")
     out = hugepages.empty(shape, first.dtype) if tensors[0].device.type == "cpu" else None
     return torch.cat(tensors, dim=0, out=out) if out is not None else torch.cat(tensors, dim=0)
