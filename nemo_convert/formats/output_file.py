@@ -162,11 +162,18 @@ def checksum(chunks: list[Chunk]) -> int:
     return crc & 0xFFFFFFFF
 
 
-def write_tensor(stream: Any, t: Lazy) -> None:
-    """Append the bytes of ``t`` to ``stream``: file to file for the chunks that are
-    ranges of an input file when the stream can ``copy_range``, else from memory."""
+def write_chunks(stream: Any, chunks: list[Chunk]) -> None:
+    """Append the chunks' bytes to ``stream``: file to file for those that are ranges of an
+    input file when the stream can ``copy_range``, else from memory, :data:`PIECE` at a time
+    (so that early writeback keeps up)."""
     copy = getattr(stream, "copy_range", None)
-    for c in tensor_chunks(t):
+    for c in chunks:
         if c.origin is not None and copy is not None and copy(c.origin.fileno, c.origin.offset, c.data.nbytes):
             continue
-        stream.write(c.data)
+        for start in range(0, c.data.nbytes, PIECE):
+            stream.write(c.data[start:start + PIECE])
+
+
+def write_tensor(stream: Any, t: Lazy) -> None:
+    """Append the bytes of ``t`` to ``stream`` (:func:`write_chunks`)."""
+    write_chunks(stream, tensor_chunks(t))

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from nemo_convert.formats.output_file import PIECE, Chunk, checksum, tensor_chunks
+from nemo_convert.formats.output_file import PIECE, Chunk, checksum, tensor_chunks, write_chunks
 from nemo_convert.tensors.pieces import Lazy
 
 ALIGN = 64
@@ -116,19 +116,13 @@ class TorchSaveWriter:
         # bytes are written (both release the GIL), and the CRC patched into the header
         # after; otherwise the CRC comes first. Chunks that are ranges of an input file go
         # file to file where the stream can copy_range.
-        copy = getattr(self._out, "copy_range", None)
         pending = _checksum_thread().submit(checksum, chunks) if self._seekable and size > PIECE else None
         header_at = self._out.tell() if pending is not None else 0
         crc = 0 if pending is not None else checksum(chunks)
         self._write(header(crc))
         try:
-            for c in chunks:
-                if copy is not None and c.origin is not None and copy(c.origin.fileno, c.origin.offset,
-                                                                       c.data.nbytes):
-                    self._pos += c.data.nbytes
-                    continue
-                for start in range(0, c.data.nbytes, PIECE):
-                    self._write(c.data[start:start + PIECE])
+            write_chunks(self._out, chunks)
+            self._pos += size
         finally:
             if pending is not None:
                 crc = pending.result()  # also on failure: the thread must be done with the chunks
