@@ -20,7 +20,7 @@ class Checkpoint:
     ``.nemo``, HF names for HF folders)."""
 
     path: str
-    format: str  # "hf" or "nemo"
+    format: str  # "hf", "nemo", or the directory kind: "megatron-bridge", "megatron-lm"
     config: dict[str, Any]
     source: TensorSource
     layout: str | None
@@ -36,14 +36,15 @@ class Checkpoint:
         self.close()
 
 
-def open_checkpoint(path: str, *, trust_pickle: bool = False) -> Checkpoint:
-    """Open an HF folder or a ``.nemo`` (tar, gzip, unpacked folder) lazily."""
-    if is_hf_folder(path):
+def open_checkpoint(path: str, *, trust_pickle: bool = False, iteration: int | None = None) -> Checkpoint:
+    """Open an HF folder, a ``.nemo`` (tar, gzip, unpacked folder), a NeMo 2 folder or a
+    Megatron-Bridge / Megatron-LM directory (``iteration``: which ``iter_XXXXXXX/``) lazily."""
+    if is_hf_folder(path) and iteration is None:
         hf = open_hf(path, trust_pickle=trust_pickle)
         return Checkpoint(path, "hf", hf.config, hf.source, None, hf)
-    if os.path.exists(path):  # a .nemo tar or folder, or a NeMo 2.0 folder
-        nemo = open_nemo(path, trust_pickle=trust_pickle, kinds_for=kinds_for(get_registry()))
-        return Checkpoint(path, "nemo", nemo.config, nemo.source, nemo.layout, nemo)
+    if os.path.exists(path):  # a .nemo tar or folder, a NeMo 2.0 folder, a Megatron directory
+        nemo = open_nemo(path, trust_pickle=trust_pickle, kinds_for=kinds_for(get_registry()), iteration=iteration)
+        return Checkpoint(path, getattr(nemo, "kind", "nemo"), nemo.config, nemo.source, nemo.layout, nemo)
     raise InputError(f"{path}: no such file or folder")
 
 
@@ -54,9 +55,9 @@ CONFIG_SUMMARY_KEYS = ("architectures", "model_type", "num_hidden_layers", "num_
                        "tensor_model_parallel_size", "pipeline_model_parallel_size", "target")
 
 
-def inspect_checkpoint(path: str, *, trust_pickle: bool = False) -> dict[str, Any]:
+def inspect_checkpoint(path: str, *, trust_pickle: bool = False, iteration: int | None = None) -> dict[str, Any]:
     """Format, config summary and tensor table of a checkpoint (no tensor bytes read)."""
-    with open_checkpoint(path, trust_pickle=trust_pickle) as ck:
+    with open_checkpoint(path, trust_pickle=trust_pickle, iteration=iteration) as ck:
         tensors = []
         for k in ck.source.keys():
             info = ck.source.info(k)
@@ -70,5 +71,9 @@ def inspect_checkpoint(path: str, *, trust_pickle: bool = False) -> dict[str, An
                       else reg.family_for_nemo_config(ck.config)).name
         except NemoConvertError:
             pass
-        return {"path": path, "format": ck.format, "layout": ck.layout, "family": family, "config": summary,
-                "num_tensors": len(tensors), "total_bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}
+        out = {"path": path, "format": ck.format, "layout": ck.layout, "family": family, "config": summary,
+               "num_tensors": len(tensors), "total_bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}
+        if ck.format in ("megatron-bridge", "megatron-lm"):
+            out["iteration_dir"] = ck.handle.iteration_dir
+            out["notes"] = list(ck.handle.notes) + list(ck.handle.warnings)
+        return out

@@ -12,6 +12,7 @@ from nemo_convert import __version__
 from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, registry_or_default
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
+from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype
 from nemo_convert.errors import ConfigError, InputError, NemoConvertError
@@ -96,8 +97,9 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
               allow_unmapped: tuple[str, ...] = (), trust_pickle: bool = False,
               options: dict[str, Any] | None = None, parallel: Parallelism | None = None,
               check_finite: bool = False, device: DeviceOption = "cpu",
-              workers: Workers = SINGLE) -> ConversionReport:
-    """Convert a Hugging Face model folder into a ``.nemo``.
+              workers: Workers = SINGLE, to: str = "nemo") -> ConversionReport:
+    """Convert a Hugging Face model folder into a ``.nemo`` (or, with
+    ``to="megatron-bridge"``, a Megatron-Bridge checkpoint directory).
 
     :param src: HF folder (``config.json`` + safetensors or ``pytorch_model*.bin``).
     :param out: the ``.nemo`` to write (the unpacked folder form when ``packed=False``).
@@ -112,7 +114,10 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
         stores global tensors and records the sizes; the legacy layout writes per-rank files.
     :param device: where the transforms run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``
         (see :mod:`nemo_convert.compute`).
+    :param to: ``"nemo"`` or ``"megatron-bridge"`` (``layout`` and ``packed`` then do not
+        apply; TP × PP is recorded in ``run_config.yaml``).
     """
+    check_target_kind(to, workers)
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
@@ -145,10 +150,17 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
             cfg["tokenizer"] = tok
             cfg[SECTION]["tokenizer_files"] = refs
         kinds = nemo_parallel_kinds(fam.mapping(cfg), cfg)
-        stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds, par=parallel or Parallelism(),
-                           overwrite=overwrite, packed=packed, progress=progress, artifacts=artifacts,
-                           unstacked=fam.dist_unstacked, workers=workers,
-                           strategies=Strategies.from_registry(reg), compute=compute)
+        if to == TARGET:
+            stats = write_megatron_bridge(out, cfg, plan, ckpt.source, family=fam.name, kinds=kinds,
+                                          par=parallel or Parallelism(), overwrite=overwrite, progress=progress,
+                                          tokenizer={n: _read(p) for n, p in ckpt.extra_files.items()},
+                                          strategies=Strategies.from_registry(reg), notes=notes)
+            layout = TARGET
+        else:
+            stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
+                               par=parallel or Parallelism(), overwrite=overwrite, packed=packed,
+                               progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
+                               workers=workers, strategies=Strategies.from_registry(reg), compute=compute)
         notes += compute.notes(plan, ckpt.source)
     finally:
         ckpt.close()

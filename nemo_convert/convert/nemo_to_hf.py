@@ -60,18 +60,21 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
               progress: Progress | None = None, registry: Registry | None = None,
               trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
-              workers: Workers = SINGLE) -> ConversionReport:
+              workers: Workers = SINGLE, iteration: int | None = None) -> ConversionReport:
     """Convert a ``.nemo`` (any layout) into a Hugging Face folder that ``transformers``
     loads with no missing or unexpected keys. With several ``workers`` each process
     writes the safetensors shards it owns. ``device`` is where the transforms run
-    (:mod:`nemo_convert.compute`): an export's splits are views, so only casts move."""
+    (:mod:`nemo_convert.compute`): an export's splits are views, so only casts move.
+    ``src`` may also be a NeMo 2 folder or a Megatron-Bridge / Megatron-LM checkpoint
+    directory (``iteration`` picks its ``iter_XXXXXXX/``)."""
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
     want = parse_dtype(dtype)
     ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
-                     tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation))
+                     tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation),
+                     iteration=iteration)
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
         cfg = ckpt.config
@@ -101,7 +104,8 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
 
         stats = merge_stats(write_together(out, [], write_mine, workers=workers, overwrite=overwrite, packed=False,
                                            head=head), sequential=False)
-        notes = compute.notes(plan, ckpt.source)
+        notes = list(getattr(ckpt, "notes", [])) + compute.notes(plan, ckpt.source)
+        warnings = list(getattr(ckpt, "warnings", [])) + warnings
     finally:
         ckpt.close()
         compute.release()

@@ -10,7 +10,9 @@ import copy
 
 from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, kinds_for, registry_or_default
+from nemo_convert.convert.nemo_to_hf import tokenizer_files
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
+from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.engine import Progress
 from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name, open_nemo
 from nemo_convert.formats.nemo_ranks import WEIGHTS
@@ -26,7 +28,7 @@ from nemo_convert.sharding.layout import parse_rank_dir
 def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]]:  # type: ignore[type-arg]
     """The non-weight members of a ``.nemo`` (tokenizer files, …) to copy into a new one;
     files a NeMo 2 folder keeps in ``context/`` become ``nemo:`` artifacts."""
-    if (cfg.get(SECTION) or {}).get("source_format") == "nemo2":
+    if (cfg.get(SECTION) or {}).get("source_format") in ("nemo2", "megatron-bridge", "megatron-lm"):
         files = cfg[SECTION].get("tokenizer_files") or {}
         out, refs = [], {}
         for name, ref in files.items():
@@ -53,19 +55,26 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
             stage_layers: tuple[int, ...] | None = None, overwrite: bool = False, packed: bool = True,
             family: str | None = None, progress: Progress | None = None, registry: Registry | None = None,
             trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
-            workers: Workers = SINGLE) -> ConversionReport:
+            workers: Workers = SINGLE, to: str = "nemo", iteration: int | None = None) -> ConversionReport:
     """Rewrite a ``.nemo`` at another TP×PP and/or weights layout (``dist`` or ``legacy``).
+
+    Any checkpoint :func:`~nemo_convert.formats.nemo.open_nemo` reads is a source: a
+    ``.nemo`` of any layout, a NeMo 2 folder, a Megatron-Bridge or Megatron-LM directory
+    (``iteration`` picks its ``iter_XXXXXXX/``). With ``to="megatron-bridge"`` the output is
+    a Megatron-Bridge checkpoint directory recording ``tp``/``pp`` in ``run_config.yaml``.
 
     The output is checked to be a complete model of its family before anything is written.
     ``device`` is where the transforms run (:mod:`nemo_convert.compute`): a reshard's
     tasks are copies, so only the per-rank writer's splits that build new tensors move.
     """
+    check_target_kind(to, workers)
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
     ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
-                     tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation))
+                     tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation),
+                     iteration=iteration)
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
         cfg = copy.deepcopy(ckpt.config)
@@ -77,14 +86,23 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
         kinds = nemo_parallel_kinds(mapping, cfg)
         plan = identity_plan(ckpt.source, kinds)
         plan.check_finite = check_finite
-        artifacts = carried_artifacts(ckpt, cfg)
-        stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
-                           par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
-                           progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked, workers=workers,
-                           strategies=Strategies.from_registry(reg), compute=compute)
-        notes = [f"TP={tp} PP={pp}"] + compute.notes(plan, ckpt.source)
+        notes = [f"TP={tp} PP={pp}"] + list(getattr(ckpt, "notes", []))
+        warnings = list(getattr(ckpt, "warnings", []))
+        if to == TARGET:
+            stats = write_megatron_bridge(out, cfg, plan, ckpt.source, family=fam.name, kinds=kinds,
+                                          par=Parallelism(tp, pp, stage_layers), overwrite=overwrite,
+                                          progress=progress, tokenizer=tokenizer_files(ckpt),
+                                          strategies=Strategies.from_registry(reg), notes=notes)
+            layout = TARGET
+        else:
+            artifacts = carried_artifacts(ckpt, cfg)
+            stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
+                               par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
+                               progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
+                               workers=workers, strategies=Strategies.from_registry(reg), compute=compute)
+        notes += compute.notes(plan, ckpt.source)
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,
-                            warnings=finite_warning(stats.non_finite), notes=notes,
+                            warnings=warnings + finite_warning(stats.non_finite), notes=notes,
                             non_finite=stats.non_finite)

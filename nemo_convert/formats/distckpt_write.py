@@ -289,8 +289,9 @@ class DistCheckpointWriter:
 
 
 def write_dist_metadata(sink: MemberSink, folder: str, records_list: Sequence[DistRecords], *,
-                        config: dict[str, Any] | None = None) -> None:
-    """Write ``.metadata`` (merging every rank's records), ``common.pt``, then ``metadata.json``.
+                        config: dict[str, Any] | None = None, common: object = None) -> None:
+    """Write ``.metadata`` (merging every rank's records), ``common.pt`` (``torch.save`` of
+    ``common``, default ``{}``), then ``metadata.json``.
 
     Raises :class:`~nemo_convert.errors.ShapeError` if the ranks disagree about a tensor,
     or if the merged chunks do not tile a tensor exactly (listing the gaps and overlaps).
@@ -298,5 +299,5 @@ def write_dist_metadata(sink: MemberSink, folder: str, records_list: Sequence[Di
     merged = merge_records(records_list, ShapeError)
     tensors, objects = metadata_entries(merged, ShapeError)
     sink.add_bytes(_member(folder, DCP_METADATA), metadata_bytes(tensors, objects, DCP_VERSION))
-    sink.add_bytes(_member(folder, COMMON_PT), _save_bytes({}))
+    sink.add_bytes(_member(folder, COMMON_PT), _save_bytes({} if common is None else common))
     sink.add_bytes(_member(folder, METADATA_JSON), json.dumps(config or TORCH_DIST_CONFIG).encode())

@@ -1,0 +1,320 @@
+"""One table between the three spellings of a GPT model config: NeMo 1's
+``model_config.yaml``, Megatron-Bridge's model provider (the ``model:`` section of
+``run_config.yaml``) and Megatron-LM's ``args`` namespace (``common.pt``).
+
+Megatron-LM core_v0.16.1 builds its transformer arguments from the fields of
+``TransformerConfig`` (``megatron/training/arguments.py`` line 1621,
+``ArgumentGroupFactory(TransformerConfig, …)``) and turns them back into a config in
+``core_transformer_config_from_args`` (lines 1306–1370: ``swiglu`` → gated SiLU,
+``group_query_attention`` gates ``num_query_groups``, ``num_experts`` →
+``num_moe_experts``); the few arguments of its own are in the "network size" group
+(lines 1630–1697). Megatron-Bridge's ``LlamaBridge.provider_bridge``
+(``src/megatron/bridge/models/llama/llama_bridge.py``) derives a ``GPTModelProvider`` from
+an HF config through the base bridge's field table plus RMSNorm, gated linear unit, RoPE,
+``rotary_percent`` 1.0 and, for ``rope_type: llama3``, ``rope_scaling`` with
+``rope_scaling_factor``; dtype (``bf16``/``fp16``/``params_dtype``) and
+``make_vocab_size_divisible_by`` (the largest power of two ≤ 128 dividing the
+vocabulary) come from the base bridge. The facts we rely on were measured with
+Megatron-Bridge 0.6.2 (``/work/shared/reference/megatron-dirs.md``).
+
+A family added later fits by adding a row to :data:`FIELDS` (a field that passes through
+unchanged) or to :data:`PROVIDER_FAMILIES` (a family whose provider is confirmed). A field
+that changes the math and that the table does not know is refused by name
+(:data:`NEUTRAL`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.mapping.ops import largest_pow2_divisor
+
+#: Megatron-Bridge's generic GPT provider: what its ``LlamaBridge`` builds.
+GPT_PROVIDER = "megatron.bridge.models.gpt_provider.GPTModelProvider"
+#: NeMo 1's GPT model class (the ``target`` of a ``.nemo`` config): which family handles
+#: the config is decided by the registry, as for any ``.nemo``.
+NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
+
+
+@dataclass(frozen=True)
+class ProviderFamily:
+    """A family whose Megatron-Bridge provider is confirmed: its ``_target_`` and the
+    provider fields that are constants for the family."""
+
+    target: str
+    fixed: tuple[tuple[str, Any], ...] = ()
+
+
+#: The families ``--to megatron-bridge`` writes. Others are refused by name until their
+#: provider is confirmed against Megatron-Bridge's bridge for them.
+PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
+    "llama": ProviderFamily(GPT_PROVIDER, (("normalization", "RMSNorm"), ("gated_linear_unit", True),
+                                           ("position_embedding_type", "rope"))),
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field under its three names (None: that side has no such field) and the type
+    its value is read as. ``default`` is what the field means when absent."""
+
+    nemo: str
+    provider: str | None
+    megatron_lm: str | None
+    kind: Callable[[Any], Any]
+    default: Any = None
+
+
+def _tuple_or_none(v: Any) -> Any:
+    return None if v is None else [int(x) for x in v]
+
+
+def _float_or_none(v: Any) -> Any:
+    return None if v is None else float(v)
+
+
+#: Fields that pass through unchanged (renamed only).
+FIELDS: tuple[Field, ...] = (
+    Field("num_layers", "num_layers", "num_layers", int),
+    Field("hidden_size", "hidden_size", "hidden_size", int),
+    Field("ffn_hidden_size", "ffn_hidden_size", "ffn_hidden_size", int),
+    Field("num_attention_heads", "num_attention_heads", "num_attention_heads", int),
+    Field("kv_channels", "kv_channels", "kv_channels", int),
+    Field("max_position_embeddings", "seq_length", "max_position_embeddings", int),
+    Field("init_method_std", "init_method_std", "init_method_std", float, 0.02),
+    Field("layernorm_epsilon", "layernorm_epsilon", "layernorm_epsilon", float, 1e-5),
+    Field("rotary_base", "rotary_base", "rotary_base", float, 10000.0),
+    Field("rotary_percentage", "rotary_percent", "rotary_percent", float, 1.0),
+    Field("position_embedding_type", "position_embedding_type", "position_embedding_type", str, "rope"),
+    Field("bias", "add_bias_linear", "add_bias_linear", bool, False),
+    Field("qkv_bias", "add_qkv_bias", "add_qkv_bias", bool, False),
+    Field("qk_layernorm", "qk_layernorm", "qk_layernorm", bool, False),
+    Field("layernorm_zero_centered_gamma", "layernorm_zero_centered_gamma", "layernorm_zero_centered_gamma",
+          bool, False),
+    Field("window_size", "window_size", "window_size", _tuple_or_none),
+    Field("seq_len_interpolation_factor", "seq_len_interpolation_factor", "rotary_seq_len_interpolation_factor",
+          _float_or_none),
+    Field("hidden_dropout", "hidden_dropout", "hidden_dropout", float, 0.0),
+    Field("attention_dropout", "attention_dropout", "attention_dropout", float, 0.0),
+)
+
+#: Fields (TransformerConfig / provider fields, and Megatron-LM arguments) that change the
+#: math and that no family here handles: refused unless they hold this neutral value.
+NEUTRAL: dict[str, Any] = {
+    "num_moe_experts": None, "num_experts": None, "multi_latent_attention": False, "rotary_interleaved": False,
+    "apply_residual_connection_post_layernorm": False, "softmax_scale": None, "glu_linear_offset": 0.0,
+    "activation_func_clamp_value": None, "window_attn_skip_freq": None, "attention_output_gate": False,
+    "no_rope_freq": None, "experimental_attention_variant": None, "linear_attention_freq": None,
+    "is_hybrid_model": False, "heterogeneous_layers_config_path": None, "mrope_section": None,
+    "mtp_num_layers": None, "squared_relu": False, "quick_geglu": False, "openai_gelu": False,
+    "apply_layernorm_1p": False,
+}
+
+#: NeMo 1 ``activation`` → (gated linear unit, torch function).
+ACTIVATIONS: dict[str, tuple[bool, str]] = {
+    "fast-swiglu": (True, "torch.nn.functional.silu"), "swiglu": (True, "torch.nn.functional.silu"),
+    "fast-geglu": (True, "torch.nn.functional.gelu"), "geglu": (True, "torch.nn.functional.gelu"),
+    "gelu": (False, "torch.nn.functional.gelu"), "silu": (False, "torch.nn.functional.silu"),
+    "relu": (False, "torch.nn.functional.relu"),
+}
+NORMALIZATIONS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+#: NeMo ``precision`` → (bf16, fp16, params dtype).
+PRECISIONS: dict[str, tuple[bool, bool, torch.dtype]] = {
+    "bf16": (True, False, torch.bfloat16), "bf16-mixed": (True, False, torch.bfloat16),
+    "16": (False, True, torch.float16), "16-mixed": (False, True, torch.float16),
+    "32": (False, False, torch.float32), "32-true": (False, False, torch.float32),
+}
+#: Megatron-Core's fixed llama3 RoPE scaling parameters (only the factor is configurable).
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "old_context_len": 8192}
+
+
+def _callable(name: str) -> dict[str, Any]:
+    """How a ``run_config.yaml`` names a function without calling it."""
+    return {"_target_": name, "_call_": False}
+
+
+def _target_of(v: Any) -> str:
+    return str(v.get("_target_", "")) if isinstance(v, dict) else str(v or "")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def precision_of_dtype(dtype: torch.dtype) -> Any:
+    """NeMo ``precision`` of a parameter dtype."""
+    return {torch.bfloat16: "bf16", torch.float16: 16}.get(dtype, 32)
+
+
+# ------------------------------------------------------------------- NeMo → provider
+def provider_family(family: str) -> ProviderFamily:
+    """The confirmed provider of ``family``, or a one-line refusal naming it."""
+    spec = PROVIDER_FAMILIES.get(family)
+    if spec is None:
+        raise UnsupportedError(f"family {family!r} has no confirmed Megatron-Bridge model provider; --to "
+                               f"megatron-bridge supports: {', '.join(sorted(PROVIDER_FAMILIES))}")
+    return spec
+
+
+def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, params_dtype: torch.dtype,
+                     tp: int = 1, pp: int = 1) -> dict[str, Any]:
+    """The ``model:`` section of ``run_config.yaml`` for a NeMo 1 config: what
+    Megatron-Bridge's bridge derives from the HF config (module docstring)."""
+    spec = provider_family(family)
+    bad = {k: cfg[k] for k in NEUTRAL if k in cfg and cfg[k] != NEUTRAL[k]}
+    if bad:
+        raise UnsupportedError("the config sets " + ", ".join(f"{k}={v!r}" for k, v in bad.items())
+                               + ", which Megatron-Bridge's provider for this family does not express")
+    act = str(cfg.get("activation", "fast-swiglu"))
+    norm = str(cfg.get("normalization", "rmsnorm")).lower()
+    if act not in ACTIVATIONS:
+        raise UnsupportedError(f"activation {act!r} has no Megatron-Bridge spelling here "
+                               f"(known: {', '.join(ACTIVATIONS)})")
+    if norm not in NORMALIZATIONS:
+        raise UnsupportedError(f"normalization {norm!r} has no Megatron-Bridge spelling here")
+    heads = int(cfg["num_attention_heads"])
+    model: dict[str, Any] = {"_target_": spec.target}
+    for f in FIELDS:
+        if f.provider is None:
+            continue
+        value = cfg.get(f.nemo, f.default)
+        if f.nemo == "max_position_embeddings":
+            value = cfg.get("max_position_embeddings") or cfg.get("encoder_seq_length")
+        if f.nemo == "kv_channels" and value is None:
+            value = int(cfg["hidden_size"]) // heads
+        if value is not None:
+            model[f.provider] = f.kind(value)
+    gated, fn = ACTIVATIONS[act]
+    bf16, fp16, _ = PRECISIONS.get(str(precision_of_dtype(params_dtype)), (False, False, torch.float32))
+    model.update({
+        "num_query_groups": int(cfg.get("num_query_groups") or heads),
+        "normalization": NORMALIZATIONS[norm],
+        "gated_linear_unit": gated,
+        "activation_func": _callable(fn),
+        "share_embeddings_and_output_weights": bool(cfg.get("share_embeddings_and_output_weights", False)),
+        "vocab_size": int(vocab_size),
+        "make_vocab_size_divisible_by": largest_pow2_divisor(int(vocab_size)),
+        "should_pad_vocab": False,
+        "bf16": bf16,
+        "fp16": fp16,
+        "params_dtype": _callable(f"torch.{_dtype_name(params_dtype)}"),
+        "tensor_model_parallel_size": int(tp),
+        "pipeline_model_parallel_size": int(pp),
+    })
+    if cfg.get("scale_positional_embedding"):
+        odd = {k: cfg[k] for k, v in LLAMA3_FIXED.items() if k in cfg and float(cfg[k]) != v}
+        if odd:
+            raise UnsupportedError("llama3 RoPE scaling with " + ", ".join(f"{k}={v}" for k, v in odd.items())
+                                   + ": Megatron-Core fixes these at low_freq_factor=1, high_freq_factor=4, "
+                                   "original_max_position_embeddings=8192")
+        model["rope_scaling"] = True
+        model["rope_scaling_factor"] = float(cfg.get("scale_factor", 8.0))
+    for k, v in spec.fixed:
+        if model.get(k, v) != v:
+            raise UnsupportedError(f"{family}: the config has {k}={model[k]!r}; its provider needs {v!r}")
+        model[k] = v
+    return model
+
+
+# ------------------------------------------------------------ provider / args → NeMo
+def _refuse_non_neutral(values: dict[str, Any], where: str) -> None:
+    for k, neutral in NEUTRAL.items():
+        v = values.get(k)
+        if v is not None and v != neutral:
+            raise UnsupportedError(f"{where}: {k}={v!r} changes the model's math and is not supported")
+
+
+def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"mcore_gpt": True, "target": NEMO_GPT_TARGET}
+    for f in FIELDS:
+        name = getattr(f, side)
+        if name is None:
+            continue
+        value = values.get(name, f.default)
+        cfg[f.nemo] = f.kind(value) if value is not None else None
+    if cfg.get("position_embedding_type") not in ("rope",):
+        raise UnsupportedError(f"position_embedding_type={cfg.get('position_embedding_type')!r}: only rope "
+                               "models are supported")
+    if cfg.get("seq_len_interpolation_factor") is None:
+        cfg.pop("seq_len_interpolation_factor")
+    cfg["encoder_seq_length"] = cfg["max_position_embeddings"]
+    return cfg
+
+
+def _apply_rope_scaling(cfg: dict[str, Any], on: Any, factor: Any) -> None:
+    cfg["scale_positional_embedding"] = bool(on)
+    if on:
+        cfg.update({"scale_factor": float(factor if factor is not None else 8.0), "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "old_context_len": 8192})
+
+
+def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
+    """NeMo 1 config fields from a ``run_config.yaml`` ``model:`` section (plain YAML)."""
+    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if model.get(k) is None]
+    if missing:
+        raise ConfigError(f"{where}: the model section lacks {', '.join(missing)}")
+    _refuse_non_neutral(model, where)
+    cfg = _common_nemo(model, "provider")
+    heads = int(model["num_attention_heads"])
+    cfg["num_query_groups"] = int(model.get("num_query_groups") or heads)
+    if cfg.get("kv_channels") is None:
+        cfg["kv_channels"] = int(model["hidden_size"]) // heads
+    if cfg.get("ffn_hidden_size") is None:
+        cfg["ffn_hidden_size"] = 4 * int(model["hidden_size"])
+    norm = str(model.get("normalization", "LayerNorm"))
+    cfg["normalization"] = {v: k for k, v in NORMALIZATIONS.items()}.get(norm) or _refuse(where, "normalization", norm)
+    fn = _target_of(model.get("activation_func") or "torch.nn.functional.gelu").rsplit(".", 1)[-1]
+    gated = bool(model.get("gated_linear_unit", False))
+    cfg["activation"] = _activation(gated, fn, where)
+    cfg["share_embeddings_and_output_weights"] = bool(model.get("share_embeddings_and_output_weights", True))
+    dtype = _target_of(model.get("params_dtype")).rsplit(".", 1)[-1]
+    cfg["precision"] = "bf16" if model.get("bf16") or dtype == "bfloat16" else (
+        16 if model.get("fp16") or dtype == "float16" else 32)
+    cfg["make_vocab_size_divisible_by"] = int(model.get("make_vocab_size_divisible_by") or 128)
+    _apply_rope_scaling(cfg, model.get("rope_scaling"), model.get("rope_scaling_factor"))
+    return cfg
+
+
+def _refuse(where: str, what: str, value: Any) -> Any:
+    raise UnsupportedError(f"{where}: {what}={value!r} is not supported")
+
+
+#: (gated linear unit, torch function name) → NeMo 1 ``activation``.
+_ACTIVATION_OF = {(True, "silu"): "fast-swiglu", (True, "gelu"): "fast-geglu", (False, "gelu"): "gelu",
+                  (False, "silu"): "silu", (False, "relu"): "relu"}
+
+
+def _activation(gated: bool, fn: str, where: str) -> str:
+    return _ACTIVATION_OF.get((gated, fn)) or _refuse(where, "activation_func", f"{fn} (gated={gated})")
+
+
+def args_to_nemo(args: dict[str, Any], where: str) -> dict[str, Any]:
+    """NeMo 1 config fields from a Megatron-LM ``args`` namespace (as a plain dict)."""
+    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if args.get(k) is None]
+    if missing:
+        raise ConfigError(f"{where}: args lacks {', '.join(missing)}")
+    _refuse_non_neutral(args, f"{where}: args")
+    if args.get("layernorm_epsilon") is None and args.get("norm_epsilon") is not None:
+        args = {**args, "layernorm_epsilon": args["norm_epsilon"]}  # older Megatron-LM spelling
+    cfg = _common_nemo(args, "megatron_lm")
+    heads = int(args["num_attention_heads"])
+    cfg["num_query_groups"] = int(args.get("num_query_groups") or heads) if args.get("group_query_attention") \
+        else heads
+    if cfg.get("kv_channels") is None:
+        cfg["kv_channels"] = int(args["hidden_size"]) // heads
+    if cfg.get("ffn_hidden_size") is None:
+        cfg["ffn_hidden_size"] = 4 * int(args["hidden_size"])
+    norm = str(args.get("normalization") or "LayerNorm")
+    cfg["normalization"] = {v: k for k, v in NORMALIZATIONS.items()}.get(norm) or _refuse(where, "normalization", norm)
+    cfg["activation"] = "fast-swiglu" if args.get("swiglu") else "gelu"
+    cfg["share_embeddings_and_output_weights"] = not bool(args.get("untie_embeddings_and_output_weights", False))
+    dtype = args.get("params_dtype")
+    cfg["precision"] = "bf16" if args.get("bf16") or dtype == torch.bfloat16 else (
+        16 if args.get("fp16") or dtype == torch.float16 else 32)
+    cfg["make_vocab_size_divisible_by"] = int(args.get("make_vocab_size_divisible_by") or 128)
+    _apply_rope_scaling(cfg, args.get("use_rope_scaling"), args.get("rope_scaling_factor"))
+    return cfg
