@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description="Convert a Hugging Face model folder (config.json + safetensors or "
                                    "pytorch_model*.bin + tokenizer) into a NeMo .nemo archive.")
     p.add_argument("src", help="Hugging Face model folder")
-    p.add_argument("-o", "--output", required=True, help="the .nemo file to write")
+    p.add_argument("-o", "--output", required=True, help="the .nemo file (or Megatron-Bridge directory) to write")
+    add_target_flag(p)
     p.add_argument("--family", help="model family (default: detected from config.json)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating tensors (default: keep)")
     p.add_argument("--layout", choices=["dist", "legacy"],
@@ -38,8 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e = sub.add_parser("export", help="convert a .nemo into a Hugging Face model folder",
                        description="Convert a .nemo (any layout; tar, gzip or unpacked folder) into a "
                                    "Hugging Face folder that transformers loads.")
-    e.add_argument("src", help=".nemo file or unpacked .nemo folder")
+    e.add_argument("src", help=".nemo file, unpacked .nemo folder, NeMo 2.0 folder, or Megatron-Bridge / "
+                               "Megatron-LM checkpoint directory")
     e.add_argument("-o", "--output", required=True, help="the folder to write")
+    add_iteration_flag(e)
     e.add_argument("--family", help="model family (default: from the .nemo config)")
     e.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating tensors (default: keep)")
     e.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
@@ -48,6 +51,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     device_flag(e, what="the dtype casts (an export's splits are views and stay on the CPU)")
     common_flags(e)
     e.set_defaults(func=run_export)
+
+
+def add_target_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--to", choices=["nemo", "megatron-bridge"], default="nemo",
+                   help="what to write: a .nemo (default) or a Megatron-Bridge checkpoint directory "
+                        "(iter_0000000/ with run_config.yaml; --tp/--pp are recorded in it)")
+
+
+def add_iteration_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iteration", type=int, metavar="N",
+                   help="Megatron-Bridge / Megatron-LM directory: read iter_N (default: the one "
+                        "latest_checkpointed_iteration.txt names)")
 
 
 def add_parallel_flags(p: argparse.ArgumentParser) -> None:
@@ -121,7 +136,8 @@ def run_import(args: argparse.Namespace) -> int:
                         overwrite=args.overwrite, packed=not args.unpacked, progress=make_progress(args),
                         allow_unmapped=tuple(args.allow_unmapped), trust_pickle=args.trust_pickle,
                         parallel=parallelism(args), check_finite=args.check_finite,
-                        options=parse_options(args) or None, device=args.device, workers=args.workers)
+                        options=parse_options(args) or None, device=args.device, workers=args.workers,
+                        to=args.to)
     report(args, rep, "wrote")
     return 0
 
@@ -133,6 +149,6 @@ def run_export(args: argparse.Namespace) -> int:
     rep = api.export_hf(args.src, args.output, dtype=args.dtype, overwrite=args.overwrite, family=args.family,
                         max_shard_bytes=parse_size(args.max_shard_size), progress=make_progress(args),
                         trust_pickle=args.trust_pickle, check_finite=args.check_finite, device=args.device,
-                        workers=args.workers)
+                        workers=args.workers, iteration=args.iteration)
     report(args, rep, "wrote")
     return 0

@@ -13,8 +13,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("inspect", help="show format, config summary and tensors of a checkpoint",
                        description="Show a checkpoint's format, config summary and tensor table (name, "
                                    "shape, dtype, bytes) without reading tensor data. Works on HF folders "
-                                   "and .nemo files alike.")
-    p.add_argument("path", help="HF folder, .nemo file or unpacked .nemo folder")
+                                   "and .nemo files alike, NeMo 2.0 folders, and Megatron-Bridge / Megatron-LM "
+                                   "checkpoint directories (it says which kind).")
+    p.add_argument("path", help="HF folder, .nemo file or unpacked .nemo folder, NeMo 2.0 folder, or "
+                                "Megatron-Bridge / Megatron-LM checkpoint directory")
+    p.add_argument("--iteration", type=int, metavar="N",
+                   help="Megatron-Bridge / Megatron-LM directory: read iter_N (default: the tracker's)")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled files (DANGEROUS)")
     common_flags(p, quiet_help=QUIET_RESULT_HELP)
@@ -24,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from nemo_convert import api
 
-    info = api.inspect_checkpoint(args.path, trust_pickle=args.trust_pickle)
+    info = api.inspect_checkpoint(args.path, trust_pickle=args.trust_pickle, iteration=args.iteration)
     if args.json:
         print_json(info)
         return 0
@@ -34,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     layout = f" ({info['layout']} layout)" if info["layout"] else ""
     console.print(f"[bold]{info['path']}[/]: {info['format']}{layout}, family {info['family'] or 'unknown'}, "
                   f"{info['num_tensors']} tensors, {human_bytes(info['total_bytes'])}", highlight=False)
+    if info.get("iteration_dir"):
+        console.print(f"  iteration folder: {info['iteration_dir']}", highlight=False)
+    for line in info.get("notes") or []:
+        console.print(f"  note: {line}", highlight=False)
     for k, v in info["config"].items():
         console.print(f"  {k}: {v}", highlight=False)
     table = Table("name", "shape", "dtype", "bytes")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from nemo_convert.cli.cmd_convert import _warn_trust, add_parallel_flags, parallelism
+from nemo_convert.cli.cmd_convert import (
+    _warn_trust,
+    add_iteration_flag,
+    add_parallel_flags,
+    add_target_flag,
+    parallelism,
+)
 from nemo_convert.cli.common import common_flags, device_flag, finite_flag, output_flags, report
 from nemo_convert.cli.progress import make_progress
 
@@ -13,9 +19,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("reshard", help="change the TP/PP or weights layout of a .nemo",
                        description="Rewrite a .nemo (any layout and TP/PP, or a NeMo 2.0 folder) with another "
                                    "tensor/pipeline parallelism and/or weights layout, streaming one tensor at "
-                                   "a time. Converting between the dist and legacy layouts is a reshard too.")
-    p.add_argument("src", help=".nemo file, unpacked .nemo folder, or NeMo 2.0 checkpoint folder")
-    p.add_argument("-o", "--output", required=True, help="the .nemo to write")
+                                   "a time. Converting between the dist and legacy layouts is a reshard too; "
+                                   "so is the migration to Megatron-Bridge (--to megatron-bridge) from any "
+                                   ".nemo, NeMo 2.0 folder or Megatron-LM checkpoint directory.")
+    p.add_argument("src", help=".nemo file, unpacked .nemo folder, NeMo 2.0 checkpoint folder, or "
+                               "Megatron-Bridge / Megatron-LM checkpoint directory")
+    p.add_argument("-o", "--output", required=True, help="the .nemo (or Megatron-Bridge directory) to write")
+    add_target_flag(p)
+    add_iteration_flag(p)
     add_parallel_flags(p)
     p.add_argument("--layout", choices=["dist", "legacy"], help="weights layout (default: the input's)")
     p.add_argument("--family", help="model family (default: from the config)")
@@ -36,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     rep = api.reshard(args.src, args.output, tp=par.tp, pp=par.pp, stage_layers=par.stage_layers,
                       layout=args.layout, overwrite=args.overwrite, packed=not args.unpacked, family=args.family,
                       progress=make_progress(args), trust_pickle=args.trust_pickle,
-                      check_finite=args.check_finite, device=args.device, workers=args.workers)
+                      check_finite=args.check_finite, device=args.device, workers=args.workers, to=args.to,
+                      iteration=args.iteration)
     report(args, rep, "wrote")
     return 0
