@@ -1,0 +1,318 @@
+"""Megatron-Bridge and Megatron-LM checkpoint directories, without Megatron installed:
+the directory we write (file tree, run_config.yaml, train_state.pt, common.pt), reading it
+back bit-exactly, Megatron-LM directories (torch_dist + common.pt args, legacy
+mp_rank_XX/model_optim_rng.pt) built here by hand, and bad input. Megatron-Core itself
+loads and writes these directories in tests/test_megatron_dirs_mcore.py."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import yaml
+
+from nemo_convert import api
+from nemo_convert.errors import InputError, UnsafePickleError, UnsupportedError
+from nemo_convert.formats.megatron_config import args_to_nemo, nemo_to_provider, provider_family
+from tiny_models import edit_config, hf_tensors, read_json
+
+
+def logical(path: str, **kw) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    with api.open_checkpoint(path, **kw) as ck:
+        return {k: ck.source.load(k).clone() for k in ck.source.keys()}
+
+
+def megatron_lm_args(**over) -> argparse.Namespace:  # type: ignore[no-untyped-def]
+    """An ``args`` namespace with Megatron-LM core_v0.16.1's attribute names
+    (megatron/training/arguments.py: the TransformerConfig-derived group, line 1621, and the
+    network-size group, lines 1630-1697; params_dtype set by validate_args, lines 701-713)."""
+    values = dict(
+        num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4, group_query_attention=True,
+        num_query_groups=2, kv_channels=16, max_position_embeddings=256, seq_length=64, swiglu=True,
+        normalization="RMSNorm", layernorm_epsilon=1e-5, position_embedding_type="rope",
+        use_rotary_position_embeddings=False, rotary_base=10000, rotary_percent=1.0,
+        rotary_seq_len_interpolation_factor=None, use_rope_scaling=False, rope_scaling_factor=8.0,
+        untie_embeddings_and_output_weights=True, add_bias_linear=False, add_qkv_bias=False, qk_layernorm=False,
+        layernorm_zero_centered_gamma=False, apply_residual_connection_post_layernorm=False,
+        multi_latent_attention=False, num_experts=None, rotary_interleaved=False, squared_relu=False,
+        quick_geglu=False, openai_gelu=False, window_size=None, hidden_dropout=0.0, attention_dropout=0.0,
+        init_method_std=0.02, tokenizer_type="HuggingFaceTokenizer", tokenizer_model="/nonexistent/llama",
+        vocab_size=None, make_vocab_size_divisible_by=128, padded_vocab_size=384,
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=1, bf16=False, fp16=False,
+        params_dtype=torch.float32, transformer_impl="transformer_engine", ckpt_format="torch_dist",
+        world_size=1, data_parallel_size=1, iteration=100, lr=3e-4, min_lr=3e-5, train_iters=100,
+    )
+    values.update(over)
+    return argparse.Namespace(**values)
+
+
+def common_pt(args: argparse.Namespace) -> dict:
+    return {"args": args, "checkpoint_version": 3.0, "iteration": 100,
+            "optimizer": {"param_groups": [{"lr": 0.0, "wd_mult": 1.0}], "state": {"common_step": torch.tensor(1.0)}},
+            "opt_param_scheduler": {"max_lr": 3e-4, "num_steps": 100}, "num_floating_point_operations_so_far": 0}
+
+
+def as_megatron_lm(mb: str, out: str, args: argparse.Namespace, iteration: int = 100) -> str:
+    """A Megatron-LM torch_dist directory from a Megatron-Bridge one: no run_config.yaml,
+    train_state.pt or tokenizer/, common.pt holding ``args``."""
+    it = os.path.join(out, f"iter_{iteration:07d}")
+    shutil.copytree(os.path.join(mb, "iter_0000000"), it)
+    for name in ("run_config.yaml", "train_state.pt", "nemo_convert.json"):
+        os.remove(os.path.join(it, name))
+    shutil.rmtree(os.path.join(it, "tokenizer"), ignore_errors=True)
+    torch.save(common_pt(args), os.path.join(it, "common.pt"))
+    with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(iteration))
+    return out
+
+
+# ---------------------------------------------------------------------------- writing
+def test_import_writes_megatron_bridge_directory(tiny_llama, tmp_path, cli) -> None:
+    src = tiny_llama()
+    out = str(tmp_path / "mb")
+    code, _, err = cli("import", src, "-o", out, "--to", "megatron-bridge", "-q")
+    assert code == 0, err
+    it = os.path.join(out, "iter_0000000")
+    with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "rb") as f:
+        assert f.read() == b"0"
+    assert sorted(os.listdir(out)) == ["iter_0000000", "latest_checkpointed_iteration.txt", "latest_train_state.pt"]
+    assert {".metadata", "common.pt", "metadata.json", "run_config.yaml", "train_state.pt", "tokenizer"} <= set(
+        os.listdir(it))
+    assert read_json(os.path.join(it, "metadata.json")) == {
+        "sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
+        "common_backend_version": 1}
+    common = torch.load(os.path.join(it, "common.pt"), weights_only=True)
+    assert common["checkpoint_version"] == 3.0 and common["iteration"] == 0
+    state = torch.load(os.path.join(it, "train_state.pt"), weights_only=True)
+    assert set(state) == {"step", "consumed_train_samples", "skipped_train_samples", "consumed_valid_samples",
+                          "floating_point_operations_so_far", "do_train", "do_valid", "do_test"}
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in state.values())
+    with open(os.path.join(out, "latest_train_state.pt"), "rb") as a, open(os.path.join(it, "train_state.pt"), "rb") as b:
+        assert a.read() == b.read()
+    model = yaml.safe_load(open(os.path.join(it, "run_config.yaml")))["model"]
+    assert model["_target_"] == "megatron.bridge.models.gpt_provider.GPTModelProvider"
+    assert {k: model[k] for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                                  "num_query_groups", "kv_channels", "vocab_size", "seq_length",
+                                  "make_vocab_size_divisible_by", "should_pad_vocab", "normalization",
+                                  "gated_linear_unit", "bf16", "fp16")} == {
+        "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 96, "num_attention_heads": 4,
+        "num_query_groups": 2, "kv_channels": 16, "vocab_size": 320, "seq_length": 256,
+        "make_vocab_size_divisible_by": 64, "should_pad_vocab": False, "normalization": "RMSNorm",
+        "gated_linear_unit": True, "bf16": False, "fp16": False}
+    assert model["activation_func"] == {"_target_": "torch.nn.functional.silu", "_call_": False}
+    assert model["params_dtype"] == {"_target_": "torch.float32", "_call_": False}
+    assert model["share_embeddings_and_output_weights"] is False and "rope_scaling" not in model
+    # keys without a model. prefix, layers stacked, extra states present
+    from nemo_convert.formats.distckpt import DistCheckpointSource
+
+    dist = DistCheckpointSource.from_dir(it, unstack=False)
+    assert "decoder.layers.self_attention.linear_qkv.weight" in dist.raw_keys()
+    assert dist.info("decoder.layers.mlp.linear_fc1.weight").shape == (2, 192, 64)
+    assert not any(k.startswith("model.") for k in dist.raw_keys())
+    assert "decoder.layers.mlp.linear_fc1._extra_state/shard_0_2" in dist.object_keys
+    dist.close()
+    # read back: the logical tensors of a .nemo import, bit for bit; export gives the source back
+    ref = str(tmp_path / "ref.nemo")
+    api.import_hf(src, ref)
+    want, got = logical(ref), logical(out)
+    assert sorted(want) == sorted(got) and all(torch.equal(want[k], got[k]) for k in want)
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert read_json(os.path.join(back, "config.json")) == read_json(os.path.join(src, "config.json"))
+    code, stdout, _ = cli("inspect", out, "--json")
+    info = json.loads(stdout)
+    assert code == 0 and info["format"] == "megatron-bridge" and info["family"] == "llama"
+
+
+def test_bf16_tied_llama3_fields(tiny_llama, tmp_path) -> None:
+    src = tiny_llama(tie_word_embeddings=True, dtype=torch.bfloat16,
+                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 128})
+    edit_config(src, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    out = str(tmp_path / "mb")
+    api.import_hf(src, out, to="megatron-bridge")
+    model = yaml.safe_load(open(os.path.join(out, "iter_0000000", "run_config.yaml")))["model"]
+    assert model["bf16"] is True and model["fp16"] is False
+    assert model["params_dtype"] == {"_target_": "torch.bfloat16", "_call_": False}
+    assert model["rope_scaling"] is True and model["rope_scaling_factor"] == 8.0
+    assert model["share_embeddings_and_output_weights"] is True
+    got = logical(out)
+    assert "output_layer.weight" not in got and got["embedding.word_embeddings.weight"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("layout", ["dist", "legacy"])
+def test_nemo_tp2_pp2_to_megatron_bridge_one_command(tiny_llama, tmp_path, cli, layout) -> None:
+    src = tiny_llama()
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(src, nemo, layout=layout, parallel=api.Parallelism(2, 2))
+    out = str(tmp_path / "mb")
+    code, _, err = cli("reshard", nemo, "-o", out, "--to", "megatron-bridge", "--tp", "2", "--pp", "2", "-q")
+    assert code == 0, err
+    model = yaml.safe_load(open(os.path.join(out, "iter_0000000", "run_config.yaml")))["model"]
+    assert (model["tensor_model_parallel_size"], model["pipeline_model_parallel_size"]) == (2, 2)
+    want, got = logical(nemo), logical(out)
+    assert sorted(want) == sorted(got) and all(torch.equal(want[k], got[k]) for k in want)
+    # and back to a .nemo from the directory
+    again = str(tmp_path / "again.nemo")
+    api.reshard(out, again, tp=2, pp=2, layout=layout)
+    back = logical(again)
+    assert all(torch.equal(want[k], back[k]) for k in want)
+
+
+def test_refusals_are_by_name(tiny_llama, tmp_path) -> None:
+    with pytest.raises(UnsupportedError, match="'mistral' has no confirmed Megatron-Bridge model provider"):
+        provider_family("mistral")
+    with pytest.raises(UnsupportedError, match="multi_latent_attention"):
+        nemo_to_provider({"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2,
+                          "multi_latent_attention": True}, "llama", vocab_size=8, params_dtype=torch.float32)
+    src = tiny_llama()
+    with pytest.raises(UnsupportedError, match="does not divide the vocabulary"):
+        api.import_hf(src, str(tmp_path / "mb"), to="megatron-bridge", parallel=api.Parallelism(3, 1))
+    assert not os.path.exists(tmp_path / "mb")
+
+
+# ---------------------------------------------------------------------------- Megatron-LM
+def test_args_table() -> None:
+    cfg = args_to_nemo(vars(megatron_lm_args(use_rope_scaling=True, rope_scaling_factor=32.0)), "x")
+    assert cfg["num_query_groups"] == 2 and cfg["activation"] == "fast-swiglu"
+    assert cfg["normalization"] == "rmsnorm" and cfg["share_embeddings_and_output_weights"] is False
+    assert cfg["scale_positional_embedding"] is True and cfg["scale_factor"] == 32.0
+    assert args_to_nemo(vars(megatron_lm_args(group_query_attention=False)), "x")["num_query_groups"] == 4
+    assert args_to_nemo(vars(megatron_lm_args(bf16=True, params_dtype=torch.bfloat16)), "x")["precision"] == "bf16"
+    with pytest.raises(UnsupportedError, match="num_experts=8"):
+        args_to_nemo(vars(megatron_lm_args(num_experts=8)), "x")
+    with pytest.raises(UnsupportedError, match="position_embedding_type='learned_absolute'"):
+        args_to_nemo(vars(megatron_lm_args(position_embedding_type="learned_absolute")), "x")
+
+
+def test_megatron_lm_torch_dist_directory(tiny_llama, tmp_path, cli) -> None:
+    src = tiny_llama()
+    mb = str(tmp_path / "mb")
+    api.import_hf(src, mb, to="megatron-bridge")
+    mlm = as_megatron_lm(mb, str(tmp_path / "mlm"), megatron_lm_args(padded_vocab_size=320))
+    code, stdout, _ = cli("inspect", mlm, "--json")
+    info = json.loads(stdout)
+    assert code == 0 and info["format"] == "megatron-lm" and info["iteration_dir"].endswith("iter_0000100")
+    assert any("optimizer, opt_param_scheduler" in n for n in info["notes"])
+    back = str(tmp_path / "back")
+    rep = api.export_hf(mlm, back)
+    assert any("padded_vocab_size=320" in w for w in rep.warnings)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    cfg = read_json(os.path.join(back, "config.json"))
+    assert (cfg["num_key_value_heads"], cfg["vocab_size"], cfg["intermediate_size"]) == (2, 320, 96)
+    # --iteration picks another folder; the tracker's folder missing is one line, nothing written
+    shutil.copytree(os.path.join(mlm, "iter_0000100"), os.path.join(mlm, "iter_0000050"))
+    assert logical(mlm, iteration=50).keys() == logical(mlm).keys()
+    shutil.rmtree(os.path.join(mlm, "iter_0000100"))
+    code, _, err = cli("export", mlm, "-o", str(tmp_path / "bad"))
+    assert code == 2 and "names iteration 100, but iter_0000100/ is missing" in err and len(err.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "bad")
+    code, _, err = cli("reshard", mlm, "-o", str(tmp_path / "ok.nemo"), "--iteration", "50", "-q")
+    assert code == 0, err
+
+
+def test_megatron_lm_padded_vocab_trimmed_from_tokenizer(tiny_llama, tmp_path) -> None:
+    """The true vocabulary comes from the tokenizer (tokenizer.json at tokenizer_model)."""
+    src = tiny_llama()
+    mb = str(tmp_path / "mb")
+    api.import_hf(src, mb, to="megatron-bridge")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(300)}},
+                                                    "added_tokens": [{"id": 319, "content": "<x>"}]}))
+    mlm = as_megatron_lm(mb, str(tmp_path / "mlm"), megatron_lm_args(tokenizer_model=str(tok)))
+    with api.open_checkpoint(mlm) as ck:
+        assert ck.config["nemo_convert"]["vocab_size"] == 320
+        assert ck.source.info("embedding.word_embeddings.weight").shape == (320, 64)
+
+
+def _refused(cli, tmp_path, mlm: str, match: str) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = cli("export", mlm, "-o", str(tmp_path / "never"))
+    assert code == 2 and match in err and len(err.strip().splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "never")
+
+
+class _Evil:
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.getcwd, ())
+
+
+def test_megatron_lm_bad_inputs(tiny_llama, tmp_path, cli) -> None:
+    src = tiny_llama()
+    mb = str(tmp_path / "mb")
+    api.import_hf(src, mb, to="megatron-bridge")
+    mlm = as_megatron_lm(mb, str(tmp_path / "a"), megatron_lm_args(multi_latent_attention=True))
+    _refused(cli, tmp_path, mlm, "multi_latent_attention=True changes the model's math")
+    mlm = as_megatron_lm(mb, str(tmp_path / "b"), megatron_lm_args())
+    torch.save({"args": _Evil(), "iteration": 100}, os.path.join(mlm, "iter_0000100", "common.pt"))
+    _refused(cli, tmp_path, mlm, "refuses to load global 'posix.getcwd'")
+    with pytest.raises(UnsafePickleError):
+        api.open_checkpoint(mlm).close()
+    mlm = as_megatron_lm(mb, str(tmp_path / "c"), megatron_lm_args())
+    torch.save({"iteration": 100}, os.path.join(mlm, "iter_0000100", "common.pt"))
+    _refused(cli, tmp_path, mlm, "no Megatron-LM args")
+    with open(os.path.join(mlm, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("soon")
+    with pytest.raises(InputError, match="expected an iteration number"):
+        api.open_checkpoint(mlm)
+
+
+def test_megatron_lm_legacy_per_rank_files(tiny_llama, tmp_path) -> None:
+    """mp_rank_XX/model_optim_rng.pt (TP=2): the per-rank slices of a legacy TP=2 .nemo."""
+    src = tiny_llama()
+    nemo = str(tmp_path / "m")
+    api.import_hf(src, nemo, layout="legacy", parallel=api.Parallelism(2, 1), packed=False)
+    it = tmp_path / "mlm" / "iter_0000007"
+    for rank in range(2):
+        sd = torch.load(os.path.join(nemo, f"mp_rank_{rank:02d}", "model_weights.ckpt"), weights_only=True)
+        os.makedirs(it / f"mp_rank_{rank:02d}")
+        torch.save({"model": {k[len("model."):]: v for k, v in sd.items()},
+                    **common_pt(megatron_lm_args(tensor_model_parallel_size=2, vocab_size=320)),
+                    "rng_state": [{"random_rng_state": (3, (1, 2), None)}]},
+                   str(it / f"mp_rank_{rank:02d}" / "model_optim_rng.pt"))
+    (tmp_path / "mlm" / "latest_checkpointed_iteration.txt").write_text("7")
+    with api.open_checkpoint(str(tmp_path / "mlm")) as ck:
+        assert ck.format == "megatron-lm" and ck.layout == "legacy"
+    want, got = logical(nemo), logical(str(tmp_path / "mlm"))
+    assert sorted(want) == sorted(got) and all(torch.equal(want[k], got[k]) for k in want)
+    back = str(tmp_path / "back")
+    api.export_hf(str(tmp_path / "mlm"), back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_common_state_entry_without_common_pt(tiny_llama, tmp_path) -> None:
+    """megatron-core ≥ 0.17 keeps the common state as the byte entry common_state/shard_0_1."""
+    from nemo_convert.formats.distckpt import DistCheckpointSource, DistCheckpointWriter
+    from nemo_convert.formats.sink import DirectorySink
+
+    src = tiny_llama()
+    mb = str(tmp_path / "mb")
+    api.import_hf(src, mb, to="megatron-bridge")
+    it = os.path.join(mb, "iter_0000000")
+    dist = DistCheckpointSource.from_dir(it, unstack=False)
+    out = tmp_path / "mlm"
+    w = DistCheckpointWriter(DirectorySink(str(out)), "iter_0000003")
+    for k in dist.raw_keys():
+        t = dist.load(k)
+        w.declare(k, t.shape, t.dtype)
+        w.write_chunk(k, (0,) * t.dim(), t.contiguous())
+    for k in dist.object_keys:
+        w.add_object_bytes(k, dist.load_object_bytes(k))
+    buf = io.BytesIO()
+    torch.save([common_pt(megatron_lm_args(vocab_size=320))], buf)
+    w.add_object_bytes("common_state/shard_0_1", buf.getvalue())
+    w.close()
+    dist.close()
+    os.remove(out / "iter_0000003" / "common.pt")
+    want, got = logical(mb), logical(str(out))
+    assert sorted(want) == sorted(got) and all(torch.equal(want[k], got[k]) for k in want)
