@@ -1,0 +1,187 @@
+"""Megatron-Core loads the Megatron-Bridge directory we write, and we read the Megatron-LM
+training checkpoints it writes (model + optimizer state + RNG state + common.pt args) at
+TP=1 and TP=2 (two gloo processes), back to an HF folder with transformers' logits equal.
+
+Skipped unless ``megatron.core`` is importable (see tests/test_megatron_compat.py for how
+to install it without touching the project venv). Megatron runs in subprocesses, so its
+global process-group state never leaks into the test session. Megatron-Bridge itself is
+not installable here (it needs the GPU stack): its acceptance of the directory is taken
+from the measurements in /work/shared/reference/megatron-dirs.md.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+SEQ = 16
+
+
+def _worker(root: str, tp: int, rank: int) -> None:  # runs in a subprocess, one per TP rank
+    import argparse
+    import contextlib
+    import dataclasses
+    import random
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as fn
+    import yaml
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import random as tp_random
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    # CPU: RoPE asks for the current CUDA device, the async saver synchronises, attention
+    # forks the CUDA RNG (dropout is 0): none of it is needed here.
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    tp_random.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root}/pg{tp}", rank=rank, world_size=tp)
+    parallel_state.initialize_model_parallel(tp, 1)
+
+    # The model, from the run_config.yaml fields we wrote.
+    run_config = yaml.safe_load(open(f"{root}/mb/iter_0000000/run_config.yaml"))["model"]
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    kw = {k: v for k, v in run_config.items() if k in fields and not isinstance(v, dict)
+          and k not in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "bf16", "fp16")}
+    assert run_config["activation_func"]["_target_"] == "torch.nn.functional.silu"
+    cfg = TransformerConfig(**kw, activation_func=fn.silu, tensor_model_parallel_size=tp,
+                            use_cpu_initialization=True, params_dtype=torch.float32)
+    model = GPTModel(cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization=run_config["normalization"]),
+                     vocab_size=run_config["vocab_size"], max_sequence_length=run_config["seq_length"],
+                     position_embedding_type="rope", rotary_base=int(run_config["rotary_base"]),
+                     share_embeddings_and_output_weights=run_config["share_embeddings_and_output_weights"],
+                     parallel_output=False).eval()
+
+    # 1. Megatron-Core loads our Megatron-Bridge directory (keys without ``model.``).
+    loaded = dist_checkpointing.load(model.sharded_state_dict(), f"{root}/mb/iter_0000000")
+    result = model.load_state_dict(loaded, strict=False)
+    assert not [k for k in result.missing_keys if not k.endswith("_extra_state")], result.missing_keys
+    assert not result.unexpected_keys, result.unexpected_keys
+    tokens = torch.load(f"{root}/tokens.pt")
+    pos = torch.arange(SEQ)[None]
+    mask = torch.triu(torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool), diagonal=1)  # True = masked
+    with torch.no_grad():
+        logits = model(tokens, pos, mask)
+    if rank == 0:
+        torch.save(logits, f"{root}/mcore_logits_tp{tp}.pt")
+
+    # 2. A Megatron-LM training checkpoint of that model: {'model': GPTModel.sharded_state_dict(),
+    # 'optimizer': exp_avg / exp_avg_sq per parameter, 'rng_state': ShardedObject, + common state}.
+    sd = model.sharded_state_dict()
+    gen = torch.Generator().manual_seed(rank)
+    opt: dict[str, Any] = {}
+    for key, value in sd.items():
+        if isinstance(value, ShardedTensor) and not key.endswith("_extra_state"):
+            for moment in ("exp_avg", "exp_avg_sq"):
+                data = torch.randn(value.data.shape, generator=gen)
+                opt[f"{moment}.{key}"] = dataclasses.replace(value, key=f"optimizer.state.{moment}.{value.key}",
+                                                             data=data)
+    rng = ShardedObject("rng_state", [{"random_rng_state": random.getstate(), "torch_rng_state": torch.get_rng_state(),
+                                       "rng_tracker_states": {}}], (1, tp), (0, rank), replica_id=0)
+    # megatron/training/arguments.py at core_v0.16.1: the TransformerConfig-derived names
+    # (line 1621), the network-size group (lines 1630-1697), params_dtype (lines 701-713).
+    args = argparse.Namespace(
+        num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.ffn_hidden_size,
+        num_attention_heads=cfg.num_attention_heads, group_query_attention=True, num_query_groups=cfg.num_query_groups,
+        kv_channels=cfg.kv_channels, max_position_embeddings=run_config["seq_length"], seq_length=SEQ,
+        swiglu=True, normalization="RMSNorm", layernorm_epsilon=cfg.layernorm_epsilon,
+        position_embedding_type="rope", rotary_base=int(run_config["rotary_base"]), rotary_percent=1.0,
+        rotary_seq_len_interpolation_factor=None, use_rope_scaling=False, rope_scaling_factor=8.0,
+        untie_embeddings_and_output_weights=True, add_bias_linear=False, add_qkv_bias=False, qk_layernorm=False,
+        layernorm_zero_centered_gamma=False, apply_residual_connection_post_layernorm=False,
+        multi_latent_attention=False, num_experts=None, rotary_interleaved=False, squared_relu=False,
+        quick_geglu=False, openai_gelu=False, window_size=None, hidden_dropout=0.0, attention_dropout=0.0,
+        init_method_std=0.02, tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{root}/hf",
+        vocab_size=None, make_vocab_size_divisible_by=128, padded_vocab_size=run_config["vocab_size"],
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, bf16=False, fp16=False,
+        params_dtype=torch.float32, transformer_impl="local", ckpt_format="torch_dist", world_size=tp,
+        data_parallel_size=1, iteration=100, lr=3e-4, min_lr=3e-5, train_iters=100)
+    state = {
+        "model": sd, "optimizer": {"state": opt, "param_groups": [{"lr": 0.0, "wd_mult": 1.0}, {"lr": 0.0, "wd_mult": 0.0}]},
+        "rng_state": rng, "args": args, "checkpoint_version": 3.0, "iteration": 100,
+        "opt_param_scheduler": {"max_lr": 3e-4, "lr_warmup_steps": 0, "num_steps": 100, "lr_decay_style": "cosine"},
+        "num_floating_point_operations_so_far": 0.0,
+    }
+    ckpt = f"{root}/mlm_tp{tp}"
+    if rank == 0:
+        os.makedirs(f"{ckpt}/iter_0000100")
+    dist.barrier()
+    dist_checkpointing.save(state, f"{ckpt}/iter_0000100")
+    if rank == 0:
+        with open(f"{ckpt}/latest_checkpointed_iteration.txt", "w") as f:
+            f.write("100")
+    dist.barrier()
+    dist.destroy_process_group()
+    print("MCORE-WORKER OK")
+
+
+def _run_workers(root: str, tp: int) -> None:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), root, str(tp), str(r)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(tp)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and "MCORE-WORKER OK" in out, out[-3000:] + err[-6000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [1, 2])
+def test_megatron_core_reads_ours_and_we_read_megatron_lm(tmp_path: Any, tiny_llama: Any, tp: int) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from nemo_convert import api
+    from tiny_models import hf_tensors
+
+    root = str(tmp_path)
+    src = tiny_llama()
+    os.rename(src, f"{root}/hf")
+    src = f"{root}/hf"
+    api.import_hf(src, f"{root}/mb", to="megatron-bridge", parallel=api.Parallelism(tp, 1))
+    tokens = torch.randint(0, 320, (1, SEQ), generator=torch.Generator().manual_seed(0))
+    torch.save(tokens, f"{root}/tokens.pt")
+    with torch.no_grad():
+        want = LlamaForCausalLM.from_pretrained(src, torch_dtype=torch.float32).eval()(tokens).logits
+    _run_workers(root, tp)
+
+    mcore = torch.load(f"{root}/mcore_logits_tp{tp}.pt")
+    mcore = mcore if mcore.shape == want.shape else mcore.transpose(0, 1)
+    delta_mb = (mcore - want).abs().max().item()
+    assert delta_mb <= 1e-5, delta_mb
+
+    mlm = f"{root}/mlm_tp{tp}"
+    info = api.inspect_checkpoint(mlm)
+    assert info["format"] == "megatron-lm" and info["family"] == "llama"
+    assert any(n.startswith("dropped ") and "optimizer.*" in n for n in info["notes"]), info["notes"]
+    assert any("rng_state" in n for n in info["notes"]), info["notes"]
+    back = f"{root}/back"
+    rep = api.export_hf(mlm, back)
+    assert any("padded_vocab_size" in w for w in rep.warnings)  # the tiny HF folder has no tokenizer.json
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    with torch.no_grad():
+        got = LlamaForCausalLM.from_pretrained(back, torch_dtype=torch.float32).eval()(tokens).logits
+    delta = (got - want).abs().max().item()
+    assert delta <= 1e-5, delta
+    print(f"TP={tp}: max|dlogit| Megatron-Core on our directory vs HF = {delta_mb:.3g}; "
+          f"HF export of Megatron-LM's save vs HF = {delta:.3g}")
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
