@@ -266,19 +266,35 @@ def test_megatron_lm_bad_inputs(tiny_llama, tmp_path, cli) -> None:
         api.open_checkpoint(mlm)
 
 
-def test_megatron_lm_legacy_per_rank_files(tiny_llama, tmp_path) -> None:
-    """mp_rank_XX/model_optim_rng.pt (TP=2): the per-rank slices of a legacy TP=2 .nemo."""
-    src = tiny_llama()
+@pytest.mark.parametrize("pp,local_spec", [(1, False), (2, True)])
+def test_megatron_lm_legacy_per_rank_files(tiny_llama, tmp_path, pp, local_spec) -> None:
+    """mp_rank_XX[_YYY]/model_optim_rng.pt (TP=2, PP=1 or an uneven PP=2): the per-rank
+    slices of a legacy .nemo, optionally under Megatron-Core's local-spec norm names."""
+    src = tiny_llama(num_hidden_layers=3)
     nemo = str(tmp_path / "m")
-    api.import_hf(src, nemo, layout="legacy", parallel=api.Parallelism(2, 1), packed=False)
+    api.import_hf(src, nemo, layout="legacy", parallel=api.Parallelism(2, pp, (2, 1) if pp == 2 else None),
+                  packed=False)
     it = tmp_path / "mlm" / "iter_0000007"
+    local = {".self_attention.linear_qkv.layer_norm_weight": ".input_layernorm.weight",
+             ".mlp.linear_fc1.layer_norm_weight": ".pre_mlp_layernorm.weight"}
     for rank in range(2):
-        sd = torch.load(os.path.join(nemo, f"mp_rank_{rank:02d}", "model_weights.ckpt"), weights_only=True)
-        os.makedirs(it / f"mp_rank_{rank:02d}")
-        torch.save({"model": {k[len("model."):]: v for k, v in sd.items()},
-                    **common_pt(megatron_lm_args(tensor_model_parallel_size=2, vocab_size=320)),
-                    "rng_state": [{"random_rng_state": (3, (1, 2), None)}]},
-                   str(it / f"mp_rank_{rank:02d}" / "model_optim_rng.pt"))
+        for stage in range(pp):
+            nemo_dir = f"mp_rank_{rank:02d}" if pp == 1 else f"tp_rank_{rank:02d}_pp_rank_{stage:03d}"
+            mlm_dir = f"mp_rank_{rank:02d}" if pp == 1 else f"mp_rank_{rank:02d}_{stage:03d}"
+            sd = torch.load(os.path.join(nemo, nemo_dir, "model_weights.ckpt"), weights_only=True)
+            model = {}
+            for k, v in sd.items():
+                k = k[len("model."):]
+                for te, name in local.items():
+                    if local_spec and k.endswith(te):
+                        k = k[: -len(te)] + name
+                model[k] = v
+            os.makedirs(it / mlm_dir)
+            torch.save({"model": model,
+                        **common_pt(megatron_lm_args(num_layers=3, tensor_model_parallel_size=2,
+                                                     pipeline_model_parallel_size=pp, vocab_size=320)),
+                        "rng_state": [{"random_rng_state": (3, (1, 2), None)}]},
+                       str(it / mlm_dir / "model_optim_rng.pt"))
     (tmp_path / "mlm" / "latest_checkpointed_iteration.txt").write_text("7")
     with api.open_checkpoint(str(tmp_path / "mlm")) as ck:
         assert ck.format == "megatron-lm" and ck.layout == "legacy"

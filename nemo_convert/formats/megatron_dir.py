@@ -38,6 +38,7 @@ from nemo_convert.formats.distckpt_meta import MetadataIndex
 from nemo_convert.formats.distckpt_read import DistCheckpointSource
 from nemo_convert.formats.megatron_config import args_to_nemo, provider_to_nemo
 from nemo_convert.formats.nemo import NemoCheckpoint, VocabTrimView
+from nemo_convert.formats.nemo import _stage_sizes as stage_sizes
 from nemo_convert.formats.nemo2 import load_context_yaml
 from nemo_convert.formats.nemo_ranks import WEIGHTS, PerRankSource
 from nemo_convert.formats.tar_archive import Container, DirectoryContainer
@@ -209,6 +210,48 @@ def _common_notes(common: dict[str, Any], where: str) -> list[str]:
     return [f"dropped {where}: {', '.join(gone)}"] if gone else []
 
 
+#: Megatron-Core's local-spec layer names → the Transformer-Engine names we use (the torch_dist
+#: save applies the same renaming itself; a legacy per-rank save does not).
+LOCAL_SPEC_NAMES = {".input_layernorm.weight": ".self_attention.linear_qkv.layer_norm_weight",
+                    ".input_layernorm.bias": ".self_attention.linear_qkv.layer_norm_bias",
+                    ".pre_mlp_layernorm.weight": ".mlp.linear_fc1.layer_norm_weight",
+                    ".pre_mlp_layernorm.bias": ".mlp.linear_fc1.layer_norm_bias"}
+
+
+class LocalSpecNames:
+    """A source with local-spec norm names presented under the Transformer-Engine names
+    (norms are replicated, so the per-rank merge below needs no kind for them)."""
+
+    def __init__(self, inner: TensorSource) -> None:
+        self._inner = inner
+        self._map: dict[str, str] = {}
+        for k in inner.keys():
+            new = k
+            for old, te in LOCAL_SPEC_NAMES.items():
+                if k.endswith(old):
+                    new = k[: -len(old)] + te
+            self._map[new] = k
+
+    def keys(self) -> list[str]:
+        return list(self._map)
+
+    def info(self, key: str) -> Any:
+        i = self._inner.info(self._map[key])
+        return type(i)(key, i.shape, i.dtype)
+
+    def load(self, key: str) -> torch.Tensor:
+        return self._inner.load(self._map[key])
+
+    def load_lazy(self, key: str) -> Any:
+        return getattr(self._inner, "load_lazy", self._inner.load)(self._map[key])
+
+    def group(self, key: str) -> str:
+        return self._inner.group(self._map[key])
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 class _LegacyRanks(Container):
     """Megatron-LM's ``mp_rank_XX[_YYY]/model_optim_rng.pt`` as the members that
     :class:`~nemo_convert.formats.nemo_ranks.PerRankSource` reads."""
@@ -318,11 +361,12 @@ def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: 
             if rtp > 1 and not kinds:
                 raise InputError(f"{folder}: per-rank weights at TP={rtp} can only be merged through the model "
                                  "family's mapping, and no installed family handles this config (pass --family)")
-            layers = int(cfg["num_layers"])
-            playout = ParallelLayout.make(layers, rtp, rpp,
+            files = _LegacyRanks(folder, ranks, rpp)
+            sizes = stage_sizes(files, "", (rtp, rpp), trust_pickle)  # Megatron may split stages unevenly
+            playout = ParallelLayout.make(sum(sizes), rtp, rpp, stage_sizes=sizes,
                                           tied=bool(cfg.get("share_embeddings_and_output_weights")))
-            source = PerRankSource(_LegacyRanks(folder, ranks, rpp), "", playout, kinds, vocab=vocab,
-                                   trust_pickle=trust_pickle, tensor_parallel=tensor_parallel)
+            source = LocalSpecNames(PerRankSource(files, "", playout, kinds, vocab=vocab, trust_pickle=trust_pickle,
+                                                  tensor_parallel=tensor_parallel))
             extra = []
         if vocab:
             source = VocabTrimView(source, {k for k, v in kinds.items() if v is Parallel.VOCAB}, int(vocab))
