@@ -101,7 +101,7 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool)
         fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
         cfg = ck.config
         plan = plan_conversion(fam.mapping(cfg), cfg, ck.source, "to_hf")
-        side = _Side(SideInfo(path, "nemo", ck.layout, fam.name), ck, HFView(ck.source, plan),
+        side = _Side(SideInfo(path, getattr(ck, "kind", "nemo"), ck.layout, fam.name), ck, HFView(ck.source, plan),
                      hf_config_of(fam, cfg), fam, tokenizer_files(ck),
                      (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped))
         side.tied, side.drops = _mapping_facts(fam, cfg)

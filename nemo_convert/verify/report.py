@@ -26,7 +26,7 @@ class SideInfo:
     """One of the two checkpoints."""
 
     path: str
-    format: str  # "hf" or "nemo"
+    format: str  # "hf", "nemo", "megatron-bridge" or "megatron-lm"
     layout: str | None = None
     family: str | None = None
 
