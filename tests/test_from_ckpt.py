@@ -159,6 +159,18 @@ def test_single_ckpt(world, single, tmp_path):
     assert cfg["optim"]["name"] == "fused_adam"  # the training config is kept as NeMo keeps it
 
 
+def test_single_ckpt_to_megatron_bridge(world, single, tmp_path):
+    ref, out = str(tmp_path / "m.nemo"), str(tmp_path / "mb")
+    api.from_ckpt(single, ref)
+    rep = api.from_ckpt(single, out, to="megatron-bridge")
+    assert rep.layout == "megatron-bridge" and rep.dropped_tensors > 0
+    assert os.listdir(os.path.join(out, "iter_0000000", "tokenizer")) == ["tokenizer.model"]
+    with api.open_checkpoint(ref) as a, api.open_checkpoint(out) as b:
+        assert b.format == "megatron-bridge" and sorted(a.source.keys()) == sorted(b.source.keys())
+        for k in a.source.keys():
+            assert torch.equal(a.source.load(k), b.source.load(k)), k
+
+
 def test_single_ckpt_legacy_layout_and_reshard(world, single, tmp_path):
     out = str(tmp_path / "m.nemo")
     rep = api.from_ckpt(single, out, layout="legacy", tp=2, pp=2)

@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "sized in the summary). Nothing the checkpoint pickled is executed.")
     p.add_argument("src", help=".ckpt file, folder of rank folders, dist checkpoint folder, or a checkpoints "
                                "folder holding one of those")
-    p.add_argument("-o", "--output", required=True, help="the .nemo to write")
+    p.add_argument("-o", "--output", required=True, help="the .nemo (or Megatron-Bridge directory) to write")
+    p.add_argument("--to", choices=["nemo", "megatron-bridge"], default="nemo",
+                   help="what to write: a .nemo (default) or a Megatron-Bridge checkpoint directory")
     p.add_argument("--hparams", metavar="FILE.yaml",
                    help="Lightning hparams.yaml whose 'cfg:' section is the model config (default: the "
                         "checkpoint's hyper_parameters)")
@@ -68,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
                         checkpoint_name=args.checkpoint_name, tp=args.tp, pp=args.pp,
                         stage_layers=_stages(args.stage_layers), layout=args.layout, vocab_size=args.vocab_size,
                         allow_missing_tokenizer=args.allow_missing_tokenizer, overwrite=args.overwrite,
-                        packed=not args.unpacked, trust_pickle=args.trust_pickle, progress=make_progress(args))
+                        packed=not args.unpacked, trust_pickle=args.trust_pickle, progress=make_progress(args),
+                        to=args.to)
     for w in rep.warnings:
         warn(args, w)
     if args.json:

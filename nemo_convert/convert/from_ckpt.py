@@ -23,6 +23,7 @@ from nemo_convert import __version__
 from nemo_convert.convert.ckpt_config import model_config, read_hparams, yaml_ready
 from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
+from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.engine import Progress
 from nemo_convert.errors import (
     ConfigError,
@@ -212,13 +213,24 @@ def _plan_source(fam: Any, cfg: dict[str, Any], source: TensorSource, ck: Traini
         raise
 
 
+def _tokenizer_files(data_of: dict[str, bytes]) -> dict[str, bytes]:
+    """The tokenizer files found for a training checkpoint, under their file names: the HF
+    files our section names, else NeMo's SentencePiece ``tokenizer.model``."""
+    marker = f"{SECTION}.tokenizer_files."
+    hf = {label[len(marker):]: data for label, data in data_of.items() if label.startswith(marker)}
+    if hf:
+        return hf
+    return {"tokenizer.model": data_of["tokenizer.model"]} if "tokenizer.model" in data_of else {}
+
+
 def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | None = None,
               checkpoint_name: str | None = None, tp: int | None = None, pp: int | None = None,
               stage_layers: tuple[int, ...] | None = None, layout: str | None = None,
               vocab_size: int | None = None, allow_missing_tokenizer: bool = False, overwrite: bool = False,
               packed: bool = True, trust_pickle: bool = False, progress: Progress | None = None,
-              registry: Registry | None = None) -> CkptConversionReport:
-    """Convert a PyTorch Lightning training checkpoint into a ``.nemo``.
+              registry: Registry | None = None, to: str = "nemo") -> CkptConversionReport:
+    """Convert a PyTorch Lightning training checkpoint into a ``.nemo`` (or, with
+    ``to="megatron-bridge"``, a Megatron-Bridge checkpoint directory).
 
     :param src: a ``.ckpt`` file; a folder of rank folders (``mp_rank_XX/<name>.ckpt`` or
         ``tp_rank_XX_pp_rank_YYY/<name>.ckpt``); a ``torch_dist`` checkpoint folder; or a
@@ -238,6 +250,7 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
         run arbitrary code. Only for checkpoints you trust.
     """
     started = time.monotonic()
+    check_target_kind(to)
     reg = registry_or_default(registry)
     if layout is not None and layout not in LAYOUTS:
         raise NemoConvertError(f"unknown layout {layout!r} (use {' or '.join(LAYOUTS)})")
@@ -297,10 +310,18 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
         else:  # global tensors: TP×PP is only recorded, and any TP×PP can load them
             tp, pp = 1 if tp is None else tp, 1 if pp is None else pp
         plan = identity_plan(source, kinds)
-        stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
-                           par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
-                           progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
-                           strategies=Strategies.from_registry(reg))
+        if to == TARGET:
+            tp, pp = 1 if tp is None else tp, 1 if pp is None else pp
+            stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
+                                          par=Parallelism(tp, pp, stage_layers), overwrite=overwrite,
+                                          progress=progress, tokenizer=_tokenizer_files(data_of),
+                                          strategies=Strategies.from_registry(reg), notes=notes)
+            layout = TARGET
+        else:
+            stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
+                               par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
+                               progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
+                               strategies=Strategies.from_registry(reg))
         total = ck.dropped_total
         files = [loc.rank_file(t, p) for p in range(loc.pp) for t in range(loc.tp)] \
             if loc.kind == "per-rank" else [loc.path]
