@@ -332,3 +332,22 @@ def test_common_state_entry_without_common_pt(tiny_llama, tmp_path) -> None:
     os.remove(out / "iter_0000003" / "common.pt")
     want, got = logical(mb), logical(str(out))
     assert sorted(want) == sorted(got) and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_nemo2_folder_to_megatron_bridge(tiny_llama, tmp_path) -> None:
+    from test_parallelism import _write_nemo2
+
+    src = tiny_llama()
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(src, nemo)
+    folder = str(tmp_path / "nemo2")
+    _write_nemo2(folder, nemo)
+    out = str(tmp_path / "mb")
+    api.reshard(folder, out, to="megatron-bridge")
+    want, got = logical(folder), logical(out)
+    assert sorted(want) == sorted(got) and all(torch.equal(want[k], got[k]) for k in want)
+    assert os.listdir(os.path.join(out, "iter_0000000", "tokenizer")) == ["tokenizer.model"]
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert all(torch.equal(a[k], b[k]) for k in a)
