@@ -351,3 +351,16 @@ def test_nemo2_folder_to_megatron_bridge(tiny_llama, tmp_path) -> None:
     api.export_hf(out, back)
     a, b = hf_tensors(src), hf_tensors(back)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_run_config_is_read_inertly(tiny_llama, tmp_path, cli) -> None:
+    src = tiny_llama()
+    mb = str(tmp_path / "mb")
+    api.import_hf(src, mb, to="megatron-bridge")
+    path = os.path.join(mb, "iter_0000000", "run_config.yaml")
+    text = open(path).read().replace("num_layers: 2", "num_layers: !!python/object/apply:os.system ['touch pwned']")
+    open(path, "w").write(text)
+    _refused(cli, tmp_path, mb, "a model field is not understood")
+    assert not os.path.exists("pwned")
+    open(path, "w").write("tokenizer: {}\n")
+    _refused(cli, tmp_path, mb, "no model: section")

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from nemo_convert.errors import InputError
+from nemo_convert.errors import ConfigError, InputError
 from nemo_convert.formats.distckpt_meta import MetadataIndex
 from nemo_convert.formats.distckpt_read import DistCheckpointSource
 from nemo_convert.formats.megatron_config import args_to_nemo, provider_to_nemo
@@ -324,19 +324,24 @@ def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: 
             model = doc.get("model")
             if not isinstance(model, dict):
                 raise InputError(f"{run_config}: no model: section")
-            cfg = provider_to_nemo(model, run_config)
-            vocab = model.get("vocab_size")
-            tp = int(model.get("tensor_model_parallel_size") or 1)
-            pp = int(model.get("pipeline_model_parallel_size") or 1)
+            values, where = model, run_config
         else:
             args = common.get("args")
             if not isinstance(args, dict):
                 where = f"{folder}/{COMMON_PT}" if layout == "dist" else first
                 raise InputError(f"{where}: no Megatron-LM args (and no {RUN_CONFIG}): cannot tell the model config")
-            cfg = args_to_nemo(args, folder)
-            vocab = _args_vocab(args, folder, warnings)
-            tp = int(args.get("tensor_model_parallel_size") or 1)
-            pp = int(args.get("pipeline_model_parallel_size") or 1)
+            values, where = args, f"{folder}: args"
+        try:
+            if kind == "megatron-bridge":
+                cfg = provider_to_nemo(values, where)
+                vocab = int(values["vocab_size"]) if values.get("vocab_size") else None
+            else:
+                cfg = args_to_nemo(values, folder)
+                vocab = _args_vocab(values, folder, warnings)
+            tp = int(values.get("tensor_model_parallel_size") or 1)
+            pp = int(values.get("pipeline_model_parallel_size") or 1)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ConfigError(f"{where}: a model field is not understood ({type(exc).__name__}: {exc})") from None
         cfg["tensor_model_parallel_size"], cfg["pipeline_model_parallel_size"] = tp, pp
         section: dict[str, Any] = dict(ours)
         section["source_format"] = kind
