@@ -101,6 +101,9 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
         raise UnsupportedError("--stage-layers is not recorded in a Megatron-Bridge run_config.yaml; use an even "
                                "pipeline split")
     vocab, _ = vocab_sizes(cfg, plan, kinds, 1)
+    if vocab is not None and not (cfg.get(SECTION) or {}).get("vocab_size"):
+        notes.append(f"the true vocabulary size is not recorded: vocab_size={vocab} is the embedding's rows "
+                     "(padding rows, if any, stay)")
     if vocab is None:
         raise UnsupportedError("the model has no vocabulary-parallel tensor; Megatron-Bridge's GPT provider needs one")
     if vocab % par.tp:
