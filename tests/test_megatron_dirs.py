@@ -233,6 +233,11 @@ def test_megatron_lm_padded_vocab_trimmed_from_tokenizer(tiny_llama, tmp_path) -
     with api.open_checkpoint(mlm) as ck:
         assert ck.config["nemo_convert"]["vocab_size"] == 320
         assert ck.source.info("embedding.word_embeddings.weight").shape == (320, 64)
+    # a SentencePiece model file as tokenizer_model (the tiny one has 300 pieces)
+    mlm2 = as_megatron_lm(mb, str(tmp_path / "mlm2"), megatron_lm_args(tokenizer_model=os.path.join(src, "tokenizer.model")))
+    with api.open_checkpoint(mlm2) as ck:
+        assert ck.config["nemo_convert"]["vocab_size"] == 300
+        assert ck.source.info("output_layer.weight").shape == (300, 64)
 
 
 def _refused(cli, tmp_path, mlm: str, match: str) -> None:  # type: ignore[no-untyped-def]

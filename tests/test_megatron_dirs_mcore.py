@@ -11,6 +11,7 @@ from the measurements in /work/shared/reference/megatron-dirs.md.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -105,7 +106,7 @@ def _worker(root: str, tp: int, rank: int) -> None:  # runs in a subprocess, one
         layernorm_zero_centered_gamma=False, apply_residual_connection_post_layernorm=False,
         multi_latent_attention=False, num_experts=None, rotary_interleaved=False, squared_relu=False,
         quick_geglu=False, openai_gelu=False, window_size=None, hidden_dropout=0.0, attention_dropout=0.0,
-        init_method_std=0.02, tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{root}/hf",
+        init_method_std=0.02, tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{root}/tok",
         vocab_size=None, make_vocab_size_divisible_by=128, padded_vocab_size=run_config["vocab_size"],
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, bf16=False, fp16=False,
         params_dtype=torch.float32, transformer_impl="local", ckpt_format="torch_dist", world_size=tp,
@@ -153,6 +154,9 @@ def test_megatron_core_reads_ours_and_we_read_megatron_lm(tmp_path: Any, tiny_ll
     os.rename(src, f"{root}/hf")
     src = f"{root}/hf"
     api.import_hf(src, f"{root}/mb", to="megatron-bridge", parallel=api.Parallelism(tp, 1))
+    os.makedirs(f"{root}/tok")  # the run's HF tokenizer: 320 ids (tokenizer.json only, as far as we read it)
+    with open(f"{root}/tok/tokenizer.json", "w") as f:
+        json.dump({"model": {"vocab": {f"t{i}": i for i in range(320)}}, "added_tokens": []}, f)
     tokens = torch.randint(0, 320, (1, SEQ), generator=torch.Generator().manual_seed(0))
     torch.save(tokens, f"{root}/tokens.pt")
     with torch.no_grad():
@@ -171,7 +175,7 @@ def test_megatron_core_reads_ours_and_we_read_megatron_lm(tmp_path: Any, tiny_ll
     assert any("rng_state" in n for n in info["notes"]), info["notes"]
     back = f"{root}/back"
     rep = api.export_hf(mlm, back)
-    assert any("padded_vocab_size" in w for w in rep.warnings)  # the tiny HF folder has no tokenizer.json
+    assert not rep.warnings, rep.warnings  # the vocabulary came from the run's tokenizer
     a, b = hf_tensors(src), hf_tensors(back)
     assert sorted(a) == sorted(b)
     for k in a:

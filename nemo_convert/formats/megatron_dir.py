@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from nemo_convert.errors import ConfigError, InputError
+from nemo_convert.errors import ConfigError, InputError, NemoConvertError
 from nemo_convert.formats.distckpt_meta import MetadataIndex
 from nemo_convert.formats.distckpt_read import DistCheckpointSource
 from nemo_convert.formats.megatron_config import args_to_nemo, provider_to_nemo
@@ -45,6 +45,7 @@ from nemo_convert.formats.tar_archive import Container, DirectoryContainer
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout, rank_dir
 from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
+from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
 from nemo_convert.tensors.safe_unpickle import safe_load, to_plain
 from nemo_convert.tensors.torch_zip import load_archive, read_torch_zip
 from nemo_convert.tensors.views import PrefixView
@@ -167,16 +168,30 @@ def _count_vocab_hf(folder: str) -> int | None:
         return None
 
 
+def _count_vocab_sentencepiece(path: str) -> int | None:
+    """The number of pieces of a SentencePiece model file, if it is one."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return sentencepiece_vocab_size(f.read())
+    except (OSError, NemoConvertError):
+        return None
+
+
 def _args_vocab(args: dict[str, Any], iteration_dir: str, warnings: list[str]) -> int | None:
     """The true vocabulary of a Megatron-LM run: ``--vocab-size``, else the tokenizer's
-    (when its files are here or at ``tokenizer_model``), else ``padded_vocab_size``."""
+    (when its files are here or at ``tokenizer_model``: an HF folder's ``tokenizer.json``
+    or ``tokenizer.model``, or a SentencePiece model file), else ``padded_vocab_size``."""
     if args.get("vocab_size"):
         return int(args["vocab_size"])
-    for folder in (os.path.join(iteration_dir, TOKENIZER_DIR), str(args.get("tokenizer_model") or "")):
-        if folder and os.path.isdir(folder):
-            n = _count_vocab_hf(folder)
-            if n:
-                return n
+    for where in (os.path.join(iteration_dir, TOKENIZER_DIR), str(args.get("tokenizer_model") or "")):
+        if where and os.path.isdir(where):
+            n = _count_vocab_hf(where) or _count_vocab_sentencepiece(os.path.join(where, "tokenizer.model"))
+        else:
+            n = _count_vocab_sentencepiece(where) if where else None
+        if n:
+            return n
     padded = args.get("padded_vocab_size")
     if padded:
         warnings.append(f"the true vocabulary size is unknown (no tokenizer at {args.get('tokenizer_model')!r}); "
