@@ -369,3 +369,31 @@ def test_run_config_is_read_inertly(tiny_llama, tmp_path, cli) -> None:
     assert not os.path.exists("pwned")
     open(path, "w").write("tokenizer: {}\n")
     _refused(cli, tmp_path, mb, "no model: section")
+
+
+def test_minimal_run_config_is_read_with_provider_defaults(tiny_llama, tmp_path) -> None:
+    """The 18-key model section megatron-dirs.md shows Megatron-Bridge accepting; absent
+    fields mean GPTModelProvider's defaults (tied embeddings, learned positions, biases)."""
+    src = tiny_llama()
+    mb = str(tmp_path / "mb")
+    api.import_hf(src, mb, to="megatron-bridge")
+    path = os.path.join(mb, "iter_0000000", "run_config.yaml")
+    model = yaml.safe_load(open(path))["model"]
+    keep = ("_target_", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+            "kv_channels", "vocab_size", "seq_length", "normalization", "gated_linear_unit", "activation_func",
+            "add_bias_linear", "add_qkv_bias", "layernorm_epsilon", "position_embedding_type", "rotary_base",
+            "share_embeddings_and_output_weights")
+    with open(path, "w") as f:
+        yaml.safe_dump({"model": {k: model[k] for k in keep}}, f)
+    os.remove(os.path.join(mb, "iter_0000000", "nemo_convert.json"))
+    back = str(tmp_path / "back")
+    api.export_hf(mb, back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    cfg = read_json(os.path.join(back, "config.json"))
+    assert (cfg["num_key_value_heads"], cfg["vocab_size"], cfg["max_position_embeddings"]) == (2, 320, 256)
+    del model["position_embedding_type"]
+    with open(path, "w") as f:
+        yaml.safe_dump({"model": model}, f)
+    with pytest.raises(UnsupportedError, match="position_embedding_type='learned_absolute'"):
+        api.open_checkpoint(mb)

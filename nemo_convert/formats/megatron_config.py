@@ -90,7 +90,7 @@ FIELDS: tuple[Field, ...] = (
     Field("rotary_base", "rotary_base", "rotary_base", float, 10000.0),
     Field("rotary_percentage", "rotary_percent", "rotary_percent", float, 1.0),
     Field("position_embedding_type", "position_embedding_type", "position_embedding_type", str, "rope"),
-    Field("bias", "add_bias_linear", "add_bias_linear", bool, False),
+    Field("bias", "add_bias_linear", "add_bias_linear", bool, True),  # TransformerConfig's default
     Field("qkv_bias", "add_qkv_bias", "add_qkv_bias", bool, False),
     Field("qk_layernorm", "qk_layernorm", "qk_layernorm", bool, False),
     Field("layernorm_zero_centered_gamma", "layernorm_zero_centered_gamma", "layernorm_zero_centered_gamma",
@@ -101,6 +101,11 @@ FIELDS: tuple[Field, ...] = (
     Field("hidden_dropout", "hidden_dropout", "hidden_dropout", float, 0.0),
     Field("attention_dropout", "attention_dropout", "attention_dropout", float, 0.0),
 )
+
+#: What an absent provider field means where it differs from :data:`FIELDS`' default
+#: (``GPTModelProvider``'s own defaults, ``src/megatron/bridge/models/gpt_provider.py``).
+PROVIDER_DEFAULTS: dict[str, Any] = {"position_embedding_type": "learned_absolute", "seq_length": 1024,
+                                     "share_embeddings_and_output_weights": True, "normalization": "LayerNorm"}
 
 #: Fields (TransformerConfig / provider fields, and Megatron-LM arguments) that change the
 #: math and that no family here handles: refused unless they hold this neutral value.
@@ -234,7 +239,8 @@ def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
         name = getattr(f, side)
         if name is None:
             continue
-        value = values.get(name, f.default)
+        default = PROVIDER_DEFAULTS.get(name, f.default) if side == "provider" else f.default
+        value = values.get(name, default)
         cfg[f.nemo] = f.kind(value) if value is not None else None
     if cfg.get("position_embedding_type") not in ("rope",):
         raise UnsupportedError(f"position_embedding_type={cfg.get('position_embedding_type')!r}: only rope "
@@ -265,12 +271,13 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
         cfg["kv_channels"] = int(model["hidden_size"]) // heads
     if cfg.get("ffn_hidden_size") is None:
         cfg["ffn_hidden_size"] = 4 * int(model["hidden_size"])
-    norm = str(model.get("normalization", "LayerNorm"))
+    norm = str(model.get("normalization", PROVIDER_DEFAULTS["normalization"]))
     cfg["normalization"] = {v: k for k, v in NORMALIZATIONS.items()}.get(norm) or _refuse(where, "normalization", norm)
     fn = _target_of(model.get("activation_func") or "torch.nn.functional.gelu").rsplit(".", 1)[-1]
     gated = bool(model.get("gated_linear_unit", False))
     cfg["activation"] = _activation(gated, fn, where)
-    cfg["share_embeddings_and_output_weights"] = bool(model.get("share_embeddings_and_output_weights", True))
+    cfg["share_embeddings_and_output_weights"] = bool(model.get("share_embeddings_and_output_weights",
+                                                                PROVIDER_DEFAULTS["share_embeddings_and_output_weights"]))
     dtype = _target_of(model.get("params_dtype")).rsplit(".", 1)[-1]
     cfg["precision"] = "bf16" if model.get("bf16") or dtype == "bfloat16" else (
         16 if model.get("fp16") or dtype == "float16" else 32)
