@@ -282,7 +282,15 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
     cfg["precision"] = "bf16" if model.get("bf16") or dtype == "bfloat16" else (
         16 if model.get("fp16") or dtype == "float16" else 32)
     cfg["make_vocab_size_divisible_by"] = int(model.get("make_vocab_size_divisible_by") or 128)
-    _apply_rope_scaling(cfg, model.get("rope_scaling"), model.get("rope_scaling_factor"))
+    target = _target_of(model)
+    if model.get("rope_scaling") is None and ("scale_factor" in model or "Llama31" in target or "Llama32" in target):
+        # older Megatron-Bridge: Llama31ModelProvider & co. carry NeMo 2's llama3 fields
+        cfg.update({"scale_positional_embedding": True, "scale_factor": float(model.get("scale_factor", 8.0)),
+                    "low_freq_factor": float(model.get("low_freq_factor", 1.0)),
+                    "high_freq_factor": float(model.get("high_freq_factor", 4.0)),
+                    "old_context_len": int(model.get("old_context_len", 8192))})
+    else:
+        _apply_rope_scaling(cfg, model.get("rope_scaling"), model.get("rope_scaling_factor"))
     return cfg
 
 
