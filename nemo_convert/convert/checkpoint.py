@@ -9,7 +9,7 @@ from typing import Any
 from nemo_convert.convert.common import kinds_for
 from nemo_convert.errors import InputError, NemoConvertError
 from nemo_convert.formats.hf import is_hf_folder, open_hf
-from nemo_convert.formats.nemo import open_nemo
+from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.plugins.manager import get_registry
 from nemo_convert.tensors.base import TensorSource
 
@@ -43,7 +43,7 @@ def open_checkpoint(path: str, *, trust_pickle: bool = False, iteration: int | N
         hf = open_hf(path, trust_pickle=trust_pickle)
         return Checkpoint(path, "hf", hf.config, hf.source, None, hf)
     if os.path.exists(path):  # a .nemo tar or folder, a NeMo 2.0 folder, a Megatron directory
-        nemo = open_nemo(path, trust_pickle=trust_pickle, kinds_for=kinds_for(get_registry()), iteration=iteration)
+        nemo = open_model_checkpoint(path, trust_pickle=trust_pickle, kinds_for=kinds_for(get_registry()), iteration=iteration)
         return Checkpoint(path, getattr(nemo, "kind", "nemo"), nemo.config, nemo.source, nemo.layout, nemo)
     raise InputError(f"{path}: no such file or folder")
 

@@ -19,7 +19,8 @@ from nemo_convert.convert.common import (
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, RunStats, apply_dtype, merge_stats, run_plan
 from nemo_convert.formats.hf import HFWeightsWriter, json_bytes
-from nemo_convert.formats.nemo import NemoCheckpoint, open_nemo
+from nemo_convert.formats.nemo import NemoCheckpoint
+from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.errors import ConfigError
 from nemo_convert.formats.sink import DirectorySink, MemberSink
 from nemo_convert.formats.staging import check_target, refuse_overlap
@@ -72,7 +73,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
     want = parse_dtype(dtype)
-    ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
+    ckpt = open_model_checkpoint(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
                      tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation),
                      iteration=iteration)
     try:

@@ -14,7 +14,8 @@ from nemo_convert.convert.nemo_to_hf import tokenizer_files
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.engine import Progress
-from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name, open_nemo
+from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name
+from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.formats.nemo_ranks import WEIGHTS
 from nemo_convert.formats.staging import check_target, refuse_overlap
 from nemo_convert.formats.nemo_weights import LAYOUTS
@@ -58,7 +59,7 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
             workers: Workers = SINGLE, to: str = "nemo", iteration: int | None = None) -> ConversionReport:
     """Rewrite a ``.nemo`` at another TP×PP and/or weights layout (``dist`` or ``legacy``).
 
-    Any checkpoint :func:`~nemo_convert.formats.nemo.open_nemo` reads is a source: a
+    Any checkpoint :func:`~nemo_convert.formats.open_any.open_model_checkpoint` reads is a source: a
     ``.nemo`` of any layout, a NeMo 2 folder, a Megatron-Bridge or Megatron-LM directory
     (``iteration`` picks its ``iter_XXXXXXX/``). With ``to="megatron-bridge"`` the output is
     a Megatron-Bridge checkpoint directory recording ``tp``/``pp`` in ``run_config.yaml``.
@@ -72,7 +73,7 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
-    ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
+    ckpt = open_model_checkpoint(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
                      tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation),
                      iteration=iteration)
     try:

@@ -137,7 +137,7 @@ def _stage_sizes(container: Container, prefix: str, tp_pp: tuple[int, int], trus
 
 
 def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | None = None,
-              tensor_parallel: Any = None, iteration: int | None = None) -> NemoCheckpoint:
+              tensor_parallel: Any = None) -> NemoCheckpoint:
     """Open a ``.nemo`` (tar, gzipped tar, or folder) without extracting it.
 
     Tensors come out under global logical names whatever the layout (dist, legacy, or
@@ -145,18 +145,9 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
     vocabulary size is known. ``kinds_for(cfg)`` gives each tensor's parallel kind (from
     the model family); it is needed to merge per-rank files and to trim padding.
     ``tensor_parallel`` merges per-rank slices (default: the built-in strategy; a
-    conversion passes the registry's, placed on its ``--device``). A Megatron-Bridge or
-    Megatron-LM checkpoint directory opens too (:mod:`.megatron_dir`; ``iteration`` picks
-    its ``iter_XXXXXXX/``).
+    conversion passes the registry's, placed on its ``--device``).
     """
-    from nemo_convert.formats.megatron_dir import is_megatron_dir, open_megatron_dir
     from nemo_convert.mapping.rules import Parallel
-
-    if is_megatron_dir(path):
-        return open_megatron_dir(path, iteration=iteration, trust_pickle=trust_pickle, kinds_for=kinds_for,
-                                 tensor_parallel=tensor_parallel)
-    if iteration is not None:
-        raise InputError(f"{path}: --iteration applies to Megatron-Bridge / Megatron-LM checkpoint directories")
 
     if os.path.isdir(path) and os.path.isdir(os.path.join(path, "weights")) \
             and os.path.isdir(os.path.join(path, "context")):

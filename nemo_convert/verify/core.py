@@ -14,7 +14,8 @@ from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
 from nemo_convert.convert.nemo_to_hf import hf_config_of, tokenizer_files
 from nemo_convert.errors import InputError, PluginError
 from nemo_convert.formats.hf import HFCheckpoint, is_hf_folder, open_hf
-from nemo_convert.formats.nemo import NemoCheckpoint, open_nemo
+from nemo_convert.formats.nemo import NemoCheckpoint
+from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.mapping.planner import plan_conversion
 from nemo_convert.mapping.rules import Tied, condition_holds
 from nemo_convert.plugins.manager import Registry
@@ -96,7 +97,7 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool)
             raise
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
-    ck = open_nemo(path, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
+    ck = open_model_checkpoint(path, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
         cfg = ck.config

@@ -1,0 +1,25 @@
+"""Open any checkpoint we read as a ``.nemo`` would be: a ``.nemo`` (tar, gzipped tar,
+unpacked folder; any layout), a NeMo 2.0 folder, or a Megatron-Bridge / Megatron-LM
+checkpoint directory. The conversions that read NeMo-side checkpoints (``export``,
+``reshard``, ``verify``, ``inspect``) open them through :func:`open_model_checkpoint`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_convert.errors import InputError
+from nemo_convert.formats.megatron_dir import is_megatron_dir, open_megatron_dir
+from nemo_convert.formats.nemo import KindsFor, NemoCheckpoint, open_nemo
+
+
+def open_model_checkpoint(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | None = None,
+                          tensor_parallel: Any = None, iteration: int | None = None) -> NemoCheckpoint:
+    """:func:`~nemo_convert.formats.nemo.open_nemo`, or
+    :func:`~nemo_convert.formats.megatron_dir.open_megatron_dir` for a Megatron directory
+    (``iteration`` picks its ``iter_XXXXXXX/``; it is refused for anything else)."""
+    if is_megatron_dir(path):
+        return open_megatron_dir(path, iteration=iteration, trust_pickle=trust_pickle, kinds_for=kinds_for,
+                                 tensor_parallel=tensor_parallel)
+    if iteration is not None:
+        raise InputError(f"{path}: --iteration applies to Megatron-Bridge / Megatron-LM checkpoint directories")
+    return open_nemo(path, trust_pickle=trust_pickle, kinds_for=kinds_for, tensor_parallel=tensor_parallel)
