@@ -177,6 +177,10 @@ def test_refusals_are_by_name(tiny_llama, tmp_path) -> None:
     with pytest.raises(UnsupportedError, match="does not divide the vocabulary"):
         api.import_hf(src, str(tmp_path / "mb"), to="megatron-bridge", parallel=api.Parallelism(3, 1))
     assert not os.path.exists(tmp_path / "mb")
+    with pytest.raises(UnsupportedError, match="--layout legacy is a .nemo layout"):
+        api.import_hf(src, str(tmp_path / "mb"), to="megatron-bridge", layout="legacy")
+    with pytest.raises(UnsupportedError, match="unknown target 'nemo3'"):
+        api.reshard(src, str(tmp_path / "mb"), to="nemo3")
 
 
 # ---------------------------------------------------------------------------- Megatron-LM

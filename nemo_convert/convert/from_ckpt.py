@@ -250,7 +250,7 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
         run arbitrary code. Only for checkpoints you trust.
     """
     started = time.monotonic()
-    check_target_kind(to)
+    check_target_kind(to, layout=layout)
     reg = registry_or_default(registry)
     if layout is not None and layout not in LAYOUTS:
         raise NemoConvertError(f"unknown layout {layout!r} (use {' or '.join(LAYOUTS)})")

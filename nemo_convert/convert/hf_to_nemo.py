@@ -117,7 +117,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     :param to: ``"nemo"`` or ``"megatron-bridge"`` (``layout`` and ``packed`` then do not
         apply; TP × PP is recorded in ``run_config.yaml``).
     """
-    check_target_kind(to, workers)
+    check_target_kind(to, workers, layout)
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)

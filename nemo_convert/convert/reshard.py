@@ -68,7 +68,7 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
     ``device`` is where the transforms run (:mod:`nemo_convert.compute`): a reshard's
     tasks are copies, so only the per-rank writer's splits that build new tensors move.
     """
-    check_target_kind(to, workers)
+    check_target_kind(to, workers, layout)
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)

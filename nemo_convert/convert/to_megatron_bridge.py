@@ -56,12 +56,16 @@ TOKENIZER_CONFIG = "megatron.bridge.training.tokenizers.config.TokenizerConfig"
 EMBEDDING = "embedding.word_embeddings.weight"
 
 
-def check_target_kind(to: str, workers: Workers = SINGLE) -> None:
-    """Refuse an unknown ``--to`` or a multi-process Megatron-Bridge write, up front."""
+def check_target_kind(to: str, workers: Workers = SINGLE, layout: str | None = None) -> None:
+    """Refuse an unknown ``--to``, a ``.nemo`` layout or a multi-process run for a
+    Megatron-Bridge directory, up front."""
     if to not in TARGETS:
         raise UnsupportedError(f"unknown target {to!r} (use {' or '.join(TARGETS)})")
     if to == TARGET and workers.world > 1:
         raise UnsupportedError("--to megatron-bridge is written by one process; run it without torchrun")
+    if to == TARGET and layout is not None:
+        raise UnsupportedError(f"--layout {layout} is a .nemo layout; a Megatron-Bridge directory is always a "
+                               "torch_dist checkpoint (drop --layout)")
 
 
 def params_dtype_of(cfg: dict[str, Any], plan: Plan) -> torch.dtype:
