@@ -448,6 +448,40 @@ def test_chunks_split_along_a_second_axis(tmp_path: Any) -> None:
     assert torch.equal(whole.load("model.decoder.layers.proj"), proj)
 
 
+def test_row_chunks_load_as_pieces_of_the_mapped_file(tmp_path: Any) -> None:
+    """Megatron's TP=2 chunking: fc1's gate and up halves per rank (mlp.py L276-329 at
+    core_v0.16.1), vocabulary rows per rank; rows-only splits are deferred views of the data
+    files (copied file to file by the writers), other splits are assembled per layer."""
+    from nemo_convert.tensors.file_map import file_origin
+    from nemo_convert.tensors.pieces import Pieces, materialize
+
+    fc1, emb, proj = torch.randn(L, 2 * F, H), torch.randn(V, H), torch.randn(L, H, H)
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path)), "")
+    for k, t in (("fc1", fc1), ("emb", emb), ("proj", proj)):
+        w.declare(f"model.decoder.layers.{k}" if k != "emb" else "model.emb", tuple(t.shape), t.dtype)
+    jobs = [("model.emb", (r * V // 2, 0), emb[r * V // 2:(r + 1) * V // 2]) for r in (1, 0)]
+    for l in range(L):
+        for r in range(2):
+            for half in range(2):
+                a = half * F + r * F // 2
+                jobs.append(("model.decoder.layers.fc1", (l, a, 0), fc1[l:l + 1, a:a + F // 2]))
+            jobs.append(("model.decoder.layers.proj", (l, 0, r * H // 2), proj[l:l + 1, :, r * H // 2:(r + 1) * H // 2]))
+    random.Random(3).shuffle(jobs)
+    for k, off, t in jobs:
+        w.write_chunk(k, off, t)
+    w.close()
+    src = DistCheckpointSource.from_dir(tmp_path, strip_prefix="model.")
+    for l in range(L):
+        lazy = src.load_lazy(f"decoder.layers.{l}.fc1")
+        assert isinstance(lazy, Pieces) and len(lazy.parts) == 4
+        assert all(file_origin(p) is not None for p in lazy.parts)
+        assert torch.equal(materialize(lazy), fc1[l]) and torch.equal(src.load(f"decoder.layers.{l}.fc1"), fc1[l])
+        got = src.load_lazy(f"decoder.layers.{l}.proj")  # split along columns: one assembled tensor
+        assert isinstance(got, torch.Tensor) and torch.equal(got, proj[l])
+    lazy = src.load_lazy("emb")
+    assert isinstance(lazy, Pieces) and torch.equal(materialize(lazy), emb)
+
+
 def test_chunks_spanning_several_layers(tmp_path: Any) -> None:
     t = torch.randn(4, 6, 2)
     w = DistCheckpointWriter(DirectorySink(str(tmp_path)), "")
