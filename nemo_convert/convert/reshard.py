@@ -6,10 +6,9 @@ output tensor is assembled from just the input slices it needs, one tensor at a 
 
 from __future__ import annotations
 
-import copy
-
 from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, kinds_for, registry_or_default
+from nemo_convert.convert.export_config import complete_config
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.engine import Progress
 from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name, open_nemo
@@ -68,23 +67,24 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
                      tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
-        cfg = copy.deepcopy(ckpt.config)
+        prep = complete_config(ckpt, fam)  # a NeMo-native config: record the true vocabulary
+        cfg, source = prep.cfg, prep.source
         layout = layout or ckpt.layout
         if layout not in LAYOUTS:
             raise NemoConvertError(f"unknown layout {layout!r} (use {' or '.join(LAYOUTS)})")
         mapping = fam.mapping(cfg)
-        plan_conversion(mapping, cfg, ckpt.source, "to_hf")  # proves the checkpoint is complete
+        plan_conversion(mapping, cfg, source, "to_hf")  # proves the checkpoint is complete
         kinds = nemo_parallel_kinds(mapping, cfg)
-        plan = identity_plan(ckpt.source, kinds)
+        plan = identity_plan(source, kinds)
         plan.check_finite = check_finite
         artifacts = carried_artifacts(ckpt, cfg)
-        stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
+        stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
                            par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
                            progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked, workers=workers,
                            strategies=Strategies.from_registry(reg), compute=compute)
-        notes = [f"TP={tp} PP={pp}"] + compute.notes(plan, ckpt.source)
+        notes = [f"TP={tp} PP={pp}"] + compute.notes(plan, source)
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,
-                            warnings=finite_warning(stats.non_finite), notes=notes,
+                            warnings=prep.warnings + finite_warning(stats.non_finite), notes=notes,
                             non_finite=stats.non_finite)

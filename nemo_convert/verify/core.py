@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
+from nemo_convert.convert.export_config import export_config
 from nemo_convert.convert.nemo_to_hf import hf_config_of, tokenizer_files
 from nemo_convert.errors import InputError, PluginError
 from nemo_convert.formats.hf import HFCheckpoint, is_hf_folder, open_hf
@@ -99,10 +100,11 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool)
     ck = open_nemo(path, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
-        cfg = ck.config
-        plan = plan_conversion(fam.mapping(cfg), cfg, ck.source, "to_hf")
-        side = _Side(SideInfo(path, "nemo", ck.layout, fam.name), ck, HFView(ck.source, plan),
-                     hf_config_of(fam, cfg), fam, tokenizer_files(ck),
+        prep = export_config(ck, fam)  # as export sees it: a NeMo-native config completed
+        cfg = prep.cfg
+        plan = plan_conversion(fam.mapping(cfg), cfg, prep.source, "to_hf")
+        side = _Side(SideInfo(path, "nemo", ck.layout, fam.name), ck, HFView(prep.source, plan),
+                     hf_config_of(fam, cfg, defaults=prep.hf_defaults), fam, tokenizer_files(ck),
                      (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped))
         side.tied, side.drops = _mapping_facts(fam, cfg)
         return side
