@@ -187,6 +187,35 @@ def _native_config(vocab: int, tied: bool, tp: int, tokenizer_ref: str) -> dict[
     }
 
 
+def _pack(root: str, nemo: str, tok_path: str, tok_member: str, weights: str) -> str:
+    with tarfile.open(nemo, "w") as tar:  # NeMo's tar: uncompressed, members under ./
+        tar.add(os.path.join(root, "model_config.yaml"), arcname="./model_config.yaml")
+        tar.add(tok_path, arcname=f"./{tok_member}")
+        tar.add(weights, arcname="./model_weights")
+    return nemo
+
+
+def without_extra_state(root: str) -> str:
+    """A copy of the ``.nemo`` whose ``.metadata`` lists no ``_extra_state`` item (what a
+    checkpoint saved without them looks like); the data files are Megatron's."""
+    import pickle
+    import shutil
+
+    src, dst = os.path.join(root, "model_weights"), os.path.join(root, "no_extra")
+    shutil.copytree(src, dst)
+    with open(os.path.join(dst, ".metadata"), "rb") as f:
+        md = pickle.load(f)  # our own test file: torch's classes may load it
+    gone = {k for k in md.state_dict_metadata if "_extra_state" in k}
+    assert gone
+    md.state_dict_metadata = {k: v for k, v in md.state_dict_metadata.items() if k not in gone}
+    md.storage_data = {k: v for k, v in md.storage_data.items() if k.fqn not in gone}
+    with open(os.path.join(dst, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+    with open(os.path.join(root, "tok.json")) as f:
+        tok_path, tok_member = json.load(f)
+    return _pack(root, os.path.join(root, "no_extra.nemo"), tok_path, tok_member, dst)
+
+
 def build_megatron_nemo(root: str, *, tp: int, tied: bool) -> tuple[str, str]:
     """(``.nemo`` path, source HF folder)."""
     import sentencepiece as spm
@@ -216,11 +245,9 @@ def build_megatron_nemo(root: str, *, tp: int, tied: bool) -> tuple[str, str]:
     tok_member = f"{hashlib.md5(tok).hexdigest()}_tokenizer.model"
     with open(os.path.join(root, "model_config.yaml"), "w") as f:
         yaml.safe_dump(_native_config(vocab, tied, tp, "nemo:" + tok_member), f, sort_keys=False)
-    nemo = os.path.join(root, "megatron.nemo")
-    with tarfile.open(nemo, "w") as tar:  # NeMo's tar: uncompressed, members under ./
-        tar.add(os.path.join(root, "model_config.yaml"), arcname="./model_config.yaml")
-        tar.add(tok_path, arcname=f"./{tok_member}")
-        tar.add(os.path.join(root, "model_weights"), arcname="./model_weights")
+    with open(os.path.join(root, "tok.json"), "w") as f:
+        json.dump([tok_path, tok_member], f)
+    nemo = _pack(root, os.path.join(root, "megatron.nemo"), tok_path, tok_member, os.path.join(root, "model_weights"))
     return nemo, hf
 
 
@@ -301,6 +328,11 @@ def test_nemo_written_by_megatron_core(tmp_path: Any, cli: Any, tp: int, tied: b
     a, b = _logits(str(tmp_path / "out")), _logits(hf)
     assert (a - b).abs().max().item() <= 1e-5
     print(f"logits max |delta| TP={tp} tied={tied}: {(a - b).abs().max().item():.3g}")
+
+    if tp == 1:  # _extra_state items absent: the same model
+        api.export_hf(without_extra_state(str(tmp_path / "src")), str(tmp_path / "no-extra"), rope_scaling=False)
+        again = hf_tensors(str(tmp_path / "no-extra"))
+        assert sorted(again) == sorted(want) and all(torch.equal(again[k], want[k]) for k in want)
 
     # verify: every tensor equal (the config differs where NeMo's does: RoPE scaling, extra HF keys)
     code, out, err = cli("verify", nemo, hf, "--json")
