@@ -144,8 +144,8 @@ class DistCheckpointSource:
         :class:`~nemo_convert.tensors.pieces.Pieces` of the mapped chunk views, so that a
         writer copies them file to file (Megatron's gate/up halves of ``linear_fc1``, its
         vocabulary-parallel rows). Any other chunking is assembled as :meth:`load` does."""
-        view = self._views[key]
-        return rows([self._lazy_part(p) for p in view.parts])
+        parts = [self._lazy_part(p) for p in self._views[key].parts]
+        return parts[0] if len(parts) == 1 else rows(parts)
 
     def close(self) -> None:
         for fmap in self._maps.values():
