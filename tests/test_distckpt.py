@@ -449,7 +449,7 @@ def test_chunks_split_along_a_second_axis(tmp_path: Any) -> None:
 
 
 def test_row_chunks_load_as_pieces_of_the_mapped_file(tmp_path: Any) -> None:
-    """Megatron's TP=2 chunking: fc1's gate and up halves per rank (mlp.py L276-329 at
+    """Megatron's TP=2 chunking: fc1's gate and up halves per rank (mlp.py L276-333 at
     core_v0.16.1), vocabulary rows per rank; rows-only splits are deferred views of the data
     files (copied file to file by the writers), other splits are assembled per layer."""
     from nemo_convert.tensors.file_map import file_origin

@@ -34,7 +34,7 @@ def _hf(folder: str, **overrides: Any) -> tuple[str, int]:
 def _go_native(nemo: str, *, tokenizer: bool = True) -> dict[str, Any]:
     """Replace an unpacked ``.nemo``'s config with what NeMo's converter writes: no section of
     ours, NeMo's defaults for ``kv_channels`` (null) and ``apply_query_key_layer_scaling``
-    (True) (megatron_llama_config.yaml L63-64), ``scale_positional_embedding: True``
+    (True) (megatron_llama_config.yaml L65-66 at NeMo 00a115fe), ``scale_positional_embedding: True``
     (convert_llama_hf_to_nemo.py L126, --llama31 default) and ModelPT's ``target``."""
     path = os.path.join(nemo, "model_config.yaml")
     with open(path) as f:

@@ -14,12 +14,12 @@ Layout facts, all from Megatron-Core 0.16.1 (``megatron/core``):
   ``(0, layer, L)``, transformer/transformer_block.py L866-874);
 - ``linear_fc1.weight`` is saved as two chunks per layer and rank, the gate half at rows
   ``[r·F/TP, …)`` and the up half at ``F + r·F/TP`` (``apply_swiglu_sharded_factory``,
-  transformer/mlp.py L276-329), i.e. each rank holds ``[gate_r; up_r]``;
+  transformer/mlp.py L276-333), i.e. each rank holds ``[gate_r; up_r]``;
 - the embedding and output layer hold the padded vocabulary (NeMo pads to a multiple of
   ``make_vocab_size_divisible_by × TP``, nemo-formats.md §2.6 / megatron_base_model.py
   L623-645) and are saved with ``allow_shape_mismatch`` (tensor_parallel/layers.py L309-317);
 - ``_extra_state`` items are ShardedObjects (BYTE_IO); ``common.pt`` and ``metadata.json``
-  come from dist_checkpointing/serialization.py L405-425; each rank writes two
+  come from dist_checkpointing/serialization.py L411-430; each rank writes two
   ``__<rank>_<i>.distcp`` files (strategies/torch.py L602, filesystem_async.py L121).
 NeMo 1 saves with the ``model.`` prefix (nemo-formats.md §1.6, megatron_gpt_model.py L2052-2061).
 """
@@ -87,7 +87,7 @@ def _megatron_global(hf: dict[str, Any], tied: bool, padded: int, seed: int) -> 
 
 def _rank_slice(name: str, t: Any, rank: int, tp: int) -> Any:
     """Megatron's local parameter at ``rank``: column-parallel (QKV, vocab) rows, row-parallel
-    (proj, fc2) columns, fc1 as [gate_r; up_r] (mlp.py L276-329), norms replicated."""
+    (proj, fc2) columns, fc1 as [gate_r; up_r] (mlp.py L276-333), norms replicated."""
     import torch
 
     if name.endswith("linear_fc1.weight"):
