@@ -105,3 +105,39 @@ def test_unknown_vocabulary_keeps_the_rows_with_a_warning(tmp_path: Any) -> None
 
     _, info = LlamaForCausalLM.from_pretrained(str(tmp_path / "out"), output_loading_info=True)
     assert not any(info.values()), info
+
+
+def test_issue_12_nemo_with_megatron_0_15_metadata_through_the_cli(tmp_path: Any, cli: Any,
+                                                                     monkeypatch: Any) -> None:
+    """The reported failure: every command exited 2 on ``the .metadata pickle asks for
+    megatron.core.dist_checkpointing.strategies.torch.MCoreSavePlan``. Here the ``.metadata``
+    is pickled as Megatron-Core 0.15 pickled it (MCoreMetadata + all_local_plans of
+    MCoreSavePlan + mcore_data, strategies/torch.py L462-545 at core_v0.15.0)."""
+    import pickle
+
+    from test_distckpt import _old_mcore_classes
+
+    hf, _ = _hf(str(tmp_path / "hf"))
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(hf, nemo, packed=False)
+    _go_native(nemo)
+    path = os.path.join(nemo, "model_weights", ".metadata")
+    mcore_md, mcore_plan = _old_mcore_classes(monkeypatch)
+    with open(path, "rb") as f:
+        md = pickle.load(f)  # written by our own import a moment ago
+    mcore_data = {k: {} for k in md.state_dict_metadata}
+    md = mcore_md(mcore_data=mcore_data, **vars(md))
+    md.all_local_plans = [mcore_plan(items=[], planner_data={}, mcore_data=mcore_data)]
+    with open(path, "wb") as f:
+        pickle.dump(md, f)
+    monkeypatch.undo()
+    code, _, err = cli("inspect", nemo)
+    assert code == 0, err
+    code, _, err = cli("export", nemo, "-o", str(tmp_path / "out"), "--no-rope-scaling")
+    assert code == 0, err
+    code, _, err = cli("reshard", nemo, "-o", str(tmp_path / "r.nemo"), "--tp", "2", "--layout", "legacy")
+    assert code == 0, err
+    code, out, err = cli("verify", nemo, str(tmp_path / "out"), "--json")
+    assert "not allowed" not in err and all(t["status"] == "equal" for t in json.loads(out)["tensors"])
+    a, b = hf_tensors(str(tmp_path / "out")), hf_tensors(hf)
+    assert all(torch.equal(a[k], b[k]) for k in b)
