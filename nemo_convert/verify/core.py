@@ -47,6 +47,7 @@ class _Side:
     tied: dict[str, str] = field(default_factory=dict)  # HF name -> the HF name it is tied to
     drops: list[str] = field(default_factory=list)  # HF globs that are not weights
     dropped: list[str] = field(default_factory=list)  # source tensors the to_hf plan leaves out
+    warnings: list[str] = field(default_factory=list)  # completing a NeMo-native config
 
 
 def _mapping_facts(fam: ModelFamily, nemo_cfg: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
@@ -105,7 +106,8 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool)
         plan = plan_conversion(fam.mapping(cfg), cfg, prep.source, "to_hf")
         side = _Side(SideInfo(path, "nemo", ck.layout, fam.name), ck, HFView(prep.source, plan),
                      hf_config_of(fam, cfg, defaults=prep.hf_defaults), fam, tokenizer_files(ck),
-                     (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped))
+                     (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped),
+                     warnings=prep.warnings)
         side.tied, side.drops = _mapping_facts(fam, cfg)
         return side
     except BaseException:
@@ -242,6 +244,7 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
                 rep.notes.append(f"config {c.path}: {c.a} in A, {c.b} in B (allow_dtype_change)")
         rep.tokenizer = compare_tokenizers(side_a.tokenizer_files, side_b.tokenizer_files, probe_texts)
         for label, s in (("A", side_a), ("B", side_b)):
+            rep.notes += [f"{label}: {w}" for w in s.warnings]
             if s.dropped:
                 rep.notes.append(f"{label}: {len(s.dropped)} tensor(s) that are not weights were not compared "
                                  f"({', '.join(s.dropped[:3])}{', …' if len(s.dropped) > 3 else ''})")
