@@ -338,6 +338,89 @@ def test_metadata_with_megatron_save_plans(tmp_path: Any) -> None:
     assert len(src.keys()) == 3 + 6 * L
 
 
+def _old_mcore_classes(monkeypatch: Any) -> tuple[type, type]:
+    """Megatron-Core 0.15's ``MCoreMetadata`` and ``MCoreSavePlan`` re-declared as they were
+    (strategies/torch.py L462-474 at core_v0.15.0: dataclasses adding ``mcore_data`` to
+    torch's ``Metadata`` and ``SavePlan``), reachable under their real module path so that
+    ``pickle`` names them exactly as Megatron did. Megatron itself is never imported."""
+    import dataclasses
+    import sys
+    import types
+
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import SavePlan
+
+    mod_name = "megatron.core.dist_checkpointing.strategies.torch"
+    parts = mod_name.split(".")
+    for i in range(1, len(parts)):
+        if ".".join(parts[:i]) not in sys.modules:
+            monkeypatch.setitem(sys.modules, ".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    fake = types.ModuleType(mod_name)
+    monkeypatch.setitem(sys.modules, mod_name, fake)
+
+    @dataclasses.dataclass
+    class MCoreMetadata(Metadata):
+        mcore_data: Any = None
+
+    @dataclasses.dataclass(frozen=True)
+    class MCoreSavePlan(SavePlan):
+        mcore_data: Any = None
+
+    for cls in (MCoreMetadata, MCoreSavePlan):
+        cls.__module__, cls.__qualname__ = mod_name, cls.__name__
+        setattr(fake, cls.__name__, cls)
+    return MCoreMetadata, MCoreSavePlan
+
+
+@pytest.mark.parametrize("version", ["0.14", "0.15"])
+def test_metadata_from_older_megatron_core(tmp_path: Any, monkeypatch: Any, version: str) -> None:
+    """Megatron-Core 0.8-0.14 set ``Metadata.mcore_data`` (strategies/torch.py L502 at
+    core_v0.14.0), 0.15 pickles ``MCoreMetadata``; both add ``all_local_plans`` of
+    ``MCoreSavePlan`` (state_dict_saver.py L141-144). Read without --trust-pickle."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+    from torch.distributed.checkpoint.planner import BytesIOWriteData, TensorWriteData, WriteItem, WriteItemType
+
+    mcore_md, mcore_plan = _old_mcore_classes(monkeypatch)
+    tensors = gpt_tensors(5)
+    write_gpt(DirectorySink(str(tmp_path)), tensors)
+    path = tmp_path / "model_weights" / ".metadata"
+    md = pickle.loads(path.read_bytes())
+    mcore_data = {k: {} for k in tensors}
+    mcore_data["model.embedding.word_embeddings.weight"] = {"nd_reformulated_orig_global_shape": (V, H)}
+    items = [WriteItem(index=MetadataIndex("model.output_layer.weight", torch.Size([0, 0])), type=WriteItemType.SHARD,
+                       tensor_data=TensorWriteData(ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([V, H])),
+                                                   TensorProperties(torch.bfloat16), torch.Size([V, H]))),
+             WriteItem(index=MetadataIndex("x/shard_0_1"), type=WriteItemType.BYTE_IO,
+                       bytes_io_data=BytesIOWriteData(nbytes=10))]
+    plans = [mcore_plan(items=items, planner_data={}, mcore_data=mcore_data)]
+    if version == "0.15":
+        md = mcore_md(mcore_data=mcore_data, **vars(md))
+    else:
+        md.mcore_data = mcore_data
+    md.all_local_plans = plans
+    data = pickle.dumps(md)
+    assert b"MCoreSavePlan" in data and (version == "0.14") != (b"MCoreMetadata" in data)
+    path.write_bytes(data)
+    monkeypatch.undo()  # reading must not need the classes
+    src = DistCheckpointSource.from_dir(tmp_path / "model_weights", strip_prefix="model.")
+    assert len(src.keys()) == 3 + 6 * L
+    assert torch.equal(src.load("output_layer.weight"), tensors["model.output_layer.weight"])
+    assert torch.equal(src.load("decoder.layers.2.mlp.linear_fc1.weight"), tensors[P + "mlp.linear_fc1.weight"][2])
+
+
+def test_metadata_naming_other_megatron_classes_is_refused(tmp_path: Any) -> None:
+    """Only the two record classes are allowed from Megatron's module, never code."""
+    write_gpt(DirectorySink(str(tmp_path)), gpt_tensors())
+    path = tmp_path / "model_weights" / ".metadata"
+    mod = b"megatron.core.dist_checkpointing.strategies.torch"
+    for name in (b"TorchDistSaveShardedStrategy", b"_get_filesystem_reader"):
+        data = pickle.PROTO + bytes([4]) + b"\x8c" + bytes([len(mod)]) + mod + b"\x8c" + bytes([len(name)]) \
+            + name + b"\x93)\x81." 
+        path.write_bytes(data)
+        with pytest.raises(UnsafePickleError, match=name.decode()):
+            DistCheckpointSource.from_dir(tmp_path / "model_weights")
+
+
 def test_chunks_split_along_a_second_axis(tmp_path: Any) -> None:
     qkv = torch.randn(L, QKV, H).bfloat16()
     proj = torch.randn(L, H, H)
@@ -363,6 +446,40 @@ def test_chunks_split_along_a_second_axis(tmp_path: Any) -> None:
     whole = DistCheckpointSource.from_dir(tmp_path, unstack=False)
     assert whole.keys() == ["model.decoder.layers.qkv", "model.decoder.layers.proj"]
     assert torch.equal(whole.load("model.decoder.layers.proj"), proj)
+
+
+def test_row_chunks_load_as_pieces_of_the_mapped_file(tmp_path: Any) -> None:
+    """Megatron's TP=2 chunking: fc1's gate and up halves per rank (mlp.py L276-333 at
+    core_v0.16.1), vocabulary rows per rank; rows-only splits are deferred views of the data
+    files (copied file to file by the writers), other splits are assembled per layer."""
+    from nemo_convert.tensors.file_map import file_origin
+    from nemo_convert.tensors.pieces import Pieces, materialize
+
+    fc1, emb, proj = torch.randn(L, 2 * F, H), torch.randn(V, H), torch.randn(L, H, H)
+    w = DistCheckpointWriter(DirectorySink(str(tmp_path)), "")
+    for k, t in (("fc1", fc1), ("emb", emb), ("proj", proj)):
+        w.declare(f"model.decoder.layers.{k}" if k != "emb" else "model.emb", tuple(t.shape), t.dtype)
+    jobs = [("model.emb", (r * V // 2, 0), emb[r * V // 2:(r + 1) * V // 2]) for r in (1, 0)]
+    for l in range(L):
+        for r in range(2):
+            for half in range(2):
+                a = half * F + r * F // 2
+                jobs.append(("model.decoder.layers.fc1", (l, a, 0), fc1[l:l + 1, a:a + F // 2]))
+            jobs.append(("model.decoder.layers.proj", (l, 0, r * H // 2), proj[l:l + 1, :, r * H // 2:(r + 1) * H // 2]))
+    random.Random(3).shuffle(jobs)
+    for k, off, t in jobs:
+        w.write_chunk(k, off, t)
+    w.close()
+    src = DistCheckpointSource.from_dir(tmp_path, strip_prefix="model.")
+    for l in range(L):
+        lazy = src.load_lazy(f"decoder.layers.{l}.fc1")
+        assert isinstance(lazy, Pieces) and len(lazy.parts) == 4
+        assert all(file_origin(p) is not None for p in lazy.parts)
+        assert torch.equal(materialize(lazy), fc1[l]) and torch.equal(src.load(f"decoder.layers.{l}.fc1"), fc1[l])
+        got = src.load_lazy(f"decoder.layers.{l}.proj")  # split along columns: one assembled tensor
+        assert isinstance(got, torch.Tensor) and torch.equal(got, proj[l])
+    lazy = src.load_lazy("emb")
+    assert isinstance(lazy, Pieces) and torch.equal(materialize(lazy), emb)
 
 
 def test_chunks_spanning_several_layers(tmp_path: Any) -> None:

@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--family", help="model family (default: from the .nemo config)")
     e.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating tensors (default: keep)")
     e.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
+    e.add_argument("--no-rope-scaling", action="store_true",
+                   help="export scale_positional_embedding: True without llama3 RoPE scaling (NeMo's Llama "
+                        "converter sets it by default, also on Llama 2 models; default: as NeMo runs it)")
     output_flags(e)
     finite_flag(e)
     device_flag(e, what="the dtype casts (an export's splits are views and stay on the CPU)")
@@ -149,6 +152,7 @@ def run_export(args: argparse.Namespace) -> int:
     rep = api.export_hf(args.src, args.output, dtype=args.dtype, overwrite=args.overwrite, family=args.family,
                         max_shard_bytes=parse_size(args.max_shard_size), progress=make_progress(args),
                         trust_pickle=args.trust_pickle, check_finite=args.check_finite, device=args.device,
-                        workers=args.workers, iteration=args.iteration)
+                        workers=args.workers, iteration=args.iteration,
+                        rope_scaling=not args.no_rope_scaling)
     report(args, rep, "wrote")
     return 0

@@ -16,6 +16,7 @@ from nemo_convert.convert.common import (
     kinds_for,
     registry_or_default,
 )
+from nemo_convert.convert.export_config import complete_hf_config, export_config
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, RunStats, apply_dtype, merge_stats, run_plan
 from nemo_convert.formats.hf import HFWeightsWriter, json_bytes
@@ -44,10 +45,13 @@ def tokenizer_files(ckpt: NemoCheckpoint) -> dict[str, bytes]:
     return {}
 
 
-def hf_config_of(fam: ModelFamily, cfg: dict[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:
-    """The ``config.json`` that export writes for a NeMo config (and an optional cast)."""
+def hf_config_of(fam: ModelFamily, cfg: dict[str, Any], dtype: torch.dtype | None = None,
+                 defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``config.json`` that export writes for a NeMo config (and an optional cast);
+    ``defaults`` (:func:`~nemo_convert.convert.export_config.export_config`) fill the keys
+    the family leaves out."""
     try:
-        hf_cfg = fam.config_to_hf(copy.deepcopy(cfg))
+        hf_cfg = complete_hf_config(fam.config_to_hf(copy.deepcopy(cfg)), defaults or {})
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"the NeMo config does not describe a {fam.name} model: {type(exc).__name__}: {exc}") from None
     if dtype is not None:
@@ -61,13 +65,17 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
               progress: Progress | None = None, registry: Registry | None = None,
               trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
-              workers: Workers = SINGLE, iteration: int | None = None) -> ConversionReport:
+              workers: Workers = SINGLE, iteration: int | None = None,
+              rope_scaling: bool = True) -> ConversionReport:
     """Convert a ``.nemo`` (any layout) into a Hugging Face folder that ``transformers``
     loads with no missing or unexpected keys. With several ``workers`` each process
     writes the safetensors shards it owns. ``device`` is where the transforms run
     (:mod:`nemo_convert.compute`): an export's splits are views, so only casts move.
     ``src`` may also be a NeMo 2 folder or a Megatron-Bridge / Megatron-LM checkpoint
-    directory (``iteration`` picks its ``iter_XXXXXXX/``)."""
+    directory (``iteration`` picks its ``iter_XXXXXXX/``).
+    A NeMo-native config is completed from the archive (:mod:`.export_config`);
+    ``rope_scaling=False`` exports ``scale_positional_embedding: True`` without llama3
+    RoPE scaling (NeMo's Llama converter sets it by default)."""
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
@@ -78,19 +86,20 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
                      iteration=iteration)
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
-        cfg = ckpt.config
-        hf_cfg = hf_config_of(fam, cfg, want)
-        plan = plan_conversion(fam.mapping(cfg), cfg, ckpt.source, "to_hf")
+        prep = export_config(ckpt, fam, rope_scaling=rope_scaling)
+        cfg, source = prep.cfg, prep.source
+        hf_cfg = hf_config_of(fam, cfg, want, prep.hf_defaults)
+        plan = plan_conversion(fam.mapping(cfg), cfg, source, "to_hf")
         plan.check_finite = check_finite
-        warnings = apply_dtype(plan, want)
-        placed = compute.place(plan, ckpt.source)
+        warnings = prep.warnings + apply_dtype(plan, want)
+        placed = compute.place(plan, source)
 
         def write_mine(sink: DirectorySink) -> RunStats:
             writer = HFWeightsWriter(sink.root, plan.outputs(), max_shard_bytes=max_shard_bytes,
                                      owned=workers.owns, write_index=workers.is_main)
             mine = Plan(plan.direction, [t for t in placed.tasks if any(writer.wants(o) for o in t.outputs)],
                         plan.dropped, plan.check_finite)
-            stats = run_plan(mine, ckpt.source, writer.write, progress=progress, description="export",
+            stats = run_plan(mine, source, writer.write, progress=progress, description="export",
                              lazy=not compute.active)  # the safetensors writer takes pieces
             writer.close()
             return stats
@@ -105,7 +114,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
 
         stats = merge_stats(write_together(out, [], write_mine, workers=workers, overwrite=overwrite, packed=False,
                                            head=head), sequential=False)
-        notes = list(getattr(ckpt, "notes", [])) + compute.notes(plan, ckpt.source)
+        notes = list(getattr(ckpt, "notes", [])) + compute.notes(plan, source)
         warnings = list(getattr(ckpt, "warnings", [])) + warnings
     finally:
         ckpt.close()

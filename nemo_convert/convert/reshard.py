@@ -6,10 +6,9 @@ output tensor is assembled from just the input slices it needs, one tensor at a 
 
 from __future__ import annotations
 
-import copy
-
 from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, kinds_for, registry_or_default
+from nemo_convert.convert.export_config import complete_config
 from nemo_convert.convert.nemo_to_hf import tokenizer_files
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
@@ -78,30 +77,31 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
                      iteration=iteration)
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
-        cfg = copy.deepcopy(ckpt.config)
+        prep = complete_config(ckpt, fam)  # a NeMo-native config: record the true vocabulary
+        cfg, source = prep.cfg, prep.source
         layout = layout or ckpt.layout
         if layout not in LAYOUTS:
             raise NemoConvertError(f"unknown layout {layout!r} (use {' or '.join(LAYOUTS)})")
         mapping = fam.mapping(cfg)
-        plan_conversion(mapping, cfg, ckpt.source, "to_hf")  # proves the checkpoint is complete
+        plan_conversion(mapping, cfg, source, "to_hf")  # proves the checkpoint is complete
         kinds = nemo_parallel_kinds(mapping, cfg)
-        plan = identity_plan(ckpt.source, kinds)
+        plan = identity_plan(source, kinds)
         plan.check_finite = check_finite
         notes = [f"TP={tp} PP={pp}"] + list(getattr(ckpt, "notes", []))
-        warnings = list(getattr(ckpt, "warnings", []))
+        warnings = list(getattr(ckpt, "warnings", [])) + prep.warnings
         if to == TARGET:
-            stats = write_megatron_bridge(out, cfg, plan, ckpt.source, family=fam.name, kinds=kinds,
+            stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
                                           par=Parallelism(tp, pp, stage_layers), overwrite=overwrite,
                                           progress=progress, tokenizer=tokenizer_files(ckpt),
                                           strategies=Strategies.from_registry(reg), notes=notes)
             layout = TARGET
         else:
             artifacts = carried_artifacts(ckpt, cfg)
-            stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
+            stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
                                par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
                                workers=workers, strategies=Strategies.from_registry(reg), compute=compute)
-        notes += compute.notes(plan, ckpt.source)
+        notes += compute.notes(plan, source)
     finally:
         ckpt.close()
     return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,

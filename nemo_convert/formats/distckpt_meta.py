@@ -70,6 +70,11 @@ class GenericRecord(DcpRecord):
     """Records we only need to tolerate (``StorageMeta``, save plans, …)."""
 
 
+class MCoreMetadata(Metadata):
+    """Megatron-Core 0.15's ``Metadata`` subclass, which adds ``mcore_data`` (read as a
+    plain ``Metadata``: ``mcore_data`` only matters for optimizer states)."""
+
+
 class TensorProperties(DcpRecord):
     """Pickled as a tuple ``(dtype, layout, requires_grad, memory format code, pin_memory)``."""
 
@@ -140,6 +145,9 @@ _MD = "torch.distributed.checkpoint.metadata"
 _OLD_MD = "torch.distributed._shard.sharded_tensor.metadata"
 _FS = "torch.distributed.checkpoint.filesystem"
 _PLANNER = "torch.distributed.checkpoint.planner"
+# Megatron-Core's own records; 0.16 keeps them only as empty classes so that it can read
+# what older versions wrote (strategies/torch.py L86-98 at core_v0.16.1).
+_MCORE = "megatron.core.dist_checkpointing.strategies.torch"
 _MEM_FORMAT = _enum("_MEM_FORMAT_ENCODING")
 _ALLOWED: dict[tuple[str, str], Any] = {
     (_MD, "Metadata"): Metadata,
@@ -156,9 +164,16 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     (_OLD_MD, "_MEM_FORMAT_ENCODING"): _MEM_FORMAT,
     (_FS, "_StorageInfo"): StorageInfo,
     (_FS, "_StoragePrefix"): type("_StoragePrefix", (GenericRecord,), {}),
-    # Megatron-Core 0.16 also pickles every rank's save plan (``all_local_plans``).
-    **{(_PLANNER, n): type(n, (GenericRecord,), {}) for n in ("SavePlan", "WriteItem", "TensorWriteData")},
+    # Megatron-Core >= 0.11 also pickles every rank's save plan (``all_local_plans``,
+    # strategies/state_dict_saver.py L141-144 at core_v0.16.1): torch's SavePlan in 0.16,
+    # its subclass MCoreSavePlan (+ ``mcore_data``) in 0.8-0.15 (strategies/torch.py
+    # L471-474 at core_v0.15.0); 0.8-0.14 set ``Metadata.mcore_data``, 0.15 pickles the
+    # subclass MCoreMetadata (L462-467, L545). Their contents are never used.
+    **{(_PLANNER, n): type(n, (GenericRecord,), {})
+       for n in ("SavePlan", "WriteItem", "TensorWriteData", "BytesIOWriteData")},
     (_PLANNER, "WriteItemType"): _enum("WriteItemType"),
+    (_MCORE, "MCoreSavePlan"): type("MCoreSavePlan", (GenericRecord,), {}),
+    (_MCORE, "MCoreMetadata"): MCoreMetadata,
     ("torch", "Size"): torch.Size,
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
     ("collections", "OrderedDict"): collections.OrderedDict,

@@ -32,6 +32,7 @@ from nemo_convert.formats.distckpt_meta import (
     load_metadata,
 )
 from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, dtype_size
+from nemo_convert.tensors.pieces import Lazy, rows
 from nemo_convert.tensors.torch_zip import LazyTensor, read_torch_zip
 
 _STACKED = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")
@@ -137,6 +138,14 @@ class DistCheckpointSource:
         view = self._views[key]
         tensors = [self._load_part(p) for p in view.parts]
         return tensors[0] if len(tensors) == 1 else torch.cat(tensors, 0)
+
+    def load_lazy(self, key: str) -> Lazy:
+        """:meth:`load`, deferred where the tensor's chunks split only its rows (dim 0): the
+        :class:`~nemo_convert.tensors.pieces.Pieces` of the mapped chunk views, so that a
+        writer copies them file to file (Megatron's gate/up halves of ``linear_fc1``, its
+        vocabulary-parallel rows). Any other chunking is assembled as :meth:`load` does."""
+        parts = [self._lazy_part(p) for p in self._views[key].parts]
+        return parts[0] if len(parts) == 1 else rows(parts)
 
     def close(self) -> None:
         for fmap in self._maps.values():
@@ -261,6 +270,29 @@ class DistCheckpointSource:
         starts, sizes = self._box(part)
         return [c for c in self._raw[part.raw][2]
                 if all(co < s + n and s < co + cn for co, cn, s, n in zip(c.offsets, c.sizes, starts, sizes))]
+
+    def _lazy_part(self, part: _Part) -> Lazy:
+        shape = self._raw[part.raw][0]
+        starts, sizes = self._box(part)
+        rd = 0 if part.layer is None else 1  # the raw dim that is the part's rows
+        chunks = self._overlapping(part)
+        if len(chunks) < 2 or len(shape) <= rd or not all(
+                c.offsets[d] == 0 and c.sizes[d] == shape[d] for c in chunks for d in range(rd + 1, len(shape))):
+            return self._load_part(part)
+        chunks.sort(key=lambda c: c.offsets[rd])
+        at = 0
+        for c in chunks:
+            if c.offsets[rd] != at:
+                return self._load_part(part)  # a gap or an overlap: load() reports it
+            at += c.sizes[rd]
+        if at != shape[rd]:
+            return self._load_part(part)
+        pieces = []
+        for c in chunks:
+            lo = starts[0] - c.offsets[0] if part.layer is not None else 0
+            t = self._chunk_rows(part.raw, c, lo, lo + sizes[0] if part.layer is not None else c.sizes[0])
+            pieces.append(t[0] if part.layer is not None else t)
+        return rows(pieces)
 
     def _load_part(self, part: _Part) -> torch.Tensor:
         shape, dtype, _ = self._raw[part.raw]

@@ -8,6 +8,7 @@ import torch
 
 from nemo_convert.errors import InputError
 from nemo_convert.tensors.base import TensorInfo, TensorSource
+from nemo_convert.tensors.pieces import Lazy
 
 
 class PrefixView:
@@ -30,6 +31,10 @@ class PrefixView:
 
     def load(self, key: str) -> torch.Tensor:
         return self._inner.load(self._map[key])
+
+    def load_lazy(self, key: str) -> Lazy:
+        """:meth:`load`, deferred where the source below defers."""
+        return getattr(self._inner, "load_lazy", self._inner.load)(self._map[key])
 
     def group(self, key: str) -> str:
         return self._inner.group(self._map[key])

@@ -254,3 +254,16 @@ def _verify(out: bytes, old_size: int, added: list[tuple[str, int]], piece_type:
             raise TokenizerPatchError(f"patched model maps {tok!r} to id {got}, expected {idx}")
         if piece_type == "control" and not sp.is_control(idx):
             raise TokenizerPatchError(f"patched piece {tok!r} (id {idx}) is not a control piece")
+
+
+def sentencepiece_special_ids(model: bytes) -> dict[str, int]:
+    """``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` of a serialized SentencePiece
+    model, as HF names them; an id the model does not define (-1) is left out.
+
+    Raises:
+        InputError: the bytes are not a loadable SentencePiece model.
+    """
+    _parse(model)
+    sp = _processor(bytes(model))
+    ids = {"bos_token_id": sp.bos_id(), "eos_token_id": sp.eos_id(), "pad_token_id": sp.pad_id()}
+    return {k: int(v) for k, v in ids.items() if v >= 0}

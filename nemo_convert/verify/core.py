@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
+from nemo_convert.convert.export_config import export_config
 from nemo_convert.convert.nemo_to_hf import hf_config_of, tokenizer_files
 from nemo_convert.errors import InputError, PluginError
 from nemo_convert.formats.hf import HFCheckpoint, is_hf_folder, open_hf
@@ -47,6 +48,7 @@ class _Side:
     tied: dict[str, str] = field(default_factory=dict)  # HF name -> the HF name it is tied to
     drops: list[str] = field(default_factory=list)  # HF globs that are not weights
     dropped: list[str] = field(default_factory=list)  # source tensors the to_hf plan leaves out
+    warnings: list[str] = field(default_factory=list)  # completing a NeMo-native config
 
 
 def _mapping_facts(fam: ModelFamily, nemo_cfg: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
@@ -100,11 +102,13 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool)
     ck = open_model_checkpoint(path, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
-        cfg = ck.config
-        plan = plan_conversion(fam.mapping(cfg), cfg, ck.source, "to_hf")
-        side = _Side(SideInfo(path, getattr(ck, "kind", "nemo"), ck.layout, fam.name), ck, HFView(ck.source, plan),
-                     hf_config_of(fam, cfg), fam, tokenizer_files(ck),
-                     (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped))
+        prep = export_config(ck, fam)  # as export sees it: a NeMo-native config completed
+        cfg = prep.cfg
+        plan = plan_conversion(fam.mapping(cfg), cfg, prep.source, "to_hf")
+        side = _Side(SideInfo(path, getattr(ck, "kind", "nemo"), ck.layout, fam.name), ck, HFView(prep.source, plan),
+                     hf_config_of(fam, cfg, defaults=prep.hf_defaults), fam, tokenizer_files(ck),
+                     (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped),
+                     warnings=list(getattr(ck, "warnings", [])) + prep.warnings)
         side.tied, side.drops = _mapping_facts(fam, cfg)
         return side
     except BaseException:
@@ -241,6 +245,7 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
                 rep.notes.append(f"config {c.path}: {c.a} in A, {c.b} in B (allow_dtype_change)")
         rep.tokenizer = compare_tokenizers(side_a.tokenizer_files, side_b.tokenizer_files, probe_texts)
         for label, s in (("A", side_a), ("B", side_b)):
+            rep.notes += [f"{label}: {w}" for w in s.warnings]
             if s.dropped:
                 rep.notes.append(f"{label}: {len(s.dropped)} tensor(s) that are not weights were not compared "
                                  f"({', '.join(s.dropped[:3])}{', …' if len(s.dropped) > 3 else ''})")

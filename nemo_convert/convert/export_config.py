@@ -1,0 +1,143 @@
+"""What export needs beyond a NeMo-native ``model_config.yaml``.
+
+A ``.nemo`` written by NeMo itself has no ``nemo_convert`` section: nothing records the
+true vocabulary size (the embedding may hold Megatron's padding rows), the tokenizer's
+special ids or the source model's RoPE scaling. This module completes such a config for
+any family, from what the archive holds:
+
+- the true vocabulary: the SentencePiece tokenizer's size; else the embedding's rows
+  (with a warning that they may be padded). Vocab-parallel tensors are trimmed to it;
+- ``bos``/``eos``/``pad`` token ids from the SentencePiece tokenizer;
+- ``torch_dtype`` from ``precision`` and ``tie_word_embeddings`` from
+  ``share_embeddings_and_output_weights``, where the family's ``config.json`` lacks them;
+- RoPE scaling as NeMo runs the model: ``scale_positional_embedding: True`` is llama3
+  scaling (NeMo's ``scale_factor``/``low_freq_factor``/``high_freq_factor``/
+  ``old_context_len``), unless the caller passes ``rope_scaling=False``.
+
+A config we wrote from an HF folder (its section records the source ``config.json``)
+goes through unchanged; ``reshard`` uses :func:`complete_config` too, so that the true
+vocabulary is what it records.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_convert.convert.common import SECTION
+from nemo_convert.convert.from_ckpt import true_vocab_size
+from nemo_convert.errors import InputError
+from nemo_convert.formats.nemo import NemoCheckpoint, VocabTrimView
+from nemo_convert.hf_config import dtype_name_of_precision
+from nemo_convert.mapping.planner import nemo_parallel_kinds
+from nemo_convert.mapping.rules import Parallel
+from nemo_convert.plugins.records import ModelFamily
+from nemo_convert.tensors.base import TensorSource
+from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_special_ids, sentencepiece_vocab_size
+
+#: rotary_base of Llama 1/2 (and of most models that NeMo's converter marks for llama3 scaling).
+_LLAMA2_ROPE_BASE = 10000.0
+
+
+@dataclass
+class ExportConfig:
+    """The NeMo config an export plans with, the source it reads, and what ``config.json``
+    gets where the family's ``config_to_hf`` leaves a key out."""
+
+    cfg: dict[str, Any]
+    source: TensorSource
+    hf_defaults: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _recorded(cfg: dict[str, Any], key: str) -> Any:
+    ours = cfg.get(SECTION)
+    return ours.get(key) if isinstance(ours, dict) else None
+
+
+def _sentencepiece_model(ckpt: NemoCheckpoint) -> bytes | None:
+    tok = ckpt.config.get("tokenizer") or {}
+    model = tok.get("model")
+    if str(tok.get("library", "sentencepiece")).lower() != "sentencepiece" or not isinstance(model, str) or not model:
+        return None
+    return ckpt.artifact(model)
+
+
+def _rope(cfg: dict[str, Any], rope_scaling: bool, warnings: list[str]) -> None:
+    if not cfg.get("scale_positional_embedding"):
+        return
+    if not rope_scaling:
+        cfg["scale_positional_embedding"] = False
+        return
+    base = cfg.get("rotary_base", _LLAMA2_ROPE_BASE)
+    if isinstance(base, (int, float)) and float(base) == _LLAMA2_ROPE_BASE and _recorded(cfg, "hf_config") is None:
+        warnings.append("the .nemo has scale_positional_embedding: True with rotary_base 10000, which NeMo's "
+                        "HF->NeMo Llama converter sets by default (--llama31, convert_llama_hf_to_nemo.py); "
+                        "exported with llama3 RoPE scaling as NeMo runs it (pass --no-rope-scaling if the "
+                        "source model had none)")
+
+
+def complete_config(ckpt: NemoCheckpoint, fam: ModelFamily) -> ExportConfig:
+    """``ckpt``'s config with the true vocabulary recorded (in our section) where it was not,
+    the source trimmed to it, and the ``config.json`` keys the archive can tell where no
+    source ``config.json`` was recorded. A config we wrote from HF goes through unchanged."""
+    cfg = copy.deepcopy(ckpt.config)
+    if _recorded(cfg, "hf_config") is not None:
+        return ExportConfig(cfg, ckpt.source)
+    warnings: list[str] = []
+    defaults: dict[str, Any] = {}
+    if "precision" in cfg:
+        defaults["torch_dtype"] = dtype_name_of_precision(cfg["precision"])
+    if "share_embeddings_and_output_weights" in cfg:
+        defaults["tie_word_embeddings"] = bool(cfg["share_embeddings_and_output_weights"])
+    tokens: int | None = None
+    model = _sentencepiece_model(ckpt)
+    if model is not None:
+        try:
+            tokens = sentencepiece_vocab_size(model)
+            defaults.update(sentencepiece_special_ids(model))
+        except InputError as exc:
+            model = None
+            warnings.append(f"the tokenizer model in the .nemo could not be read ({exc}); "
+                            "config.json has no special token ids")
+    source = ckpt.source
+    keys = set(source.keys())
+    kinds = nemo_parallel_kinds(fam.mapping(cfg), cfg)
+    names = {k for k, v in kinds.items() if v is Parallel.VOCAB and k in keys}
+    recorded = _recorded(cfg, "vocab_size")
+    if isinstance(recorded, int) and not isinstance(recorded, bool):
+        defaults["vocab_size"] = recorded  # open_nemo trimmed to it already
+    elif names:
+        rows = min(source.info(k).shape[0] for k in names)
+        tp = int(cfg.get("tensor_model_parallel_size") or 1)
+        # the tokenizer's size when it is the rows, or Megatron's padding of it at the saved TP is
+        vocab = tokens if tokens == rows else true_vocab_size(cfg, source, kinds, tp, None, model)[0]
+        if vocab is None:
+            vocab = rows
+            why = ("has no SentencePiece tokenizer" if tokens is None
+                   else f"has a tokenizer of {tokens} tokens, which padding does not take to {rows}")
+            warnings.append(f"the true vocabulary size is unknown (the .nemo {why}): config.json has vocab_size "
+                            f"{rows}, the embedding's rows, which may include Megatron's padding")
+        ours = cfg.get(SECTION) if isinstance(cfg.get(SECTION), dict) else {}
+        cfg[SECTION] = {**ours, "vocab_size": vocab}
+        defaults["vocab_size"] = vocab
+        if vocab < rows:
+            source = VocabTrimView(source, names, vocab)
+    return ExportConfig(cfg, source, defaults, warnings)
+
+
+def export_config(ckpt: NemoCheckpoint, fam: ModelFamily, *, rope_scaling: bool = True) -> ExportConfig:
+    """:func:`complete_config`, and RoPE scaling as NeMo runs the model (llama3 scaling for
+    ``scale_positional_embedding``, with a warning on a Llama-2 ``rotary_base``) unless
+    ``rope_scaling`` is False."""
+    prep = complete_config(ckpt, fam)
+    _rope(prep.cfg, rope_scaling, prep.warnings)
+    return prep
+
+
+def complete_hf_config(hf_cfg: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``hf_cfg`` with every key of ``defaults`` it lacks added."""
+    for key, value in defaults.items():
+        hf_cfg.setdefault(key, value)
+    return hf_cfg
