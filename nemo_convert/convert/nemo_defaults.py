@@ -252,15 +252,23 @@ def complete_nemo_config(cfg: dict[str, Any]) -> list[str]:
 
 def restore_warnings(cfg: Mapping[str, Any]) -> list[str]:
     """One line for each way NeMo's ``restore_from`` would depend on more than the
-    ``.nemo`` itself to build the model described by ``cfg`` (its tokenizer)."""
+    ``.nemo`` itself to build the model described by ``cfg``: a Hugging Face tokenizer or
+    vision tower named by hub id or folder (NeMo resolves neither inside the archive), or
+    no tokenizer at all."""
     if defaults_for(cfg.get("target") if isinstance(cfg.get("target"), str) else None) is None:
         return []
+    out: list[str] = []
+    mm = cfg.get("mm_cfg")
+    tower = mm.get("vision_encoder") if isinstance(mm, Mapping) else None
+    if isinstance(tower, Mapping) and tower.get("from_hf") and tower.get("from_pretrained"):
+        out.append(f"mm_cfg.vision_encoder.from_pretrained={tower['from_pretrained']!r}: NeMo loads the vision "
+                   "tower's config and image processor from this hub id or folder when it restores the .nemo")
     tok = cfg.get("tokenizer")
     if not isinstance(tok, Mapping):
-        return ["the .nemo has no tokenizer section (the source has no tokenizer files): NeMo sizes a "
-                "Megatron model's vocabulary from its tokenizer and cannot restore the file without one"]
+        return out + ["the .nemo has no tokenizer section (the source has no tokenizer files): NeMo sizes a "
+                      "Megatron model's vocabulary from its tokenizer and cannot restore the file without one"]
     if tok.get("library") == "huggingface":
-        return [f"tokenizer: NeMo builds a Hugging Face tokenizer from tokenizer.type={tok.get('type')!r} "
-                "(a hub id it needs online or in the HF cache, or a folder that must still exist), not from "
-                "the tokenizer files packed in the .nemo; see 'Compatibility with NeMo' in docs/formats.md"]
-    return []
+        out.append(f"tokenizer: NeMo builds a Hugging Face tokenizer from tokenizer.type={tok.get('type')!r} "
+                   "(a hub id it needs online or in the HF cache, or a folder that must still exist), not from "
+                   "the tokenizer files packed in the .nemo; see 'Compatibility with NeMo' in docs/formats.md")
+    return out
