@@ -2,7 +2,7 @@
 the keys NeMo's model classes read at construction, with the types they need.
 
 NeMo restores a ``.nemo`` with ``OmegaConf.set_struct(conf, True)`` and then builds the
-target class from it (``nemo/core/connectors/save_restore_connector.py`` L178-182): a key
+target class from it (``nemo/core/connectors/save_restore_connector.py`` L184-188): a key
 read as an attribute (``cfg.optim``) that is missing raises ``ConfigAttributeError``, one
 read with ``cfg.get(key, default)`` falls back to the default. The lists below are taken
 from NeMo's source at
@@ -49,10 +49,12 @@ BASE_REQUIRED: list[tuple[str, type | tuple[type, ...], str]] = [
     ("precision", (int, str), f"{MBM} L121-128 (else taken from the trainer)"),
     ("tokenizer", dict, f"{MBM} L227-234: no tokenizer → no _build_vocab → no padded_vocab_size"),
     ("tokenizer.library", str, f"{MBM} L452-454 _build_tokenizer: self._cfg.tokenizer.library"),
+    ("tokenizer.type", (str, type(None)), "NVIDIA/NeMo@v1.22.0 megatron_base_model.py L268: "
+     "self._cfg.tokenizer.type (an attribute read there; .get since)"),
 ]
 #: MegatronGPTModel (Llama; and NeVA, its subclass).
 GPT_REQUIRED = BASE_REQUIRED + [
-    ("data", dict, f"{GPT} L356-359 cfg.data.get(...) when present; L416-418"),
+    ("data", dict, f"{GPT} L356-359 cfg.data.get(...) when present; L459-461"),
     ("hidden_size", int, f"{MBM} L1264 build_model_parallel_config: self.cfg.hidden_size"),
 ]
 CLIP_REQUIRED = BASE_REQUIRED + [
@@ -170,7 +172,7 @@ def emulate_megatron_gpt(cfg: Any) -> None:
         cfg.data.get("eod_mask_loss", False)
     cfg.optim.get("overlap_param_gather_with_optimizer_step", False)  # gpt L374
     cfg.optim.get("overlap_param_sync", False)  # gpt L383
-    cfg.get("data", {}).get("validation_drop_last", True)  # gpt L416-418
+    cfg.get("data", {}).get("validation_drop_last", True)  # gpt L459-461
     for key in ("encoder_seq_length", "share_embeddings_and_output_weights", "position_embedding_type",
                 "rotary_percentage", "seq_len_interpolation_factor", "rotary_base"):
         cfg.get(key, None)  # gpt L501-510 model_provider_func (mcore)
