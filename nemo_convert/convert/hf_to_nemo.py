@@ -12,7 +12,7 @@ import torch
 from nemo_convert import __version__
 from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, registry_or_default
-from nemo_convert.convert.nemo_defaults import restore_warnings
+from nemo_convert.convert.nemo_defaults import restore_notes, restore_warnings
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.dtypes import parse_dtype
@@ -166,6 +166,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
             cfg["tokenizer"] = tok
             cfg[SECTION]["tokenizer_files"] = refs
         warnings += restore_warnings(cfg)
+        notes += restore_notes(cfg)
         kinds = nemo_parallel_kinds(fam.mapping(cfg), cfg)
         if to == TARGET:
             stats = write_megatron_bridge(out, cfg, plan, ckpt.source, family=fam.name, kinds=kinds,

@@ -250,12 +250,15 @@ def complete_nemo_config(cfg: dict[str, Any]) -> list[str]:
     return added
 
 
+def _known_target(cfg: Mapping[str, Any]) -> bool:
+    return defaults_for(cfg.get("target") if isinstance(cfg.get("target"), str) else None) is not None
+
+
 def restore_warnings(cfg: Mapping[str, Any]) -> list[str]:
-    """One line for each way NeMo's ``restore_from`` would depend on more than the
-    ``.nemo`` itself to build the model described by ``cfg``: a Hugging Face tokenizer or
-    vision tower named by hub id or folder (NeMo resolves neither inside the archive), or
-    no tokenizer at all."""
-    if defaults_for(cfg.get("target") if isinstance(cfg.get("target"), str) else None) is None:
+    """One line for each thing NeMo's ``restore_from`` loads from outside the ``.nemo`` to
+    build the model ``cfg`` describes: a Hugging Face tokenizer or vision tower named by
+    hub id or folder (NeMo resolves neither inside the archive)."""
+    if not _known_target(cfg):
         return []
     out: list[str] = []
     mm = cfg.get("mm_cfg")
@@ -264,11 +267,17 @@ def restore_warnings(cfg: Mapping[str, Any]) -> list[str]:
         out.append(f"mm_cfg.vision_encoder.from_pretrained={tower['from_pretrained']!r}: NeMo loads the vision "
                    "tower's config and image processor from this hub id or folder when it restores the .nemo")
     tok = cfg.get("tokenizer")
-    if not isinstance(tok, Mapping):
-        return out + ["the .nemo has no tokenizer section (the source has no tokenizer files): NeMo sizes a "
-                      "Megatron model's vocabulary from its tokenizer and cannot restore the file without one"]
-    if tok.get("library") == "huggingface":
+    if isinstance(tok, Mapping) and tok.get("library") == "huggingface":
         out.append(f"tokenizer: NeMo builds a Hugging Face tokenizer from tokenizer.type={tok.get('type')!r} "
                    "(a hub id it needs online or in the HF cache, or a folder that must still exist), not from "
                    "the tokenizer files packed in the .nemo; see 'Compatibility with NeMo' in docs/formats.md")
     return out
+
+
+def restore_notes(cfg: Mapping[str, Any]) -> list[str]:
+    """What keeps NeMo from restoring the ``.nemo`` at all, for the report's notes: no
+    tokenizer section (NeMo sizes a Megatron model's vocabulary from its tokenizer)."""
+    if _known_target(cfg) and not isinstance(cfg.get("tokenizer"), Mapping):
+        return ["no tokenizer files in the source, so the .nemo has no tokenizer section; NeMo sizes a Megatron "
+                "model's vocabulary from its tokenizer and cannot restore the file without one"]
+    return []
