@@ -477,3 +477,17 @@ def test_emulation_reproduces_the_reported_failure(llama_files, kind):
     del cfg["optim"]
     with pytest.raises(AttributeError, match="optim"):
         emulate_megatron_gpt(as_struct(cfg, kind))
+
+
+def test_add_tokens_output_gains_what_is_missing(llama_files, tmp_path):
+    folder = str(tmp_path / "old")
+    api.import_hf(llama_files["hf_False"], folder, packed=False)
+    path = os.path.join(folder, "model_config.yaml")
+    with open(path) as f:
+        cfg = yaml.safe_load(f)
+    del cfg["optim"], cfg["data"]
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    out = str(tmp_path / "tok.nemo")
+    api.add_tokens(folder, out, ["<extra_id_0>"])
+    check_loadable(model_config(out))
