@@ -165,8 +165,6 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
         if tok is not None:
             cfg["tokenizer"] = tok
             cfg[SECTION]["tokenizer_files"] = refs
-        warnings += restore_warnings(cfg)
-        notes += restore_notes(cfg)
         kinds = nemo_parallel_kinds(fam.mapping(cfg), cfg)
         if to == TARGET:
             stats = write_megatron_bridge(out, cfg, plan, ckpt.source, family=fam.name, kinds=kinds,
@@ -175,6 +173,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
                                           strategies=Strategies.from_registry(reg), notes=notes)
             layout = TARGET
         else:
+            warnings += restore_warnings(cfg)
+            notes += restore_notes(cfg)
             stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
                                par=parallel or Parallelism(), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
