@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from typing import Any
 
 import torch
@@ -11,6 +12,7 @@ import torch
 from nemo_convert import __version__
 from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, registry_or_default
+from nemo_convert.convert.nemo_defaults import restore_notes, restore_warnings
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.dtypes import parse_dtype
@@ -33,6 +35,21 @@ PRECISION_OF_DTYPE = {torch.bfloat16: "bf16", torch.float16: 16, torch.float32: 
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+#: A Hugging Face hub id (``owner/name``), as opposed to a local path.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hf_tokenizer_type(hf_cfg: dict[str, Any], folder: str) -> str:
+    """NeMo's ``tokenizer.type`` for a Hugging Face tokenizer without a SentencePiece model:
+    the hub id the model was loaded from when ``config.json`` records one, else the
+    source folder's absolute path. NeMo hands this name to ``transformers``'
+    ``AutoTokenizer.from_pretrained``; it never resolves it inside the ``.nemo``."""
+    name = hf_cfg.get("_name_or_path")
+    if isinstance(name, str) and HUB_ID.fullmatch(name) and not os.path.exists(name):
+        return name
+    return os.path.abspath(folder)
 
 
 def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, str], folder: str,
@@ -64,8 +81,7 @@ def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, st
         tok = {"library": "sentencepiece", "type": None, "model": model_ref,
                "vocab_file": None, "merge_file": None, "delimiter": None, "sentencepiece_legacy": False}
     else:
-        name = hf_cfg.get("_name_or_path") or os.path.basename(os.path.normpath(folder))
-        tok = {"library": "huggingface", "type": name, "model": None, "vocab_file": None,
+        tok = {"library": "huggingface", "type": hf_tokenizer_type(hf_cfg, folder), "model": None, "vocab_file": None,
                "merge_file": None, "delimiter": None, "use_fast": True}
     return tok, refs, members
 
@@ -157,6 +173,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
                                           strategies=Strategies.from_registry(reg), notes=notes)
             layout = TARGET
         else:
+            warnings += restore_warnings(cfg)
+            notes += restore_notes(cfg)
             stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
                                par=parallel or Parallelism(), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,

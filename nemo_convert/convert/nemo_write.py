@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 
 from nemo_convert.compute import CPU, Compute
 from nemo_convert.convert.common import SECTION, dir_sink
+from nemo_convert.convert.nemo_defaults import complete_nemo_config
 from nemo_convert.engine import NoProgress, Progress, RunStats, merge_stats, run_plan
 from nemo_convert.errors import UnsupportedError
 from nemo_convert.formats.nemo import CONFIG_MEMBER, dump_yaml
@@ -153,7 +154,9 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
                compute: Compute = CPU) -> RunStats:
     """Stage and write a complete ``.nemo`` (config, artifacts, weights) at ``out``.
 
-    ``cfg`` is completed with the parallel sizes and vocabulary sizes; ``artifacts`` are
+    ``cfg`` is completed with the parallel sizes and vocabulary sizes, and with the keys
+    NeMo's target class reads at construction that it lacks
+    (:func:`nemo_convert.convert.nemo_defaults.complete_nemo_config`); ``artifacts`` are
     ``(member name, bytes)`` pairs already referenced from ``cfg``. With several
     ``workers`` each process writes the weight parts it owns and process 0 the rest;
     the result is byte-identical to a one-process run. The transforms that build new
@@ -170,6 +173,8 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
         ours["padded_vocab_size"] = padded
     if par.stage_layers is not None:
         ours["pipeline_stage_layers"] = list(par.stage_layers)
+    complete_nemo_config(cfg)
+    cfg[SECTION] = cfg.pop(SECTION)  # our section stays last, after NeMo's keys
     parts = weight_parts(layout, compute.place(plan, source), source, kinds, playout, padded, unstacked,
                          strategies, compute)
     progress = progress or NoProgress()

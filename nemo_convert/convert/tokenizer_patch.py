@@ -24,6 +24,7 @@ from typing import Any, Literal, Sequence
 import yaml
 
 from nemo_convert.convert.common import SECTION, registry_or_default
+from nemo_convert.convert.nemo_defaults import complete_nemo_config
 from nemo_convert.errors import InputError, NemoConvertError
 from nemo_convert.formats.nemo import CONFIG_MEMBER, artifact_name, dump_yaml, load_yaml
 from nemo_convert.formats.staging import staged_output
@@ -319,6 +320,9 @@ def _patch_nemo(src: str, out: str, tokens: list[str], options: dict[str, Any], 
 
         renames = {old[len(prefix):]: new[len(prefix):] for old, (new, _) in new_bytes.items()}
         new_cfg = _replace_refs(cfg, renames)
+        # what NeMo's class reads at construction, where missing; our section stays last
+        if complete_nemo_config(new_cfg) and isinstance(new_cfg.get(SECTION), dict):
+            new_cfg[SECTION] = new_cfg.pop(SECTION)
         if primary.added:
             sec = new_cfg.setdefault(SECTION, {})
             sec.setdefault("tokenizer_patches", []).append(

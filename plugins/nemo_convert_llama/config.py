@@ -28,6 +28,7 @@ def llama_config_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
                                "linear, llama3)")
     attn_bias, mlp_bias = bool(hf.get("attention_bias", False)), bool(hf.get("mlp_bias", False))
     seq = int(hf.get("max_position_embeddings", 4096))
+    head_dim = int(hf.get("head_dim") or hidden // heads)
     cfg: dict[str, Any] = {
         "mcore_gpt": True,
         "transformer_engine": True,
@@ -42,7 +43,8 @@ def llama_config_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
         "ffn_hidden_size": int(hf["intermediate_size"]),
         "num_attention_heads": heads,
         "num_query_groups": groups,
-        "kv_channels": int(hf.get("head_dim") or hidden // heads),
+        # null means hidden / heads to NeMo and Megatron, as NeMo's converter writes it
+        "kv_channels": None if head_dim * heads == hidden else head_dim,
         "init_method_std": float(hf.get("initializer_range", 0.02)),
         "layernorm_epsilon": float(hf.get("rms_norm_eps", 1e-5)),
         "normalization": "rmsnorm",
@@ -59,7 +61,9 @@ def llama_config_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
         "hidden_dropout": 0.0,
         "attention_dropout": float(hf.get("attention_dropout", 0.0)),
         "ffn_dropout": 0.0,
-        "apply_query_key_layer_scaling": False,
+        # NeMo's value; Megatron applies it only in fp16 (scores / layer number, multiplied
+        # back in the fp32 softmax): the same attention either way
+        "apply_query_key_layer_scaling": True,
         "normalize_attention_scores": True,
         "transformer_block_type": "pre_ln",
         "megatron_amp_O2": False,
