@@ -13,8 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("inspect", help="show format, config summary and tensors of a checkpoint",
                        description="Show a checkpoint's format, config summary and tensor table (name, "
                                    "shape, dtype, bytes) without reading tensor data. Works on HF folders "
-                                   "and .nemo files alike.")
-    p.add_argument("path", help="HF folder, .nemo file or unpacked .nemo folder")
+                                   ".nemo files and .qnemo folders alike.")
+    p.add_argument("path", help="HF folder, .nemo file, unpacked .nemo folder, NeMo 2.0 folder or .qnemo folder")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled files (DANGEROUS)")
     common_flags(p, quiet_help=QUIET_RESULT_HELP)
@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{info['num_tensors']} tensors, {human_bytes(info['total_bytes'])}", highlight=False)
     for k, v in info["config"].items():
         console.print(f"  {k}: {v}", highlight=False)
+    for r in info.get("ranks", []):
+        console.print(f"  {r['file']}: {r['tensors']} tensors, {human_bytes(r['bytes'])}", highlight=False)
     table = Table("name", "shape", "dtype", "bytes")
     for t in info["tensors"]:
         table.add_row(t["name"], "×".join(map(str, t["shape"])) or "scalar", t["dtype"], human_bytes(t["bytes"]))

@@ -19,6 +19,7 @@ from nemo_convert.convert.common import (
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, RunStats, apply_dtype, merge_stats, run_plan
 from nemo_convert.formats.hf import HFWeightsWriter, json_bytes
+from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.nemo import NemoCheckpoint, open_nemo
 from nemo_convert.errors import ConfigError
 from nemo_convert.formats.sink import DirectorySink, MemberSink
@@ -70,6 +71,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
     want = parse_dtype(dtype)
+    require_kind(src, ("nemo", "nemo2"), "a .nemo")
     ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
                      tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation))
     try:

@@ -12,6 +12,7 @@ from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, kinds_for, registry_or_default
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.engine import Progress
+from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name, open_nemo
 from nemo_convert.formats.nemo_ranks import WEIGHTS
 from nemo_convert.formats.staging import check_target, refuse_overlap
@@ -64,6 +65,7 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
+    require_kind(src, ("nemo", "nemo2"), "a .nemo")
     ckpt = open_nemo(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
                      tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation))
     try:

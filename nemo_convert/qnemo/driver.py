@@ -211,7 +211,8 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
     the checked plan; nothing is written."""
     from nemo_convert.convert.checkpoint import open_checkpoint
 
-    ck = open_checkpoint(src, trust_pickle=trust_pickle)
+    ck = open_checkpoint(src, trust_pickle=trust_pickle, accept=("hf", "nemo", "nemo2"),
+                         what="a .nemo or a Hugging Face folder")
     try:
         if ck.format == "hf":
             fam = reg.family(family) if family else reg.family_for_hf_config(ck.config)

@@ -1,0 +1,92 @@
+"""What a new user trips over (issue 16): a command pointed at the wrong kind of checkpoint
+says what it was given and which command takes it; ``inspect`` reads ``.qnemo`` folders."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from nemo_convert import api
+from nemo_convert.formats.detect import detect
+from tiny_models import make_tiny_llama
+from tiny_multimodal import make_tiny_clip
+
+ERROR = "nemo-convert: error:"
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory):
+    """One checkpoint of each kind: HF folder, .nemo, .qnemo folder, a Lightning-like .ckpt, CLIP .nemo."""
+    from nemo_convert.qnemo import quantize
+
+    base = tmp_path_factory.mktemp("kinds")
+    hf = make_tiny_llama(str(base / "hf"))
+    api.import_hf(hf, str(base / "m.nemo"))
+    quantize(hf, str(base / "m.qnemo"), algo="none", tp=2)
+    ckpt = base / "train" / "step=1.ckpt"
+    ckpt.parent.mkdir()
+    import torch
+
+    torch.save({"state_dict": {}}, str(ckpt))
+    clip = make_tiny_clip(str(base / "clip-hf"))
+    api.import_hf(clip, str(base / "clip.nemo"))
+    return {"hf": hf, "nemo": str(base / "m.nemo"), "qnemo": str(base / "m.qnemo"), "ckpt": str(ckpt),
+            "clip": str(base / "clip.nemo"), "base": str(base)}
+
+
+def test_detector_names_each_kind(kinds):
+    assert detect(kinds["hf"]).kind == "hf"
+    assert detect(kinds["nemo"]).kind == "nemo"
+    assert detect(kinds["qnemo"]).kind == "qnemo"
+    assert detect(kinds["ckpt"]).kind == "training"
+    assert detect(os.path.dirname(kinds["ckpt"])).kind == "training"
+    assert detect(kinds["base"] + "/nothing").kind == "missing"
+    assert detect(kinds["base"]).kind == "unknown"  # a folder of checkpoints is not one
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("export", "{hf}", "-o", "{out}"), "this is a Hugging Face folder, not a .nemo; to convert it into a .nemo "
+                                        "use `nemo-convert import`"),
+    (("reshard", "{hf}", "-o", "{out}", "--tp", "2"), "this is a Hugging Face folder, not a .nemo"),
+    (("import", "{nemo}", "-o", "{out}"), "this is a .nemo checkpoint, not a Hugging Face model folder; to "
+                                          "convert it into a Hugging Face folder use `nemo-convert export`"),
+    (("import", "{qnemo}", "-o", "{out}"), "this is a .qnemo (a TensorRT-LLM checkpoint written by quantize)"),
+    (("verify", "{qnemo}", "{hf}"), "this is a .qnemo"),
+    (("export", "{ckpt}", "-o", "{out}"), "this is a training checkpoint, not a .nemo; to convert it into a "
+                                          ".nemo use `nemo-convert from-ckpt`"),
+    (("inspect", "{ckpt}"), "`nemo-convert from-ckpt`"),
+    (("inspect", "{base}"), "nor any checkpoint nemo-convert reads"),
+    (("from-ckpt", "{hf}", "-o", "{out}"), "this is a Hugging Face folder, not a training checkpoint; to "
+                                           "convert it into a .nemo use `nemo-convert import`"),
+    (("quantize", "{qnemo}", "-o", "{out}", "--algo", "none"), "this is a .qnemo"),
+    (("reshard", "{clip}", "-o", "{out}", "--pp", "2"), "this model family has no pipeline-parallel layout"),
+], ids=["export-hf", "reshard-hf", "import-nemo", "import-qnemo", "verify-qnemo", "export-ckpt", "inspect-ckpt",
+        "inspect-folder-of-things", "from-ckpt-hf", "quantize-qnemo", "reshard-clip-pp"])
+def test_wrong_kind_says_what_it_is_and_which_command(argv, says, kinds, cli, tmp_path):
+    argv = [a.format(out=str(tmp_path / "out"), **kinds) for a in argv]
+    code, out, err = cli(*argv)
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith(ERROR), err
+    assert says in err
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_inspect_reads_a_qnemo_folder(kinds, cli):
+    code, out, _ = cli("inspect", kinds["qnemo"], "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert info["format"] == "qnemo"
+    assert [r["file"] for r in info["ranks"]] == ["rank0.safetensors", "rank1.safetensors"]
+    assert info["config"]["mapping"]["tp_size"] == 2
+    assert info["num_tensors"] == sum(r["tensors"] for r in info["ranks"]) > 0
+    assert all(t["name"].startswith(("rank0/", "rank1/")) for t in info["tensors"])
+    code, out, _ = cli("inspect", kinds["qnemo"])
+    assert code == 0 and "rank1.safetensors:" in out and "qnemo" in out
+
+
+def test_inspect_dot_does_not_search_subfolders(kinds, cli, monkeypatch):
+    monkeypatch.chdir(os.path.dirname(kinds["ckpt"]) + "/..")  # holds m.nemo, hf/, … but is none of them
+    code, _, err = cli("inspect", ".")
+    assert code == 2 and "no member named" not in err and "nor any checkpoint" in err
