@@ -90,3 +90,64 @@ def test_inspect_dot_does_not_search_subfolders(kinds, cli, monkeypatch):
     monkeypatch.chdir(os.path.dirname(kinds["ckpt"]) + "/..")  # holds m.nemo, hf/, … but is none of them
     code, _, err = cli("inspect", ".")
     assert code == 2 and "no member named" not in err and "nor any checkpoint" in err
+
+
+# --------------------------------------------------------------------------- hub ids
+
+
+def _cache_like_huggingface_hub(cache: str, repo_id: str, folder: str, commit: str, revision: str) -> str:
+    """Put ``folder``'s files into ``cache`` the way ``hf_hub_download`` does — blobs named by
+    their hash, snapshot symlinks, ``refs/<revision>`` — with huggingface_hub's own helpers."""
+    import hashlib
+
+    from huggingface_hub import file_download as fd
+
+    storage = os.path.join(cache, fd.repo_folder_name(repo_id=repo_id, repo_type="model"))
+    for name in sorted(os.listdir(folder)):
+        data = open(os.path.join(folder, name), "rb").read()
+        blob = os.path.join(storage, "blobs", hashlib.sha256(data).hexdigest())
+        os.makedirs(os.path.dirname(blob), exist_ok=True)
+        with open(blob, "wb") as f:
+            f.write(data)
+        pointer = os.path.join(storage, "snapshots", commit, name)
+        os.makedirs(os.path.dirname(pointer), exist_ok=True)
+        fd._create_symlink(blob, pointer, new_blob=False)
+    fd._cache_commit_hash_for_specific_revision(storage, revision, commit)
+    return storage
+
+
+def test_hub_id_is_read_from_the_local_cache(kinds, cli, tmp_path, monkeypatch):
+    from huggingface_hub import try_to_load_from_cache
+
+    cache = str(tmp_path / "hf-home" / "hub")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    _cache_like_huggingface_hub(cache, "tiny-org/tiny-llama", kinds["hf"], commit, "main")
+    found = try_to_load_from_cache("tiny-org/tiny-llama", "config.json", cache_dir=cache)
+    assert isinstance(found, str) and commit in found  # huggingface_hub agrees on the layout
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.chdir(tmp_path)  # tiny-org/tiny-llama is no local path here
+    code, out, err = cli("import", "tiny-org/tiny-llama", "-o", "x.nemo", "--json")
+    assert code == 0, err
+    assert json.loads(out)["tensors"] > 0
+    code, _, err = cli("verify", "tiny-org/tiny-llama", kinds["nemo"], "-q")
+    assert code == 0, err
+    code, _, err = cli("import", "tiny-org/tiny-llama", "-o", "y.nemo", "--revision", commit, "-q")
+    assert code == 0, err
+    monkeypatch.setenv("HF_HUB_CACHE", cache)  # HF_HUB_CACHE wins over HF_HOME
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))
+    code, _, err = cli("quantize", "tiny-org/tiny-llama", "-o", "z.qnemo", "--algo", "none", "-q")
+    assert code == 0, err
+
+
+def test_uncached_hub_id_names_the_download_command(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("import", "meta-llama/Llama-3.2-1B", "-o", "x.nemo")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "is not in the hub cache" in err and "`hf download meta-llama/Llama-3.2-1B`" in err
+    assert "huggingface-cli download meta-llama/Llama-3.2-1B" in err
+    code, out, err = cli("import", "meta-llama/Llama-3.2-1B", "--revision", "v1", "-o", "x.nemo")
+    assert "`hf download meta-llama/Llama-3.2-1B --revision v1`" in err
+    assert os.listdir(tmp_path) == ["empty-cache"] or not os.listdir(tmp_path)

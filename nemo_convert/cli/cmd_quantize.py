@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nemo_convert.cli.common import common_flags, device_flag, human_bytes, print_json, warn
+from nemo_convert.cli.common import common_flags, device_flag, hf_source, human_bytes, print_json, revision_flag, warn
 from nemo_convert.cli.progress import make_progress
 
 ALGOS = ("none", "int8_wo", "int4_wo", "fp8", "int4_awq")
@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Quantize a .nemo or Hugging Face model folder into a .qnemo: a TensorRT-LLM checkpoint "
                     "(config.json + rank{i}.safetensors + tokenizer) for trtllm-build. Runs on CPU; "
                     "fp8, int4_awq and --kv-cache fp8 calibrate with transformers first.")
-    p.add_argument("src", help=".nemo (file or folder) or Hugging Face model folder")
+    p.add_argument("src", help=".nemo (file or folder), Hugging Face model folder, or a hub id (org/name) "
+                               "already in the local hub cache")
+    revision_flag(p)
     p.add_argument("-o", "--output", required=True, help="the .qnemo to write (a folder; a tar with --compress)")
     p.add_argument("--algo", required=True, choices=ALGOS,
                    help="none: plain checkpoint in the model dtype; int8_wo: W8A16; int4_wo: group-wise int4 "
@@ -54,7 +56,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     workers = getattr(args, "workers", None) or SINGLE
     if args.trust_pickle:
         warn(args, "--trust-pickle: pickled files may now run arbitrary code on this machine")
-    rep = quantize(args.src, args.output, algo=args.algo, tp=args.tp, pp=args.pp, calib_data=args.calib_data,
+    rep = quantize(hf_source(args, args.src), args.output, algo=args.algo, tp=args.tp, pp=args.pp, calib_data=args.calib_data,
                    calib_size=args.calib_size, calib_seq_len=args.calib_seq_len,
                    calib_batch_size=args.calib_batch_size, kv_cache=args.kv_cache, compress=args.compress,
                    device=args.device, overwrite=args.overwrite, group_size=args.group_size, dtype=args.dtype,

@@ -13,7 +13,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from nemo_convert.cli.common import QUIET_RESULT_HELP, common_flags, print_json
+from nemo_convert.cli.common import QUIET_RESULT_HELP, common_flags, hf_source, print_json, revision_flag
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "HF configs are diffed key by key and the tokenizers are compared by vocab size and the "
                     "encodings of a probe text set. Exit 0 when everything matches within the tolerance, 1 on "
                     "a difference, 2 on bad input.")
-    p.add_argument("a", metavar="A", help="HF folder, .nemo file or unpacked .nemo folder")
-    p.add_argument("b", metavar="B", help="HF folder, .nemo file or unpacked .nemo folder")
+    p.add_argument("a", metavar="A", help="HF folder (or cached hub id), .nemo file or unpacked .nemo folder")
+    p.add_argument("b", metavar="B", help="HF folder (or cached hub id), .nemo file or unpacked .nemo folder")
+    revision_flag(p)
     p.add_argument("--atol", type=float, default=0.0,
                    help="absolute tolerance: |a-b| <= atol + rtol*|b| passes (default 0: exact)")
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exact)")
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--texts needs --clip-image")
     if args.top < 0:
         raise InputError("--top must be >= 0")
-    rep = verify(args.a, args.b, atol=args.atol, rtol=args.rtol, family=args.family,
+    rep = verify(hf_source(args, args.a, one_of_several=True), hf_source(args, args.b, one_of_several=True), atol=args.atol, rtol=args.rtol, family=args.family,
                  trust_pickle=args.trust_pickle, clip_image=args.clip_image, texts=args.texts,
                  allow_dtype_change=args.allow_dtype_change)
     code = 0 if rep.ok else 1

@@ -54,6 +54,26 @@ def warn(args: argparse.Namespace, message: str) -> None:
         Console(stderr=True, soft_wrap=True).print(f"[yellow]warning:[/] {message}", highlight=False)
 
 
+def revision_flag(p: argparse.ArgumentParser) -> None:
+    """``--revision``: which cached revision of a Hugging Face hub id source to read."""
+    p.add_argument("--revision", metavar="REV",
+                   help="for a Hugging Face hub id (org/name) read from the local hub cache: the branch, tag "
+                        "or commit (default main); nothing is downloaded")
+
+
+def hf_source(args: argparse.Namespace, src: str, *, one_of_several: bool = False) -> str:
+    """``src``, or the local hub-cache snapshot of the hub id ``src`` names. With
+    ``one_of_several`` (``verify A B``) ``--revision`` applies to the hub ids only."""
+    import os
+
+    from nemo_convert import api
+
+    revision = getattr(args, "revision", None)
+    if one_of_several and os.path.exists(src):
+        revision = None
+    return api.resolve_hf_source(src, revision)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
