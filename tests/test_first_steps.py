@@ -151,3 +151,72 @@ def test_uncached_hub_id_names_the_download_command(cli, tmp_path, monkeypatch):
     code, out, err = cli("import", "meta-llama/Llama-3.2-1B", "--revision", "v1", "-o", "x.nemo")
     assert "`hf download meta-llama/Llama-3.2-1B --revision v1`" in err
     assert os.listdir(tmp_path) == ["empty-cache"] or not os.listdir(tmp_path)
+
+
+# --------------------------------------------------------------------------- output defects
+
+
+def test_plugins_and_verify_fit_80_columns_when_piped(kinds, cli, monkeypatch, tmp_path):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, _ = cli("plugins")
+    assert code == 0 and "llava (LlavaForConditionalGeneration)" in out
+    assert max(map(len, out.splitlines())) <= 80, out
+    other = make_tiny_llama(str(tmp_path / "other"), seed=1)
+    code, out, _ = cli("verify", kinds["hf"], other, "--top", "3")
+    assert code == 1
+    assert max(map(len, out.splitlines())) <= 80, out
+    assert "  model.embed_tokens.weight" in out.splitlines()  # names whole, on their own line
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal keeps the tables
+    code, out, _ = cli("verify", kinds["hf"], other, "--top", "3")
+    assert "┃ tensor" in out
+
+
+def test_json_errors_are_a_json_object_on_stdout(cli, tmp_path):
+    code, out, err = cli("inspect", str(tmp_path / "missing"), "--json")
+    assert code == 2 and err.startswith(ERROR)
+    assert json.loads(out) == {"error": f"{tmp_path / 'missing'}: no such file or folder", "kind": "InputError"}
+    (tmp_path / "empty").mkdir()
+    code, out, _ = cli("import", str(tmp_path / "empty"), "-o", str(tmp_path / "x.nemo"), "--json")
+    assert code == 2 and json.loads(out)["kind"] == "InputError"
+    code, out, _ = cli("inspect", str(tmp_path / "missing"))
+    assert out == ""  # without --json, stdout stays empty
+
+
+def test_many_unconsumed_tensors_are_summarised_by_pattern():
+    from nemo_convert.errors import MappingError
+
+    keys = [f"model.layers.{i}.block_sparse_moe.experts.{e}.w{w}.weight"
+            for i in range(4) for e in range(64) for w in (1, 2, 3)]
+    msg = str(MappingError("the checkpoint does not match", unconsumed=keys))
+    assert "768 tensors" in msg and "model.layers.*.block_sparse_moe.experts.*.w1.weight (×256)" in msg
+    assert len(msg) < 500
+    assert str(MappingError("x", unconsumed=["a.0.b", "a.1.b"])) == "x; source tensors not consumed: a.0.b, a.1.b"
+
+
+def test_duplicate_token_error_names_the_cli_flag(tmp_path, cli):
+    from tiny_models import make_tiny_llama as make
+
+    hf = make(str(tmp_path / "hf"))
+    tok = os.path.join(hf, "tokenizer.model")
+    code, _, err = cli("tokenizer", "add-tokens", tok, "-o", str(tmp_path / "p.model"), "--tokens", "<unk>")
+    assert code == 2 and "--skip-existing" in err and "pass skip_existing" not in err
+
+
+def test_torchrun_bar_and_summary_say_what_they_count(capsys):
+    import argparse
+
+    from rich.console import Console
+
+    from nemo_convert.cli.common import report
+    from nemo_convert.cli.progress import make_progress
+    from nemo_convert.convert.common import ConversionReport
+    from nemo_convert.workers import Workers
+
+    args = argparse.Namespace(quiet=False, json=False, workers=Workers(0, 2))
+    bar = make_progress(args)
+    bar._console = Console(file=open(os.devnull, "w"))
+    bar.start("write", 100, 0)
+    assert bar._bar.tasks[0].description == "write (process 0's share of 2)"
+    bar.finish()
+    report(args, ConversionReport("out.nemo", "llama", 10, 1000, 1.0), "wrote")
+    assert "all 2 processes together (the bar showed process 0's share)" in capsys.readouterr().err

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.set_verbosity_error()
     work = args.workdir or tempfile.mkdtemp(prefix="nemo-convert-demo-")
     os.makedirs(work, exist_ok=True)
-    say = Console(stderr=True, quiet=args.quiet or args.json).print
+    say = Console(stderr=True, quiet=args.quiet or args.json, soft_wrap=True, highlight=False).print
     src = make_tiny_llama(os.path.join(work, "tiny-llama-hf"), num_hidden_layers=4, num_key_value_heads=2)
     say(f"generated {src}")
     nemo = os.path.join(work, "tiny-llama.nemo")

@@ -74,7 +74,9 @@ def run_quantize(args: argparse.Namespace) -> int:
         Console(stderr=True, soft_wrap=True).print(
             f"wrote {rep.output}: {algo}{kv}, {rep.dtype}, TP {rep.tp} × PP {rep.pp} "
             f"({len([f for f in rep.files if f.startswith('rank')])} rank files), {rep.tensors} tensors, "
-            f"{human_bytes(rep.bytes)} in {rep.seconds:.2f} s, family {rep.family}", highlight=False)
+            f"{human_bytes(rep.bytes)} in {rep.seconds:.2f} s, family {rep.family}"
+            + (f"; all {workers.world} processes together (the bar showed process 0's share)"
+               if workers.world > 1 else ""), highlight=False)
         for n in rep.notes:
             Console(stderr=True, soft_wrap=True).print(f"note: {n}", highlight=False)
     return 0

@@ -9,6 +9,7 @@ when the reader of stdout went away (``nemo-convert inspect X | head -1``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import warnings
@@ -75,6 +76,20 @@ def _discard_stdout() -> None:
         pass
 
 
+def _json_error(args: argparse.Namespace, message: str, kind: str) -> None:
+    """Under ``--json``, the error as a JSON object on stdout too (in process 0), so that a
+    reader of stdout always gets one document: ``{"error": …, "kind": …}``."""
+    if not getattr(args, "json", False):
+        return
+    workers = getattr(args, "workers", None)
+    if workers is not None and not workers.is_main:
+        return
+    try:
+        print(json.dumps({"error": message, "kind": kind}), flush=True)
+    except (OSError, ValueError):  # stdout is gone: the stderr line is all there is
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -111,11 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         print(f"nemo-convert: error: {exc}", file=sys.stderr)
+        _json_error(args, str(exc), type(exc).__name__)
         return exc.exit_code
     except KeyboardInterrupt:
         if debug:
             raise
         print("nemo-convert: interrupted; no output was written", file=sys.stderr)
+        _json_error(args, "interrupted; no output was written", "interrupted")
         return 130
     except OSError as exc:
         if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
@@ -125,12 +142,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         print(f"nemo-convert: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        _json_error(args, f"{where}{exc.strerror or exc}", type(exc).__name__)
         return 2
     except Exception as exc:  # an internal error: say so, briefly
         if debug:
             raise
         print(f"nemo-convert: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a "
               "traceback)", file=sys.stderr)
+        _json_error(args, f"internal error: {type(exc).__name__}: {exc}", "internal")
         return 1
 
 

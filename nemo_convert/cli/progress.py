@@ -13,8 +13,9 @@ class RichProgress:
     """Implements :class:`nemo_convert.engine.Progress`: one bar of bytes, with the
     tensor count, throughput, elapsed and remaining time."""
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | None = None, *, world: int = 1) -> None:
         self._console = console or Console(stderr=True)
+        self._world = world
         self._bar: Progress | None = None
         self._task: TaskID | None = None
         self._done = 0
@@ -27,6 +28,8 @@ class RichProgress:
                              TransferSpeedColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
                              console=self._console)
         self._bar.start()
+        if self._world > 1:  # under torchrun the bar sees this process's parts; the summary counts all
+            description = f"{description} (process 0's share of {self._world})"
         self._task = self._bar.add_task(description, total=max(total_bytes, 1),
                                         tensors=f"0/{total_tensors}" if total_tensors else "0")
 
@@ -43,4 +46,7 @@ class RichProgress:
 
 
 def make_progress(args: Any) -> RichProgress | None:
-    return None if getattr(args, "quiet", False) or getattr(args, "json", False) else RichProgress()
+    if getattr(args, "quiet", False) or getattr(args, "json", False):
+        return None
+    workers = getattr(args, "workers", None)
+    return RichProgress(world=getattr(workers, "world", 1))
