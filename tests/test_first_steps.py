@@ -220,3 +220,57 @@ def test_torchrun_bar_and_summary_say_what_they_count(capsys):
     bar.finish()
     report(args, ConversionReport("out.nemo", "llama", 10, 1000, 1.0), "wrote")
     assert "all 2 processes together (the bar showed process 0's share)" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- a failed run leaves nothing
+
+
+def test_errors_name_the_output_not_the_staging_path(kinds, cli, tmp_path, monkeypatch):
+    import errno
+
+    from nemo_convert.formats import staging
+
+    real_mkdir = os.mkdir
+
+    def read_only(path, *a, **kw):  # type: ignore[no-untyped-def]
+        if ".nemo-convert-partial-" in str(path):
+            raise OSError(errno.EROFS, "Read-only file system", path)
+        return real_mkdir(path, *a, **kw)
+
+    monkeypatch.setattr(staging.os, "mkdir", read_only)
+    out = str(tmp_path / "made" / "for" / "it" / "back")
+    code, _, err = cli("export", kinds["nemo"], "-o", out)
+    assert code == 2
+    assert err == f"nemo-convert: error: {out}: Read-only file system\n"
+    assert not os.path.exists(tmp_path / "made")  # the folders created for the output are gone too
+
+
+def test_an_interrupted_run_removes_the_folders_it_created(kinds, cli, tmp_path, monkeypatch):
+    from nemo_convert.formats import staging
+
+    (tmp_path / "mine").mkdir()
+
+    def interrupt(*a, **kw):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(staging, "_install", interrupt)
+    code, _, err = cli("import", kinds["hf"], "-o", str(tmp_path / "mine" / "new" / "deeper" / "m.nemo"))
+    assert code == 130 and "interrupted" in err
+    assert os.listdir(tmp_path) == ["mine"] and os.listdir(tmp_path / "mine") == []  # ours stays
+
+
+@pytest.mark.slow
+def test_an_interrupt_while_exiting_prints_no_traceback():
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys, time\n"
+            "from nemo_convert.cli.main import main\n"
+            "sys.argv = ['nemo-convert', 'plugins', '-q']\n"
+            "code = main()\n"
+            "os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the process exits\n"
+            "time.sleep(0.2)\n"
+            "sys.exit(code)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+

@@ -91,6 +91,26 @@ def _json_error(args: argparse.Namespace, message: str, kind: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``nemo-convert`` program. Called without ``argv`` (the console script,
+    ``python -m nemo_convert``) the process is exiting once this returns: an interrupt
+    that lands then — while the interpreter and torch shut down — is ignored, so it
+    cannot print a traceback or change the exit code already decided."""
+    try:
+        return run(argv)
+    finally:
+        if argv is None:
+            _ignore_interrupts_while_exiting()
+
+
+def _ignore_interrupts_while_exiting() -> None:
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except (OSError, ValueError):  # not the main thread
+            pass
+
+
+def run(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
