@@ -274,3 +274,30 @@ def test_an_interrupt_while_exiting_prints_no_traceback():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
 
+
+# --------------------------------------------------------------------------- demo
+
+
+@pytest.mark.slow
+def test_demo_from_ckpt_cleans_its_temporary_folder(cli, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code, out, err = cli("demo", "--from-ckpt", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["from_ckpt"] and result["tensors_identical"] and result["logits_identical"]
+    assert result["nemo"].endswith("tiny-llama-from-ckpt.nemo") and not result["kept"]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("nemo-convert-demo-")]  # our folder is gone
+
+
+@pytest.mark.slow
+def test_demo_lines_do_not_wrap_when_piped(cli, tmp_path, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    work = tmp_path / ("a-long-folder-name-" * 4) / "demo"
+    code, _, err = cli("demo", "--workdir", str(work), "--from-ckpt")
+    assert code == 0, err
+    lines = err.splitlines()
+    assert "tensors bit-identical: True; logits identical: True" in lines
+    assert any(line.startswith("from-ckpt → ") and line.endswith("training-state tensors)") for line in lines)
+    assert (work / "checkpoints" / "megatron_gpt--step=1-last.ckpt").is_file()  # --workdir is kept
