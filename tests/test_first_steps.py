@@ -301,3 +301,69 @@ def test_demo_lines_do_not_wrap_when_piped(cli, tmp_path, monkeypatch):
     assert "tensors bit-identical: True; logits identical: True" in lines
     assert any(line.startswith("from-ckpt → ") and line.endswith("training-state tensors)") for line in lines)
     assert (work / "checkpoints" / "megatron_gpt--step=1-last.ckpt").is_file()  # --workdir is kept
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@pytest.fixture(scope="module")
+def bf16_llama(tmp_path_factory):
+    import torch
+
+    return make_tiny_llama(str(tmp_path_factory.mktemp("bf16") / "hf"), dtype=torch.bfloat16)
+
+
+def test_quiet_and_json_calibration_print_nothing_else(bf16_llama, cli, tmp_path):
+    code, out, err = cli("quantize", bf16_llama, "-o", str(tmp_path / "a.qnemo"), "--algo", "fp8", "--json")
+    assert code == 0
+    assert err == ""  # no transformers "Loading weights" bar, log lines or warnings
+    cal = json.loads(out)["calibration"]
+    assert (cal["samples"], cal["seq_len"], cal["device"]) == (16, 256, "cpu")
+    assert cal["sized"].startswith("default on the CPU for ")
+    code, out, err = cli("quantize", bf16_llama, "-o", str(tmp_path / "b.qnemo"), "--algo", "fp8",
+                         "--kv-cache", "fp8", "-q")
+    assert code == 0 and out == "" and err == ""
+
+
+def test_calibration_says_what_it_ran(bf16_llama, cli, tmp_path):
+    code, _, err = cli("quantize", bf16_llama, "-o", str(tmp_path / "a.qnemo"), "--algo", "fp8")
+    assert code == 0
+    assert "Loading weights" not in err
+    assert "calibration: 16 rows × 256 tokens of built-in text on cpu in " in err
+    code, out, err = cli("quantize", bf16_llama, "-o", str(tmp_path / "b.qnemo"), "--algo", "fp8",
+                         "--calib-size", "3", "--calib-seq-len", "40", "--json")
+    cal = json.loads(out)["calibration"]
+    assert (cal["samples"], cal["seq_len"], cal["tokens"], cal["sized"]) == (3, 40, 120, "given")
+
+
+def test_default_calibration_size_follows_model_and_device():
+    import torch
+
+    from nemo_convert.qnemo.calibration import calibration_size
+
+    tiny = calibration_size(n_params=200_000, num_layers=2, hidden=64, max_positions=4096,
+                            device=torch.device("cpu"))
+    assert (tiny.samples, tiny.seq_len) == (16, 256)
+    big = calibration_size(n_params=1_200_000_000, num_layers=16, hidden=2048, max_positions=131072,
+                           device=torch.device("cpu"))
+    assert (big.samples, big.seq_len) == (4, 256) and big.est_seconds > 60
+    short = calibration_size(n_params=200_000, num_layers=2, hidden=64, max_positions=128,
+                             device=torch.device("cpu"))
+    assert short.seq_len == 128
+    gpu = calibration_size(n_params=1_200_000_000, num_layers=16, hidden=2048, max_positions=131072,
+                           device=torch.device("cuda"))
+    assert (gpu.samples, gpu.seq_len) == (64, 512)
+
+
+def test_a_tokenizer_error_is_one_line(bf16_llama, cli, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(bf16_llama, broken)
+    os.remove(broken / "tokenizer.model")
+    (broken / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizerFast"}))
+    (broken / "tokenizer.json").write_text("{ this is not a tokenizer\n")
+    code, out, err = cli("quantize", str(broken), "-o", str(tmp_path / "x.qnemo"), "--algo", "fp8")
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith(ERROR) and "cannot load a tokenizer" in err, err
+    assert not os.path.exists(tmp_path / "x.qnemo")

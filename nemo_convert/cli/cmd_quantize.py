@@ -28,9 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the checkpoint (default 1)")
     p.add_argument("--calib-data", metavar="FILE",
                    help="calibration text, one sample per line (default: the built-in English sample)")
-    p.add_argument("--calib-size", type=int, default=64, metavar="N",
-                   help="calibration rows of --calib-seq-len tokens (default 64)")
-    p.add_argument("--calib-seq-len", type=int, default=512, metavar="T", help="tokens per row (default 512)")
+    p.add_argument("--calib-size", type=int, metavar="N",
+                   help="calibration rows of --calib-seq-len tokens (default: sized to the model and device: "
+                        "64 on CUDA, 4 to 16 on the CPU; the summary says what ran)")
+    p.add_argument("--calib-seq-len", type=int, metavar="T",
+                   help="tokens per row (default 512 on CUDA, 256 on the CPU, at most max_position_embeddings)")
     p.add_argument("--calib-batch-size", type=int, default=4, metavar="B", help="rows per forward (default 4)")
     p.add_argument("--kv-cache", choices=["none", "fp8"], default="none",
                    help="fp8: add calibrated FP8 KV-cache scales (default none)")
@@ -77,6 +79,11 @@ def run_quantize(args: argparse.Namespace) -> int:
             f"{human_bytes(rep.bytes)} in {rep.seconds:.2f} s, family {rep.family}"
             + (f"; all {workers.world} processes together (the bar showed process 0's share)"
                if workers.world > 1 else ""), highlight=False)
+        if rep.calibration:
+            c = rep.calibration
+            Console(stderr=True, soft_wrap=True).print(
+                f"calibration: {c['samples']} rows × {c['seq_len']} tokens of {c['source']} text on {c['device']} "
+                f"in {c['seconds']:.1f} s ({c['sized']}; --calib-size/--calib-seq-len to change)", highlight=False)
         for n in rep.notes:
             Console(stderr=True, soft_wrap=True).print(f"note: {n}", highlight=False)
     return 0

@@ -14,7 +14,8 @@ import os
 import signal
 import warnings
 import sys
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from nemo_convert import __version__
 from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect, cmd_plugins,  # noqa: I001
@@ -76,6 +77,42 @@ def _discard_stdout() -> None:
         pass
 
 
+#: Libraries whose own output (progress bars, log lines, warnings) --quiet and --json silence.
+THIRD_PARTY = ("transformers", "huggingface_hub", "torch", "tokenizers", "sentencepiece", "accelerate")
+_QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+              "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TQDM_DISABLE": "1"}
+
+
+@contextmanager
+def _third_party_quiet(args: argparse.Namespace) -> Iterator[None]:
+    """Under ``--quiet`` or ``--json``: no progress bars, log lines or warnings from
+    transformers and huggingface_hub (``Loading weights …``) — through their environment
+    variables (read when they are first imported) and, when transformers is already
+    imported, its logging verbosity; everything is restored afterwards."""
+    if not (getattr(args, "quiet", False) or getattr(args, "json", False)):
+        yield
+        return
+    saved_env = {k: os.environ.get(k) for k in _QUIET_ENV}
+    os.environ.update(_QUIET_ENV)
+    hf_logging = getattr(sys.modules.get("transformers"), "utils", None)
+    hf_logging = getattr(hf_logging, "logging", None)
+    verbosity = hf_logging.get_verbosity() if hf_logging is not None else None
+    if hf_logging is not None:
+        hf_logging.set_verbosity_error()
+    try:
+        for module in THIRD_PARTY:
+            warnings.filterwarnings("ignore", module=rf"{module}(\.|$)")
+        yield
+    finally:
+        if hf_logging is not None and verbosity is not None:
+            hf_logging.set_verbosity(verbosity)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _json_error(args: argparse.Namespace, message: str, kind: str) -> None:
     """Under ``--json``, the error as a JSON object on stdout too (in process 0), so that a
     reader of stdout always gets one document: ``{"error": …, "kind": …}``."""
@@ -129,7 +166,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             if args.command not in PARALLEL_COMMANDS:
                 return 0  # a command that does not split its work runs in process 0 alone
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _third_party_quiet(args):
                 if getattr(args, "quiet", False):
                     warnings.simplefilter("ignore")  # --quiet: errors only
                 code = int(args.func(args) or 0)

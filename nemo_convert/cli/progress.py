@@ -23,6 +23,9 @@ class RichProgress:
 
     def start(self, description: str, total_bytes: int, total_tensors: int) -> None:
         self._done, self._total = 0, total_tensors
+        if description == "calibrate":  # counts calibration rows and tokens (run once, in process 0)
+            self._start_calibration(total_bytes, total_tensors)
+            return
         self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                              TextColumn("{task.fields[tensors]} tensors"), DownloadColumn(),
                              TransferSpeedColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -32,6 +35,13 @@ class RichProgress:
             description = f"{description} (process 0's share of {self._world})"
         self._task = self._bar.add_task(description, total=max(total_bytes, 1),
                                         tensors=f"0/{total_tensors}" if total_tensors else "0")
+
+    def _start_calibration(self, tokens: int, rows: int) -> None:
+        self._bar = Progress(TextColumn("[bold]calibrate"), BarColumn(), TextColumn("{task.fields[tensors]} rows"),
+                             TextColumn("{task.completed:.0f}/{task.total:.0f} tokens"), TimeElapsedColumn(),
+                             TimeRemainingColumn(), console=self._console)
+        self._bar.start()
+        self._task = self._bar.add_task("calibrate", total=max(tokens, 1), tensors=f"0/{rows}")
 
     def advance(self, nbytes: int, ntensors: int) -> None:
         if self._bar is not None and self._task is not None:
