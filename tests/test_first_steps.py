@@ -367,3 +367,11 @@ def test_a_tokenizer_error_is_one_line(bf16_llama, cli, tmp_path):
     assert code == 2
     assert err.count("\n") == 1 and err.startswith(ERROR) and "cannot load a tokenizer" in err, err
     assert not os.path.exists(tmp_path / "x.qnemo")
+
+
+def test_json_usage_errors_are_a_json_object_too(cli, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli("inspect", "x", "--json", "--no-such-flag")
+    assert exc.value.code == 2
+    out = capsys.readouterr().out
+    assert json.loads(out) == {"error": "unrecognized arguments: --no-such-flag", "kind": "usage"}

@@ -15,7 +15,7 @@ import signal
 import warnings
 import sys
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Iterator, NoReturn, Sequence
 
 from nemo_convert import __version__
 from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect, cmd_plugins,  # noqa: I001
@@ -32,8 +32,18 @@ EXIT_STDOUT_CLOSED = 128 + 13
 COMMANDS = (cmd_convert, cmd_reshard, cmd_from_ckpt, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Remembers the last usage error (for ``--json``); sub-command parsers share the class."""
+
+    last_error: str | None = None
+
+    def error(self, message: str) -> NoReturn:
+        _Parser.last_error = message
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="nemo-convert",
         description="Convert model checkpoints into and out of NVIDIA NeMo formats — streaming, "
                     "bounded memory, bit-exact, no NeMo or GPU needed.")
@@ -133,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     that lands then — while the interpreter and torch shut down — is ignored, so it
     cannot print a traceback or change the exit code already decided."""
     try:
-        return run(argv)
+        return run(argv, exiting=argv is None)
     finally:
         if argv is None:
             _ignore_interrupts_while_exiting()
@@ -147,9 +157,19 @@ def _ignore_interrupts_while_exiting() -> None:
             pass
 
 
-def run(argv: Sequence[str] | None = None) -> int:
+def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """Parse ``argv`` and run the command; with ``exiting`` (the program, not a caller in
+    the same process) interrupts are ignored from the moment the command has its result,
+    so that one landing during the teardown (process group, flush) cannot turn a written
+    output into "interrupted"."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error: under --json, also a JSON error object
+        given = list(argv) if argv is not None else sys.argv[1:]
+        if exc.code not in (0, None) and "--json" in given:
+            print(json.dumps({"error": _Parser.last_error or "invalid command line", "kind": "usage"}), flush=True)
+        raise
     debug = getattr(args, "debug", False)
     from nemo_convert.formats.staging import install_signal_handlers
 
@@ -170,6 +190,8 @@ def run(argv: Sequence[str] | None = None) -> int:
                 if getattr(args, "quiet", False):
                     warnings.simplefilter("ignore")  # --quiet: errors only
                 code = int(args.func(args) or 0)
+            if exiting:
+                _ignore_interrupts_while_exiting()
             if sys.stdout is not None:
                 sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
             return code
