@@ -46,6 +46,18 @@ def test_detector_names_each_kind(kinds):
     assert detect(kinds["base"]).kind == "unknown"  # a folder of checkpoints is not one
 
 
+def test_a_compressed_qnemo_is_recognised(kinds, cli, tmp_path):
+    from nemo_convert.qnemo import quantize
+
+    tar = str(tmp_path / "m.qnemo")
+    quantize(kinds["hf"], tar, algo="none", compress=True)
+    assert detect(tar).kind == "qnemo"
+    code, _, err = cli("export", tar, "-o", str(tmp_path / "out"))
+    assert code == 2 and "this is a .qnemo" in err
+    code, _, err = cli("inspect", tar)
+    assert code == 2 and "extract it first" in err
+
+
 @pytest.mark.parametrize("argv, says", [
     (("export", "{hf}", "-o", "{out}"), "this is a Hugging Face folder, not a .nemo; to convert it into a .nemo "
                                         "use `nemo-convert import`"),

@@ -77,8 +77,14 @@ def _folder_kind(path: str) -> Kind:
 
 
 def _tar_kind(path: str) -> Kind:
+    """A plain tar's first members say .nemo or .qnemo (headers only: the reader seeks past
+    the data). A gzipped tar is a .nemo: quantize --compress writes plain tars, and peeking
+    into a gzip would mean decompressing whatever comes first."""
+    with open(path, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            return "nemo"
     try:
-        with tarfile.open(path, "r:*") as tf:
+        with tarfile.open(path, "r:") as tf:
             for i, ti in enumerate(tf):
                 name = os.path.basename(ti.name.rstrip("/"))
                 if name == "model_config.yaml":
