@@ -387,3 +387,9 @@ def test_json_usage_errors_are_a_json_object_too(cli, capsys):
     assert exc.value.code == 2
     out = capsys.readouterr().out
     assert json.loads(out) == {"error": "unrecognized arguments: --no-such-flag", "kind": "usage"}
+
+
+def test_a_missing_file_is_not_taken_for_a_hub_id(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("verify", "missing.nemo", "other.nemo")
+    assert code == 2 and err == "nemo-convert: error: missing.nemo: no such file or folder\n"

@@ -32,9 +32,13 @@ def hub_cache_dir() -> str:
     return os.path.join(xdg, "huggingface", "hub")
 
 
+#: Names that are files of ours, not hub ids (``x.nemo`` missing is a missing file).
+FILE_SUFFIXES = (".nemo", ".qnemo", ".ckpt", ".safetensors", ".bin", ".tar", ".gz", ".json", ".yaml", ".model")
+
+
 def is_hub_id(src: str) -> bool:
     """Could ``src`` be a hub id? (Only asked when no such local path exists.)"""
-    return bool(HUB_ID.fullmatch(src)) and ".." not in src
+    return bool(HUB_ID.fullmatch(src)) and ".." not in src and not src.lower().endswith(FILE_SUFFIXES)
 
 
 def download_command(repo_id: str, revision: str | None = None) -> str:
