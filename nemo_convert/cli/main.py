@@ -139,9 +139,9 @@ def _json_error(args: argparse.Namespace, message: str, kind: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``nemo-convert`` program. Called without ``argv`` (the console script,
-    ``python -m nemo_convert``) the process is exiting once this returns: an interrupt
-    that lands then — while the interpreter and torch shut down — is ignored, so it
-    cannot print a traceback or change the exit code already decided."""
+    ``python -m nemo_convert``) the process is exiting once this returns: a Ctrl-C that
+    lands then — while the interpreter and torch shut down — is ignored, so it cannot
+    print a traceback or change the exit code already decided."""
     try:
         return run(argv, exiting=argv is None)
     finally:
@@ -150,9 +150,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _ignore_interrupts_while_exiting() -> None:
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    """Ctrl-C (``SIGINT``) is ignored from here on; ``SIGTERM``/``SIGHUP`` get their default
+    action back (the process ends at once, silently — torchrun and job managers still stop
+    it) instead of raising :class:`Terminated` into the teardown. One ignored before (nohup)
+    stays ignored."""
+    for s, action in ((signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_DFL),
+                      (signal.SIGHUP, signal.SIG_DFL)):
         try:
-            signal.signal(s, signal.SIG_IGN)
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                signal.signal(s, action)
         except (OSError, ValueError):  # not the main thread
             pass
 
