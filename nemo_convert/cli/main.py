@@ -169,6 +169,7 @@ def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     so that one landing during the teardown (process group, flush) cannot turn a written
     output into "interrupted"."""
     parser = build_parser()
+    _Parser.last_error = None
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # a usage error: under --json, also a JSON error object
