@@ -20,10 +20,12 @@ from nemo_convert.convert.nemo_write import Parallelism
 from nemo_convert.convert.reshard import reshard
 from nemo_convert.convert.to_megatron_bridge import TARGETS
 from nemo_convert.convert.tokenizer_patch import add_tokens
+from nemo_convert.formats.hub import resolve_hf_source
 from nemo_convert.formats.megatron_dir import is_megatron_dir
 from nemo_convert.plugins.manager import get_registry, registry_with
 from nemo_convert.qnemo import QuantizeReport, quantize
 from nemo_convert.verify import VerifyReport, verify
 
 __all__ = ["SECTION", "Checkpoint", "QuantizeReport", "quantize", "VerifyReport", "add_tokens", "verify", "ConversionReport", "Parallelism", "reshard", "export_hf", "from_ckpt", "get_registry", "import_hf",
-           "inspect_checkpoint", "open_checkpoint", "plan_import", "registry_with", "TARGETS", "is_megatron_dir"]
+           "inspect_checkpoint", "open_checkpoint", "plan_import", "registry_with", "TARGETS", "is_megatron_dir",
+           "resolve_hf_source"]

@@ -7,6 +7,8 @@ bug in nemo-convert and is shown with a traceback under ``--debug``.
 
 from __future__ import annotations
 
+import re
+
 
 class NemoConvertError(Exception):
     """Base class of every error nemo-convert reports to the user."""
@@ -57,7 +59,25 @@ class UnsupportedError(NemoConvertError):
     """A valid request this version does not support (e.g. a geometry TP cannot split)."""
 
 
-def _short_list(keys: list[str], limit: int = 12) -> str:
+def name_patterns(keys: list[str]) -> list[tuple[str, int]]:
+    """``keys`` grouped by their name with every number collapsed to ``*``
+    (``model.layers.*.mlp.experts.*.w1.weight``), most frequent first."""
+    counts: dict[str, int] = {}
+    for k in keys:
+        pattern = _NUMBER.sub("*", k)
+        counts[pattern] = counts.get(pattern, 0) + 1
+    return sorted(counts.items(), key=lambda pc: (-pc[1], pc[0]))
+
+
+def _short_list(keys: list[str], limit: int = 8, patterns: int = 4) -> str:
+    """All of ``keys`` when there are few; else the count, the first few and a summary
+    of the name patterns (``model.layers.*.w1.weight (×256)``)."""
     if len(keys) <= limit:
         return ", ".join(keys)
-    return ", ".join(keys[:limit]) + f", … ({len(keys) - limit} more)"
+    groups = name_patterns(keys)
+    shown = ", ".join(f"{p} (×{n})" for p, n in groups[:patterns])
+    more = f", {len(groups) - patterns} more pattern(s)" if len(groups) > patterns else ""
+    return f"{len(keys)} tensors: {', '.join(keys[:2])}, …; by pattern: {shown}{more}"
+
+
+_NUMBER = re.compile(r"(?<![A-Za-z])\d+(?![A-Za-z])")

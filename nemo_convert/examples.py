@@ -65,3 +65,31 @@ def make_tiny_llama(folder: str, *, dtype: torch.dtype = torch.float32, seed: in
     if tokenizer:
         write_sentencepiece(os.path.join(folder, "tokenizer.model"), vocab_size=min(cfg.vocab_size, 300))
     return folder
+
+
+def write_training_checkpoint(path: str, weights: dict[str, torch.Tensor], model_cfg: dict[str, Any], *,
+                              step: int = 1) -> str:
+    """Write a ``.ckpt`` shaped like the one a PyTorch Lightning / NeMo training run saves
+    (``trainer.save_checkpoint``), without Lightning: ``state_dict`` (``model.``-prefixed
+    NeMo names), Adam ``optimizer_states``, ``lr_schedulers``, ``loops``, ``callbacks`` and
+    ``hyper_parameters.cfg`` (the model config). ``weights`` are logical NeMo tensors (as
+    ``open_checkpoint`` gives them for a TP = PP = 1 ``.nemo``)."""
+    state = {f"model.{k}": v.clone() for k, v in weights.items()}
+    adam = {i: {"step": torch.tensor(float(step)), "exp_avg": torch.zeros_like(v), "exp_avg_sq": torch.zeros_like(v)}
+            for i, v in enumerate(state.values())}
+    ckpt = {
+        "epoch": 0,
+        "global_step": step,
+        "pytorch-lightning_version": "2.4.0",
+        "state_dict": state,
+        "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"total": {"ready": 1, "completed": 0}}}},
+        "callbacks": {},
+        "optimizer_states": [{"state": adam, "param_groups": [{"lr": 1e-4, "betas": (0.9, 0.98), "eps": 1e-8,
+                                                               "weight_decay": 0.0, "params": list(adam)}]}],
+        "lr_schedulers": [{"step_size": 10, "gamma": 0.1, "base_lrs": [1e-4], "last_epoch": step}],
+        "hparams_name": "kwargs",
+        "hyper_parameters": {"cfg": model_cfg},
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save(ckpt, path)
+    return path

@@ -92,6 +92,7 @@ def test_commands_are_discovered():
     assert {"import", "export", "inspect", "plugins"} <= names
 
 
+@pytest.mark.slow  # subprocesses
 def test_top_level_help():
     proc = run("--help")
     assert proc.returncode == 0, proc.stderr
@@ -111,6 +112,7 @@ def test_command_help(command, cli, capsys):
     assert err == ""
 
 
+@pytest.mark.slow  # subprocesses
 def test_version():
     from nemo_convert import __version__
 
@@ -144,6 +146,7 @@ def test_import_and_export_json(models, tmp_path, cli):
     assert os.path.isfile(os.path.join(back, "config.json"))
 
 
+@pytest.mark.slow  # subprocesses
 def test_import_as_a_subprocess_with_json(runs):
     base, done = runs
     proc = done["json"]
@@ -153,6 +156,7 @@ def test_import_as_a_subprocess_with_json(runs):
     assert rep["output"] == str(base / "json.nemo") and os.path.isfile(rep["output"])
 
 
+@pytest.mark.slow  # subprocesses
 def test_quiet_prints_nothing(runs):
     base, done = runs
     proc = done["quiet"]
@@ -173,6 +177,7 @@ def test_default_prints_a_summary_on_stderr(models, tmp_path, cli):
 
 
 # --------------------------------------------------------------------------- errors
+@pytest.mark.slow  # subprocesses
 def test_bad_input_is_one_line_and_exit_2(runs):
     base, done = runs
     proc = done["bad"]
@@ -183,6 +188,7 @@ def test_bad_input_is_one_line_and_exit_2(runs):
     assert not os.path.exists(base / "bad.nemo")
 
 
+@pytest.mark.slow  # subprocesses
 def test_debug_shows_a_traceback(runs):
     base, done = runs
     proc = done["debug"]
@@ -210,8 +216,11 @@ def test_errors_are_one_line(argv, models, tmp_path, cli):
     argv = [a.format(tmp=tmp_path, **models) for a in argv]
     code, out, err = cli(*argv)
     assert code == 2
-    one_error_line(err)
-    assert out == ""
+    message = one_error_line(err)
+    if "--json" in argv:  # the error is also the JSON document on stdout
+        assert json.loads(out) == {"error": message.removeprefix(ERROR_PREFIX + " "), "kind": "InputError"}
+    else:
+        assert out == ""
     assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "out.nemo")
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
 

@@ -17,7 +17,8 @@ import pytest
 
 from nemo_convert.cli.main import EXIT_STDOUT_CLOSED
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX pipes")
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="POSIX pipes"),
+              pytest.mark.slow]  # a nemo-convert subprocess per test
 
 
 def _run_into_closed_pipe(*argv: str) -> subprocess.CompletedProcess[str]:

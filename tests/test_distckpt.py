@@ -673,6 +673,7 @@ def torch_metadata(records: Any) -> Any:
                        storage_data=storage, storage_meta=None, version=d.DCP_VERSION)
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_reading_a_dist_nemo_never_imports_torch_distributed_checkpoint(tmp_path: Any) -> None:
     """torch.distributed.checkpoint costs ~0.9 s to import; reading .metadata uses stand-ins."""
     import subprocess

@@ -335,6 +335,7 @@ def test_trust_pickle_is_an_explicit_opt_in(world, single, tmp_path, cli):
     assert cfg["custom_ratio"] == "Fraction(1, 3)" and cfg["lr_scale"] == 0.5
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_omegaconf_config_without_omegaconf(world, single, tmp_path):
     ck = torch.load(single, weights_only=False)
     with fake_omegaconf() as classes:

@@ -55,6 +55,8 @@ from nemo_convert.tensors.safe_unpickle import safe_load_pickle_bytes
 from nemo_convert.tensors.safetensors_source import SafetensorsFile, ShardedSafetensors
 from nemo_convert.tensors.torch_zip import LazyTensor, read_torch_zip
 
+pytestmark = pytest.mark.slow  # hypothesis: hundreds of generated inputs per test
+
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 FEW = settings(FUZZ, max_examples=60)

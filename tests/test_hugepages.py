@@ -77,6 +77,7 @@ def test_a_freed_buffer_is_returned_at_once():
     assert _rss_anon_mib() - before < 16
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_advice_can_be_turned_off():
     code = "from nemo_convert.tensors import hugepages; print(hugepages.ADVICE is None)"
     env = {**os.environ, "NEMO_CONVERT_NO_HUGEPAGES": "1"}

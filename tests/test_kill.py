@@ -43,7 +43,8 @@ from safetensors.torch import save_file
 from nemo_convert import api
 from nemo_convert.formats.staging import cleanup_stale_staging
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals, fork and /proc: Linux only")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals, fork and /proc: Linux only"),
+              pytest.mark.slow]  # child processes killed at chosen moments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGING = re.compile(r"^\.(?P<base>.+)\.nemo-convert-(partial|old)-(?P<pid>\d+)-[0-9a-f]+$")

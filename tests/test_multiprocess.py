@@ -12,6 +12,8 @@ import pytest
 
 from nemo_convert.examples import make_tiny_llama
 
+pytestmark = pytest.mark.slow  # torchrun processes
+
 
 def run(args: list[str], cwd: str, procs: int = 1) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

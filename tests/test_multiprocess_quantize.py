@@ -77,7 +77,7 @@ def work(tmp_path_factory):
 
 
 # The one-process references run here; the torchrun processes run with OMP_NUM_THREADS=1.
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]  # torchrun processes
 
 
 CASES = {

@@ -131,6 +131,7 @@ def test_example_is_not_importable_without_installing():
     assert "toy-gpt" not in manager.get_registry().families
 
 
+@pytest.mark.slow  # pip install / a subprocess
 def test_out_of_tree_plugin_is_discovered(toy_installed):
     reg = toy_installed
     assert "toy-gpt" in reg.families
@@ -148,6 +149,7 @@ def test_out_of_tree_plugin_is_discovered(toy_installed):
     assert rows["toy-gpt"]["hf_architectures"] == ["ToyForCausalLM"]
 
 
+@pytest.mark.slow  # pip install / a subprocess
 def test_out_of_tree_plugin_listed_by_cli(toy_site):
     data = run_plugins_json(cli_env(PYTHONPATH=toy_site))
     rows = {r["name"]: r for r in data["model_families"]}
@@ -156,6 +158,7 @@ def test_out_of_tree_plugin_listed_by_cli(toy_site):
     assert rows["llama"]["distribution"] == "nemo-convert"
 
 
+@pytest.mark.slow  # pip install / a subprocess
 def test_out_of_tree_plugin_converts_a_checkpoint(toy_installed, tiny_llama, tmp_path, cli, capsys):
     src = tiny_llama(tokenizer=False)
     edit_config(src, architectures=["ToyForCausalLM"])
@@ -306,6 +309,7 @@ def test_disable_list_takes_several_names(monkeypatch):
     assert not providers & {"sharding", "llama"}
 
 
+@pytest.mark.slow  # pip install / a subprocess
 def test_disable_list_in_the_cli():
     data = run_plugins_json(cli_env(**{DISABLE_ENV: "llama"}))
     assert "llama" not in {r["name"] for r in data["model_families"]}

@@ -140,6 +140,7 @@ def _start_child(target: str) -> subprocess.Popen:
     return child
 
 
+@pytest.mark.slow  # child processes
 def test_sigkill_leaves_no_target_and_cleanup_removes_leftover(tmp_path):
     target = tmp_path / "out.nemo"
     child = _start_child(str(target))
@@ -154,6 +155,7 @@ def test_sigkill_leaves_no_target_and_cleanup_removes_leftover(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # child processes
 def test_sigterm_runs_cleanup(tmp_path):
     target = tmp_path / "out.nemo"
     child = _start_child(str(target))

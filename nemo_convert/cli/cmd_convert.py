@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from nemo_convert.cli.common import common_flags, device_flag, finite_flag, output_flags, report
+from nemo_convert.cli.common import (common_flags, device_flag, finite_flag, hf_source, output_flags, report,
+                                     revision_flag)
 from nemo_convert.cli.progress import make_progress
 
 
@@ -12,9 +13,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("import", help="convert a Hugging Face model folder into a .nemo",
                        description="Convert a Hugging Face model folder (config.json + safetensors or "
                                    "pytorch_model*.bin + tokenizer) into a NeMo .nemo archive.")
-    p.add_argument("src", help="Hugging Face model folder")
+    p.add_argument("src", help="Hugging Face model folder, or a hub id (org/name) already in the local hub cache")
     p.add_argument("-o", "--output", required=True, help="the .nemo file (or Megatron-Bridge directory) to write")
     add_target_flag(p)
+    revision_flag(p)
     p.add_argument("--family", help="model family (default: detected from config.json)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="cast floating tensors (default: keep)")
     p.add_argument("--layout", choices=["dist", "legacy"],
@@ -135,7 +137,7 @@ def run_import(args: argparse.Namespace) -> int:
     from nemo_convert import api
 
     _warn_trust(args)
-    rep = api.import_hf(args.src, args.output, family=args.family, dtype=args.dtype, layout=args.layout,
+    rep = api.import_hf(hf_source(args, args.src), args.output, family=args.family, dtype=args.dtype, layout=args.layout,
                         overwrite=args.overwrite, packed=not args.unpacked, progress=make_progress(args),
                         allow_unmapped=tuple(args.allow_unmapped), trust_pickle=args.trust_pickle,
                         parallel=parallelism(args), check_finite=args.check_finite,

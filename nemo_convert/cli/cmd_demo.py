@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from typing import Callable
 
 from rich.console import Console
 
@@ -16,32 +17,51 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description="Generate a tiny random Llama (GQA) with transformers, import it into a "
                                    ".nemo, export it back to HF, and check the tensors are bit-identical and "
                                    "the logits equal. Nothing is downloaded.")
-    p.add_argument("--workdir", help="where to write the files (default: a temporary folder)")
+    p.add_argument("--workdir", help="where to write the files, kept afterwards (default: a temporary folder, "
+                                     "removed at the end)")
     p.add_argument("--tp", type=int, default=1, help="also reshard the .nemo to this TP (legacy layout)")
     p.add_argument("--pp", type=int, default=1, help="also reshard the .nemo to this PP (legacy layout)")
+    p.add_argument("--from-ckpt", action="store_true",
+                   help="also try from-ckpt: write the tiny model as a Lightning-style training checkpoint "
+                        "(.ckpt with optimizer state and the model config), convert it with from-ckpt, and "
+                        "export and check that .nemo instead")
     common_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    say = Console(stderr=True, quiet=args.quiet or args.json, soft_wrap=True, highlight=False).print
+    if args.workdir:
+        os.makedirs(args.workdir, exist_ok=True)
+        return _round_trip(args, args.workdir, say)
+    with tempfile.TemporaryDirectory(prefix="nemo-convert-demo-") as work:  # removed however the demo ends
+        code = _round_trip(args, work, say)
+    say(f"removed {work} (pass --workdir to keep the files)")
+    return code
+
+
+def _round_trip(args: argparse.Namespace, work: str, say: Callable[..., None]) -> int:
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
     from nemo_convert import api
     from nemo_convert.examples import make_tiny_llama
     from nemo_convert.formats.hf import open_hf_weights
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    work = args.workdir or tempfile.mkdtemp(prefix="nemo-convert-demo-")
-    os.makedirs(work, exist_ok=True)
-    say = Console(stderr=True, quiet=args.quiet or args.json).print
-    src = make_tiny_llama(os.path.join(work, "tiny-llama-hf"), num_hidden_layers=4, num_key_value_heads=2)
+    # With --from-ckpt the vocabulary is the tokenizer's (300), as in a training run's model: from-ckpt
+    # takes the true vocabulary size from tokenizer.model and drops the padding rows beyond it.
+    vocab = {"vocab_size": 300} if args.from_ckpt else {}
+    src = make_tiny_llama(os.path.join(work, "tiny-llama-hf"), num_hidden_layers=4, num_key_value_heads=2, **vocab)
     say(f"generated {src}")
     nemo = os.path.join(work, "tiny-llama.nemo")
     rep = api.import_hf(src, nemo, overwrite=True)
     say(f"imported → {nemo} ({rep.tensors} tensors, layout {rep.layout})")
+    if args.from_ckpt:
+        nemo = _through_a_training_checkpoint(nemo, src, work, say)
     if args.tp > 1 or args.pp > 1:
         resharded = os.path.join(work, f"tiny-llama-tp{args.tp}-pp{args.pp}.nemo")
         api.reshard(nemo, resharded, tp=args.tp, pp=args.pp, layout="legacy", overwrite=True)
@@ -61,9 +81,37 @@ def run(args: argparse.Namespace) -> int:
         la = AutoModelForCausalLM.from_pretrained(src).eval()(ids).logits
         lb = AutoModelForCausalLM.from_pretrained(back).eval()(ids).logits
     logits_equal = torch.equal(la, lb)
-    result = {"workdir": work, "nemo": nemo, "tensors_identical": same, "logits_identical": logits_equal}
+    result = {"workdir": work, "kept": bool(args.workdir), "nemo": nemo, "from_ckpt": bool(args.from_ckpt),
+              "tensors_identical": same, "logits_identical": logits_equal}
     if args.json:
         print_json(result)
     else:
         say(f"tensors bit-identical: {same}; logits identical: {logits_equal}")
     return 0 if same and logits_equal else 1
+
+
+def _through_a_training_checkpoint(nemo: str, src: str, work: str, say: Callable[..., None]) -> str:
+    """Write ``nemo``'s weights and config as a training run's ``.ckpt`` (config without our
+    own section, tokenizer beside it, as a run has them), convert it with ``from_ckpt``,
+    and return the new ``.nemo``."""
+    import copy
+    import shutil
+
+    from nemo_convert import api
+    from nemo_convert.convert.common import SECTION
+    from nemo_convert.examples import write_training_checkpoint
+
+    with api.open_checkpoint(nemo) as ck:
+        weights = {k: ck.source.load(k) for k in ck.source.keys()}
+        cfg = copy.deepcopy(ck.config)
+    cfg.pop(SECTION, None)
+    cfg["tokenizer"] = dict(cfg.get("tokenizer") or {}, library="sentencepiece", model="tokenizer.model")
+    folder = os.path.join(work, "checkpoints")
+    ckpt = write_training_checkpoint(os.path.join(folder, "megatron_gpt--step=1-last.ckpt"), weights, cfg)
+    shutil.copyfile(os.path.join(src, "tokenizer.model"), os.path.join(folder, "tokenizer.model"))
+    say(f"wrote the training checkpoint {ckpt} (weights, Adam state, model config)")
+    out = os.path.join(work, "tiny-llama-from-ckpt.nemo")
+    rep = api.from_ckpt(ckpt, out, overwrite=True)
+    say(f"from-ckpt → {out} ({rep.tensors} tensors, layout {rep.layout}; dropped {rep.dropped_tensors} "
+        "training-state tensors)")
+    return out

@@ -13,10 +13,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("inspect", help="show format, config summary and tensors of a checkpoint",
                        description="Show a checkpoint's format, config summary and tensor table (name, "
                                    "shape, dtype, bytes) without reading tensor data. Works on HF folders "
-                                   "and .nemo files alike, NeMo 2.0 folders, and Megatron-Bridge / Megatron-LM "
-                                   "checkpoint directories (it says which kind).")
-    p.add_argument("path", help="HF folder, .nemo file or unpacked .nemo folder, NeMo 2.0 folder, or "
-                                "Megatron-Bridge / Megatron-LM checkpoint directory")
+                                   "and .nemo files alike, NeMo 2.0 folders, .qnemo folders, and Megatron-Bridge / "
+                                   "Megatron-LM checkpoint directories (it says which kind).")
+    p.add_argument("path", help="HF folder, .nemo file or unpacked .nemo folder, NeMo 2.0 folder, .qnemo folder, "
+                                "or Megatron-Bridge / Megatron-LM checkpoint directory")
     p.add_argument("--iteration", type=int, metavar="N",
                    help="Megatron-Bridge / Megatron-LM directory: read iter_N (default: the tracker's)")
     p.add_argument("--trust-pickle", action="store_true",
@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  note: {line}", highlight=False)
     for k, v in info["config"].items():
         console.print(f"  {k}: {v}", highlight=False)
+    for r in info.get("ranks", []):
+        console.print(f"  {r['file']}: {r['tensors']} tensors, {human_bytes(r['bytes'])}", highlight=False)
     table = Table("name", "shape", "dtype", "bytes")
     for t in info["tensors"]:
         table.add_row(t["name"], "×".join(map(str, t["shape"])) or "scalar", t["dtype"], human_bytes(t["bytes"]))

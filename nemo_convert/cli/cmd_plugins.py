@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from nemo_convert.cli.common import QUIET_RESULT_HELP, common_flags, print_json
+from nemo_convert.cli.common import TABLE_MIN_WIDTH, QUIET_RESULT_HELP, common_flags, output_width, print_json, wrapped
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,6 +38,18 @@ def run(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     if args.quiet:  # exit 0: the plugins load (2, with an error line, on a conflict)
+        return 0
+    width = output_width()
+    if width < TABLE_MIN_WIDTH:  # narrow or piped: one indented block per record
+        out = Console(soft_wrap=True, highlight=False)
+        for title, rows in data.items():
+            out.print(f"[bold]{title.replace('_', ' ')}[/]")
+            for r in rows:
+                what = ", ".join(r.get("hf_architectures", [])) or (f"axis {r['axis']}" if "axis" in r else "")
+                out.print(f"  [bold]{r['name']}[/]" + (f" ({what})" if what else ""))
+                for line in wrapped(f"{r['description']} [plugin {r['plugin']}, {r['distribution']}]",
+                                    width, "      "):
+                    out.print(line, markup=False)
         return 0
     console = Console(soft_wrap=True)
     for title, rows in data.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nemo_convert.cli.common import common_flags, device_flag, human_bytes, print_json, warn
+from nemo_convert.cli.common import common_flags, device_flag, hf_source, human_bytes, print_json, revision_flag, warn
 from nemo_convert.cli.progress import make_progress
 
 ALGOS = ("none", "int8_wo", "int4_wo", "fp8", "int4_awq")
@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Quantize a .nemo or Hugging Face model folder into a .qnemo: a TensorRT-LLM checkpoint "
                     "(config.json + rank{i}.safetensors + tokenizer) for trtllm-build. Runs on CPU; "
                     "fp8, int4_awq and --kv-cache fp8 calibrate with transformers first.")
-    p.add_argument("src", help=".nemo (file or folder) or Hugging Face model folder")
+    p.add_argument("src", help=".nemo (file or folder), Hugging Face model folder, or a hub id (org/name) "
+                               "already in the local hub cache")
+    revision_flag(p)
     p.add_argument("-o", "--output", required=True, help="the .qnemo to write (a folder; a tar with --compress)")
     p.add_argument("--algo", required=True, choices=ALGOS,
                    help="none: plain checkpoint in the model dtype; int8_wo: W8A16; int4_wo: group-wise int4 "
@@ -26,9 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the checkpoint (default 1)")
     p.add_argument("--calib-data", metavar="FILE",
                    help="calibration text, one sample per line (default: the built-in English sample)")
-    p.add_argument("--calib-size", type=int, default=64, metavar="N",
-                   help="calibration rows of --calib-seq-len tokens (default 64)")
-    p.add_argument("--calib-seq-len", type=int, default=512, metavar="T", help="tokens per row (default 512)")
+    p.add_argument("--calib-size", type=int, metavar="N",
+                   help="calibration rows of --calib-seq-len tokens (default: sized to the model and device: "
+                        "64 on CUDA, 4 to 16 on the CPU; the summary says what ran)")
+    p.add_argument("--calib-seq-len", type=int, metavar="T",
+                   help="tokens per row (default 512 on CUDA, 256 on the CPU, at most max_position_embeddings)")
     p.add_argument("--calib-batch-size", type=int, default=4, metavar="B", help="rows per forward (default 4)")
     p.add_argument("--kv-cache", choices=["none", "fp8"], default="none",
                    help="fp8: add calibrated FP8 KV-cache scales (default none)")
@@ -54,7 +58,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     workers = getattr(args, "workers", None) or SINGLE
     if args.trust_pickle:
         warn(args, "--trust-pickle: pickled files may now run arbitrary code on this machine")
-    rep = quantize(args.src, args.output, algo=args.algo, tp=args.tp, pp=args.pp, calib_data=args.calib_data,
+    rep = quantize(hf_source(args, args.src), args.output, algo=args.algo, tp=args.tp, pp=args.pp, calib_data=args.calib_data,
                    calib_size=args.calib_size, calib_seq_len=args.calib_seq_len,
                    calib_batch_size=args.calib_batch_size, kv_cache=args.kv_cache, compress=args.compress,
                    device=args.device, overwrite=args.overwrite, group_size=args.group_size, dtype=args.dtype,
@@ -72,7 +76,14 @@ def run_quantize(args: argparse.Namespace) -> int:
         Console(stderr=True, soft_wrap=True).print(
             f"wrote {rep.output}: {algo}{kv}, {rep.dtype}, TP {rep.tp} × PP {rep.pp} "
             f"({len([f for f in rep.files if f.startswith('rank')])} rank files), {rep.tensors} tensors, "
-            f"{human_bytes(rep.bytes)} in {rep.seconds:.2f} s, family {rep.family}", highlight=False)
+            f"{human_bytes(rep.bytes)} in {rep.seconds:.2f} s, family {rep.family}"
+            + (f"; all {workers.world} processes together (the bar showed process 0's share)"
+               if workers.world > 1 else ""), highlight=False)
+        if rep.calibration:
+            c = rep.calibration
+            Console(stderr=True, soft_wrap=True).print(
+                f"calibration: {c['samples']} rows × {c['seq_len']} tokens of {c['source']} text on {c['device']} "
+                f"in {c['seconds']:.1f} s ({c['sized']}; --calib-size/--calib-seq-len to change)", highlight=False)
         for n in rep.notes:
             Console(stderr=True, soft_wrap=True).print(f"note: {n}", highlight=False)
     return 0

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
 from rich.console import Console
 from rich.table import Table
 
-from nemo_convert.cli.common import QUIET_RESULT_HELP, common_flags, print_json
+from nemo_convert.cli.common import (TABLE_MIN_WIDTH, QUIET_RESULT_HELP, common_flags, hf_source, output_width,
+                                     print_json, revision_flag, wrapped)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "HF configs are diffed key by key and the tokenizers are compared by vocab size and the "
                     "encodings of a probe text set. Exit 0 when everything matches within the tolerance, 1 on "
                     "a difference, 2 on bad input.")
-    p.add_argument("a", metavar="A", help="HF folder, .nemo file or unpacked .nemo folder")
-    p.add_argument("b", metavar="B", help="HF folder, .nemo file or unpacked .nemo folder")
+    p.add_argument("a", metavar="A", help="HF folder (or cached hub id), .nemo file or unpacked .nemo folder")
+    p.add_argument("b", metavar="B", help="HF folder (or cached hub id), .nemo file or unpacked .nemo folder")
+    revision_flag(p)
     p.add_argument("--atol", type=float, default=0.0,
                    help="absolute tolerance: |a-b| <= atol + rtol*|b| passes (default 0: exact)")
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exact)")
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--texts needs --clip-image")
     if args.top < 0:
         raise InputError("--top must be >= 0")
-    rep = verify(args.a, args.b, atol=args.atol, rtol=args.rtol, family=args.family,
+    rep = verify(hf_source(args, args.a, one_of_several=True), hf_source(args, args.b, one_of_several=True), atol=args.atol, rtol=args.rtol, family=args.family,
                  trust_pickle=args.trust_pickle, clip_image=args.clip_image, texts=args.texts,
                  allow_dtype_change=args.allow_dtype_change)
     code = 0 if rep.ok else 1
@@ -86,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
         return code
     if args.quiet:
         return code
-    # Piped or captured output is not cut to 80 columns: tensor names must stay whole.
-    con = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    # Laid out for the terminal's width, or 80 columns when piped; tensor names stay whole.
+    width = output_width()
+    con = Console(highlight=False, width=width)
     con.print(f"A: {_side(rep.a)}")
     con.print(f"B: {_side(rep.b)}")
     tol = "exact" if rep.atol == 0 and rep.rtol == 0 else f"atol {rep.atol:g}, rtol {rep.rtol:g}"
@@ -97,7 +99,25 @@ def run(args: argparse.Namespace) -> int:
     con.print(f"[bold]tensors[/]: {len(rep.tensors)} compared ({tol}): "
               + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     worst = [t for t in rep.worst(args.top) if not t.ok or t.status == "close"] if args.top else []
-    if worst:
+    if worst and width < TABLE_MIN_WIDTH:  # one indented block per tensor instead of a 170-column table
+        con.print("worst tensors")
+        for t in worst:
+            con.print(f"  {t.name}", markup=False, overflow="ignore", crop=False)
+            shapes = "×".join(map(str, t.shape_a or [])) if t.shape_a == t.shape_b else (
+                f"{'×'.join(map(str, t.shape_a)) if t.shape_a is not None else '-'} / "
+                f"{'×'.join(map(str, t.shape_b)) if t.shape_b is not None else '-'}")
+            dtypes = t.dtype_a if t.dtype_a == t.dtype_b else f"{t.dtype_a or '-'} / {t.dtype_b or '-'}"
+            facts = [t.status, f"shape {shapes}", f"dtype {dtypes}", f"max abs {_num(t.max_abs)}",
+                     f"max rel {_num(t.max_rel)}"]
+            if t.mismatched is not None:
+                facts.append(f"{t.mismatched}/{t.numel} mismatched")
+            if t.worst_index is not None:
+                facts.append(f"worst at {t.worst_index}: {_val(t.value_a)} vs {_val(t.value_b)}")
+            elif t.note:
+                facts.append(t.note)
+            for line in wrapped(", ".join(facts), width, "      "):
+                con.print(line, markup=False, overflow="ignore", crop=False)
+    elif worst:
         table = Table("tensor", "status", "shape A / B", "dtype A / B", "max abs", "max rel", "mismatched",
                       "worst at (A vs B)", title="worst tensors", title_justify="left")
         for t in worst:

@@ -44,6 +44,35 @@ def finite_flag(p: argparse.ArgumentParser) -> None:
                    help="count NaN/Inf values in every written tensor and report the tensors that have any")
 
 
+#: Below this width, results are printed as indented lines instead of wide tables.
+TABLE_MIN_WIDTH = 120
+
+
+def output_width() -> int:
+    """The width results are laid out for: the terminal's (or ``COLUMNS``) on a terminal,
+    else ``COLUMNS`` or 80 — piped output fits a standard 80-column view."""
+    import os
+
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        if sys.stdout.isatty():
+            return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        pass
+    return 80
+
+
+def wrapped(text: str, width: int, indent: str) -> list[str]:
+    """``text`` wrapped to ``width`` at spaces, every line indented by ``indent``; words
+    (tensor names) are never cut."""
+    import textwrap
+
+    return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False) or [indent]
+
+
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
@@ -52,6 +81,26 @@ def print_json(obj: Any) -> None:
 def warn(args: argparse.Namespace, message: str) -> None:
     if not getattr(args, "quiet", False):
         Console(stderr=True, soft_wrap=True).print(f"[yellow]warning:[/] {message}", highlight=False)
+
+
+def revision_flag(p: argparse.ArgumentParser) -> None:
+    """``--revision``: which cached revision of a Hugging Face hub id source to read."""
+    p.add_argument("--revision", metavar="REV",
+                   help="for a Hugging Face hub id (org/name) read from the local hub cache: the branch, tag "
+                        "or commit (default main); nothing is downloaded")
+
+
+def hf_source(args: argparse.Namespace, src: str, *, one_of_several: bool = False) -> str:
+    """``src``, or the local hub-cache snapshot of the hub id ``src`` names. With
+    ``one_of_several`` (``verify A B``) ``--revision`` applies to the hub ids only."""
+    import os
+
+    from nemo_convert import api
+
+    revision = getattr(args, "revision", None)
+    if one_of_several and os.path.exists(src):
+        revision = None
+    return api.resolve_hf_source(src, revision)
 
 
 def human_bytes(n: float) -> str:
@@ -80,4 +129,6 @@ def report(args: argparse.Namespace, rep: Any, verb: str) -> None:
         Console(stderr=True, soft_wrap=True).print(
             f"{verb} {rep.output}: {rep.tensors} tensors, {human_bytes(rep.bytes)} in {rep.seconds:.2f} s "
             f"({rate:.0f} MiB/s), family {rep.family}{layout}"
-            + (f"; dropped {len(rep.dropped)} non-weight tensor(s)" if rep.dropped else ""), highlight=False)
+            + (f"; dropped {len(rep.dropped)} non-weight tensor(s)" if rep.dropped else "")
+            + (f"; all {workers.world} processes together (the bar showed process 0's share)"
+               if workers is not None and workers.world > 1 else ""), highlight=False)

@@ -9,11 +9,13 @@ when the reader of stdout went away (``nemo-convert inspect X | head -1``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import warnings
 import sys
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, NoReturn, Sequence
 
 from nemo_convert import __version__
 from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect, cmd_plugins,  # noqa: I001
@@ -30,8 +32,18 @@ EXIT_STDOUT_CLOSED = 128 + 13
 COMMANDS = (cmd_convert, cmd_reshard, cmd_from_ckpt, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Remembers the last usage error (for ``--json``); sub-command parsers share the class."""
+
+    last_error: str | None = None
+
+    def error(self, message: str) -> NoReturn:
+        _Parser.last_error = message
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="nemo-convert",
         description="Convert model checkpoints into and out of NVIDIA NeMo formats — streaming, "
                     "bounded memory, bit-exact, no NeMo or GPU needed.")
@@ -75,9 +87,96 @@ def _discard_stdout() -> None:
         pass
 
 
+#: Libraries whose own output (progress bars, log lines, warnings) --quiet and --json silence.
+THIRD_PARTY = ("transformers", "huggingface_hub", "torch", "tokenizers", "sentencepiece", "accelerate")
+_QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+              "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TQDM_DISABLE": "1"}
+
+
+@contextmanager
+def _third_party_quiet(args: argparse.Namespace) -> Iterator[None]:
+    """Under ``--quiet`` or ``--json``: no progress bars, log lines or warnings from
+    transformers and huggingface_hub (``Loading weights …``) — through their environment
+    variables (read when they are first imported) and, when transformers is already
+    imported, its logging verbosity; everything is restored afterwards."""
+    if not (getattr(args, "quiet", False) or getattr(args, "json", False)):
+        yield
+        return
+    saved_env = {k: os.environ.get(k) for k in _QUIET_ENV}
+    os.environ.update(_QUIET_ENV)
+    hf_logging = getattr(sys.modules.get("transformers"), "utils", None)
+    hf_logging = getattr(hf_logging, "logging", None)
+    verbosity = hf_logging.get_verbosity() if hf_logging is not None else None
+    if hf_logging is not None:
+        hf_logging.set_verbosity_error()
+    try:
+        for module in THIRD_PARTY:
+            warnings.filterwarnings("ignore", module=rf"{module}(\.|$)")
+        yield
+    finally:
+        if hf_logging is not None and verbosity is not None:
+            hf_logging.set_verbosity(verbosity)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _json_error(args: argparse.Namespace, message: str, kind: str) -> None:
+    """Under ``--json``, the error as a JSON object on stdout too (in process 0), so that a
+    reader of stdout always gets one document: ``{"error": …, "kind": …}``."""
+    if not getattr(args, "json", False):
+        return
+    workers = getattr(args, "workers", None)
+    if workers is not None and not workers.is_main:
+        return
+    try:
+        print(json.dumps({"error": message, "kind": kind}), flush=True)
+    except (OSError, ValueError):  # stdout is gone: the stderr line is all there is
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``nemo-convert`` program. Called without ``argv`` (the console script,
+    ``python -m nemo_convert``) the process is exiting once this returns: a Ctrl-C that
+    lands then — while the interpreter and torch shut down — is ignored, so it cannot
+    print a traceback or change the exit code already decided."""
+    try:
+        return run(argv, exiting=argv is None)
+    finally:
+        if argv is None:
+            _ignore_interrupts_while_exiting()
+
+
+def _ignore_interrupts_while_exiting() -> None:
+    """Ctrl-C (``SIGINT``) is ignored from here on; ``SIGTERM``/``SIGHUP`` get their default
+    action back (the process ends at once, silently — torchrun and job managers still stop
+    it) instead of raising :class:`Terminated` into the teardown. One ignored before (nohup)
+    stays ignored."""
+    for s, action in ((signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_DFL),
+                      (signal.SIGHUP, signal.SIG_DFL)):
+        try:
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                signal.signal(s, action)
+        except (OSError, ValueError):  # not the main thread
+            pass
+
+
+def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """Parse ``argv`` and run the command; with ``exiting`` (the program, not a caller in
+    the same process) interrupts are ignored from the moment the command has its result,
+    so that one landing during the teardown (process group, flush) cannot turn a written
+    output into "interrupted"."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    _Parser.last_error = None
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error: under --json, also a JSON error object
+        given = list(argv) if argv is not None else sys.argv[1:]
+        if exc.code not in (0, None) and "--json" in given:
+            print(json.dumps({"error": _Parser.last_error or "invalid command line", "kind": "usage"}), flush=True)
+        raise
     debug = getattr(args, "debug", False)
     from nemo_convert.formats.staging import install_signal_handlers
 
@@ -94,10 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command not in PARALLEL_COMMANDS:
                 return 0  # a command that does not split its work runs in process 0 alone
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _third_party_quiet(args):
                 if getattr(args, "quiet", False):
                     warnings.simplefilter("ignore")  # --quiet: errors only
                 code = int(args.func(args) or 0)
+            if exiting:
+                _ignore_interrupts_while_exiting()
             if sys.stdout is not None:
                 sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
             return code
@@ -111,11 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         print(f"nemo-convert: error: {exc}", file=sys.stderr)
+        _json_error(args, str(exc), type(exc).__name__)
         return exc.exit_code
     except KeyboardInterrupt:
         if debug:
             raise
         print("nemo-convert: interrupted; no output was written", file=sys.stderr)
+        _json_error(args, "interrupted; no output was written", "interrupted")
         return 130
     except OSError as exc:
         if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
@@ -125,12 +228,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         print(f"nemo-convert: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        _json_error(args, f"{where}{exc.strerror or exc}", type(exc).__name__)
         return 2
     except Exception as exc:  # an internal error: say so, briefly
         if debug:
             raise
         print(f"nemo-convert: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a "
               "traceback)", file=sys.stderr)
+        _json_error(args, f"internal error: {type(exc).__name__}: {exc}", "internal")
         return 1
 
 

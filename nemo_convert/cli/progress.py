@@ -13,8 +13,9 @@ class RichProgress:
     """Implements :class:`nemo_convert.engine.Progress`: one bar of bytes, with the
     tensor count, throughput, elapsed and remaining time."""
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | None = None, *, world: int = 1) -> None:
         self._console = console or Console(stderr=True)
+        self._world = world
         self._bar: Progress | None = None
         self._task: TaskID | None = None
         self._done = 0
@@ -22,13 +23,25 @@ class RichProgress:
 
     def start(self, description: str, total_bytes: int, total_tensors: int) -> None:
         self._done, self._total = 0, total_tensors
+        if description == "calibrate":  # counts calibration rows and tokens (run once, in process 0)
+            self._start_calibration(total_bytes, total_tensors)
+            return
         self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                              TextColumn("{task.fields[tensors]} tensors"), DownloadColumn(),
                              TransferSpeedColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
                              console=self._console)
         self._bar.start()
+        if self._world > 1:  # under torchrun the bar sees this process's parts; the summary counts all
+            description = f"{description} (process 0's share of {self._world})"
         self._task = self._bar.add_task(description, total=max(total_bytes, 1),
                                         tensors=f"0/{total_tensors}" if total_tensors else "0")
+
+    def _start_calibration(self, tokens: int, rows: int) -> None:
+        self._bar = Progress(TextColumn("[bold]calibrate"), BarColumn(), TextColumn("{task.fields[tensors]} rows"),
+                             TextColumn("{task.completed:.0f}/{task.total:.0f} tokens"), TimeElapsedColumn(),
+                             TimeRemainingColumn(), console=self._console)
+        self._bar.start()
+        self._task = self._bar.add_task("calibrate", total=max(tokens, 1), tensors=f"0/{rows}")
 
     def advance(self, nbytes: int, ntensors: int) -> None:
         if self._bar is not None and self._task is not None:
@@ -43,4 +56,7 @@ class RichProgress:
 
 
 def make_progress(args: Any) -> RichProgress | None:
-    return None if getattr(args, "quiet", False) or getattr(args, "json", False) else RichProgress()
+    if getattr(args, "quiet", False) or getattr(args, "json", False):
+        return None
+    workers = getattr(args, "workers", None)
+    return RichProgress(world=getattr(workers, "world", 1))

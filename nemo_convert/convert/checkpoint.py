@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from nemo_convert.convert.common import kinds_for
-from nemo_convert.errors import InputError, NemoConvertError
-from nemo_convert.formats.hf import is_hf_folder, open_hf
+from nemo_convert.errors import NemoConvertError
+from nemo_convert.formats.detect import Kind, require_kind
+from nemo_convert.formats.hf import open_hf
 from nemo_convert.formats.open_any import open_model_checkpoint
+from nemo_convert.formats.qnemo_read import open_qnemo
 from nemo_convert.plugins.manager import get_registry
 from nemo_convert.tensors.base import TensorSource
 
@@ -20,7 +21,7 @@ class Checkpoint:
     ``.nemo``, HF names for HF folders)."""
 
     path: str
-    format: str  # "hf", "nemo", or the directory kind: "megatron-bridge", "megatron-lm"
+    format: str  # "hf", "nemo", "qnemo", or the directory kind: "megatron-bridge", "megatron-lm"
     config: dict[str, Any]
     source: TensorSource
     layout: str | None
@@ -36,23 +37,33 @@ class Checkpoint:
         self.close()
 
 
-def open_checkpoint(path: str, *, trust_pickle: bool = False, iteration: int | None = None) -> Checkpoint:
-    """Open an HF folder, a ``.nemo`` (tar, gzip, unpacked folder), a NeMo 2 folder or a
-    Megatron-Bridge / Megatron-LM directory (``iteration``: which ``iter_XXXXXXX/``) lazily."""
-    if is_hf_folder(path) and iteration is None:
+#: What ``open_checkpoint`` reads, as :mod:`nemo_convert.formats.detect` names it.
+READABLE: tuple[Kind, ...] = ("hf", "nemo", "nemo2", "megatron", "qnemo")
+
+
+def open_checkpoint(path: str, *, trust_pickle: bool = False, accept: tuple[Kind, ...] = READABLE,
+                    what: str = "a checkpoint inspect reads", iteration: int | None = None) -> Checkpoint:
+    """Open an HF folder, a ``.nemo`` (tar, gzip, unpacked folder), a NeMo 2.0 folder, a
+    Megatron-Bridge / Megatron-LM directory (``iteration``: which ``iter_XXXXXXX/``) or a
+    ``.qnemo`` folder lazily. Any other kind is refused, naming the command that takes it."""
+    kind = require_kind(path, accept, what).kind
+    if kind == "hf" and iteration is None:
         hf = open_hf(path, trust_pickle=trust_pickle)
         return Checkpoint(path, "hf", hf.config, hf.source, None, hf)
-    if os.path.exists(path):  # a .nemo tar or folder, a NeMo 2.0 folder, a Megatron directory
-        nemo = open_model_checkpoint(path, trust_pickle=trust_pickle, kinds_for=kinds_for(get_registry()), iteration=iteration)
-        return Checkpoint(path, getattr(nemo, "kind", "nemo"), nemo.config, nemo.source, nemo.layout, nemo)
-    raise InputError(f"{path}: no such file or folder")
+    if kind == "qnemo" and iteration is None:
+        q = open_qnemo(path)
+        return Checkpoint(path, "qnemo", q.config, q.source, None, q)
+    nemo = open_model_checkpoint(path, trust_pickle=trust_pickle, kinds_for=kinds_for(get_registry()),
+                                 iteration=iteration)
+    return Checkpoint(path, getattr(nemo, "kind", "nemo"), nemo.config, nemo.source, nemo.layout, nemo)
 
 
 CONFIG_SUMMARY_KEYS = ("architectures", "model_type", "num_hidden_layers", "num_layers", "hidden_size",
                        "intermediate_size", "ffn_hidden_size", "num_attention_heads", "num_key_value_heads",
                        "num_query_groups", "head_dim", "kv_channels", "vocab_size", "tie_word_embeddings",
                        "share_embeddings_and_output_weights", "torch_dtype", "dtype", "precision",
-                       "tensor_model_parallel_size", "pipeline_model_parallel_size", "target")
+                       "tensor_model_parallel_size", "pipeline_model_parallel_size", "target",
+                       "architecture", "quantization", "mapping")
 
 
 def inspect_checkpoint(path: str, *, trust_pickle: bool = False, iteration: int | None = None) -> dict[str, Any]:
@@ -65,6 +76,10 @@ def inspect_checkpoint(path: str, *, trust_pickle: bool = False, iteration: int 
                             "bytes": info.nbytes})
         summary = {k: ck.config[k] for k in CONFIG_SUMMARY_KEYS if k in ck.config}
         family = None
+        if ck.format == "qnemo":
+            return {"path": path, "format": "qnemo", "layout": None, "family": None, "config": summary,
+                    "ranks": ck.handle.ranks, "num_tensors": len(tensors),
+                    "total_bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}
         try:
             reg = get_registry()
             family = (reg.family_for_hf_config(ck.config) if ck.format == "hf"

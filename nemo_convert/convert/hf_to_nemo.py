@@ -17,8 +17,9 @@ from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype
-from nemo_convert.errors import ConfigError, InputError, NemoConvertError
-from nemo_convert.formats.hf import is_hf_folder, open_hf
+from nemo_convert.errors import ConfigError, NemoConvertError
+from nemo_convert.formats.detect import require_kind
+from nemo_convert.formats.hf import open_hf
 from nemo_convert.formats.nemo import artifact_name
 from nemo_convert.formats.nemo_weights import LAYOUTS
 from nemo_convert.formats.staging import check_target, refuse_overlap
@@ -138,8 +139,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
-    if not is_hf_folder(src):
-        raise InputError(f"{src}: not a Hugging Face model folder (no config.json)")
+    require_kind(src, ("hf",), "a Hugging Face model folder")
     want = parse_dtype(dtype)
     hf_cfg = read_config_json(src)
     fam = reg.family(family) if family else reg.family_for_hf_config(hf_cfg)

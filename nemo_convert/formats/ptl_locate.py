@@ -7,6 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 from nemo_convert.errors import InputError
+from nemo_convert.formats.detect import detect, require_kind
 from nemo_convert.sharding.layout import detect_ranks, parse_rank_dir, rank_dir
 
 CKPT_SUFFIX = ".ckpt"
@@ -86,6 +87,9 @@ def locate(src: str, checkpoint_name: str | None = None) -> Located:
     or what is missing.
     """
     src = os.path.normpath(src)
+    found = detect(src)
+    if found.kind in ("hf", "nemo", "qnemo", "safetensors"):  # pointed at a model, not a training run
+        require_kind(src, ("training",), "a training checkpoint")
     if os.path.isfile(src):
         if checkpoint_name and checkpoint_name != os.path.basename(src):
             raise InputError(f"{src} is a file; --checkpoint-name {checkpoint_name!r} applies to folders")

@@ -124,12 +124,51 @@ def _install(staging: str, target: str, shown: str, *, overwrite: bool) -> None:
     _remove(aside)
 
 
+def _missing_ancestors(folder: str) -> list[str]:
+    """The folders of ``folder``'s path that do not exist yet, deepest first."""
+    out: list[str] = []
+    while folder and not os.path.lexists(folder):
+        out.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return out
+
+
+def _remove_created(folders: list[str]) -> None:
+    """Remove the folders we created for an output that was not installed (deepest first),
+    each only while it is still empty: never anything someone else put there."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+
+
+def _shown_path(path: Any, staging: str, shown: str) -> Any:
+    """``path`` with the hidden staging entry replaced by the output the user named."""
+    if isinstance(path, str) and (path == staging or path.startswith(staging + os.sep)):
+        return shown + path[len(staging):]
+    return path
+
+
+def _name_the_target(exc: BaseException, staging: str, shown: str) -> None:
+    """Errors name the output the user asked for, never our hidden staging path."""
+    if isinstance(exc, OSError):
+        exc.filename = _shown_path(exc.filename, staging, shown)
+        exc.filename2 = _shown_path(exc.filename2, staging, shown)
+    elif exc.args and isinstance(exc.args[0], str) and staging in exc.args[0]:
+        exc.args = (exc.args[0].replace(staging, shown),) + exc.args[1:]
+
+
 @contextmanager
 def staged_output(target: str, *, overwrite: bool, is_dir: bool) -> Iterator[str]:
     """Yield a hidden staging path beside ``target``; install it there on success.
 
     Raises :class:`OutputExistsError` before anything is written when ``target`` exists
-    and ``overwrite`` is false. The parent folder is created if missing. For ``is_dir``
+    and ``overwrite`` is false. The parent folder is created if missing (and the folders
+    created for it are removed again when the output is not installed). For ``is_dir``
     the staging folder is created empty; otherwise the caller creates the staging file.
 
     On normal exit the staged file (or every file and folder of the staged tree) is
@@ -137,21 +176,27 @@ def staged_output(target: str, *, overwrite: bool, is_dir: bool) -> Iterator[str
     one atomic ``rename``; folders are swapped atomically with ``renameat2`` where the
     kernel and filesystem allow it, else the old output is renamed aside, the new one
     renamed in and the old one deleted. Finally the parent folder is fsynced. On any
-    exception the staging entry is removed and the exception propagates.
+    exception the staging entry is removed and the exception propagates, with the
+    staging path in an ``OSError``'s file names (or the message) replaced by ``target``.
     """
     shown, target = target, os.path.abspath(target)
     if os.path.lexists(target) and not overwrite:
         raise OutputExistsError(f"{shown} exists; pass --overwrite to replace it")
     parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
+    created = _missing_ancestors(parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except BaseException:
+        _remove_created(created)
+        raise
     try:  # leftovers of killed runs (hours old, their process gone)
         cleanup_stale_staging(parent)
     except OSError:
         pass
     staging = _hidden_name(target, _PARTIAL)
-    if is_dir:
-        os.mkdir(staging)
     try:
+        if is_dir:
+            os.mkdir(staging)
         yield staging
         if is_dir != os.path.isdir(staging) or not os.path.exists(staging):
             kind = "folder" if is_dir else "file"
@@ -162,8 +207,10 @@ def staged_output(target: str, *, overwrite: bool, is_dir: bool) -> Iterator[str
             _fsync_path(staging, directory=False)
         _install(staging, target, shown, overwrite=overwrite)
         _fsync_path(parent, directory=True)
-    except BaseException:
+    except BaseException as exc:
         _remove(staging)
+        _remove_created(created)
+        _name_the_target(exc, staging, shown)
         raise
 
 

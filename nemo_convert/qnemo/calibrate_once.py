@@ -25,12 +25,24 @@ if TYPE_CHECKING:
     from nemo_convert.quant.calibrate import Stats
 
 
-def _calibrate(job: "_Job", src: str, out: str, *, calib_data: str | None, calib_size: int, calib_seq_len: int,
-               calib_batch_size: int, dev: torch.device, reg: Registry,
-               trust_pickle: bool) -> tuple[dict[str, Stats], calib.CalibrationInfo]:
+def sized(job: "_Job", dev: torch.device, calib_size: int | None,
+          calib_seq_len: int | None) -> calib.CalibrationSize:
+    """The calibration's rows × tokens for this model on ``dev`` (given, or the default)."""
+    cfg = job.plan.model_config
+    n_params = sum(job.source.info(k).numel for k in job.source.keys())
+    return calib.calibration_size(n_params=n_params, num_layers=int(cfg.get("num_hidden_layers") or 1),
+                                  hidden=int(cfg.get("hidden_size") or 0),
+                                  max_positions=cfg.get("max_position_embeddings"), device=dev,
+                                  samples=calib_size, seq_len=calib_seq_len)
+
+
+def _calibrate(job: "_Job", src: str, out: str, *, calib_data: str | None, calib_size: int | None,
+               calib_seq_len: int | None, calib_batch_size: int, dev: torch.device, reg: Registry,
+               trust_pickle: bool, progress: Progress | None = None) -> tuple[dict[str, Stats], calib.CalibrationInfo]:
     """Run the model over the calibration text and check every scale input is there."""
     plan, spec = job.plan, job.spec
     tc = time.perf_counter()
+    size = sized(job, dev, calib_size, calib_seq_len)
     texts = calib.read_calibration_texts(calib_data)
     folder, tmp = src, None
     try:
@@ -42,20 +54,20 @@ def _calibrate(job: "_Job", src: str, out: str, *, calib_data: str | None, calib
             tmp = tempfile.mkdtemp(prefix=".nemo-convert-calib-", dir=parent)
             folder = os.path.join(tmp, "hf")
             export_hf(src, folder, dtype=plan.dtype, registry=reg, family=job.fam.name, trust_pickle=trust_pickle)
-        ids = calib.calibration_tokens(folder, texts, n=calib_size, seq_len=calib_seq_len,
+        ids = calib.calibration_tokens(folder, texts, n=size.samples, seq_len=size.seq_len,
                                        vocab_size=plan.model_config.get("vocab_size"))
         kv_mods = () if spec.kv_cache is None else tuple(
             sorted({spec.kv_cache.k.rsplit(".", 1)[-1], spec.kv_cache.v.rsplit(".", 1)[-1]}))
         stats = calib.calibrate(folder, ids, plan.calibration_modules(), dtype=plan.dtype, device=dev,
                                 batch_size=calib_batch_size, kv_modules=kv_mods,
                                 max_samples=64 if plan.algo == "int4_awq" else 0,
-                                model_class=job.fam.hf_model_class)
+                                model_class=job.fam.hf_model_class, progress=progress)
         check_stats(plan, stats)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     info = calib.CalibrationInfo(calib_data or "built-in", int(ids.shape[0]), int(ids.shape[1]), int(ids.numel()),
-                                 str(dev), DTYPE_NAME[plan.dtype], time.perf_counter() - tc)
+                                 str(dev), DTYPE_NAME[plan.dtype], time.perf_counter() - tc, size.reason)
     return stats, info
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from nemo_convert.engine import NoProgress, Progress
 from nemo_convert.errors import ConfigError, InputError, PluginError
 from nemo_convert.quant.calibrate import (
     KV_MODULES,
@@ -38,9 +40,72 @@ class CalibrationInfo:
     device: str
     dtype: str
     seconds: float = 0.0
+    sized: str = ""       # how samples × seq_len were chosen (given, or the default's reasoning)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+#: The default calibration on CUDA: ModelOpt-like, 64 rows of 512 tokens.
+CUDA_ROWS, CUDA_SEQ_LEN = 64, 512
+#: On the CPU the default is sized to take about ``CPU_TARGET_S`` seconds at
+#: ``CPU_FLOPS`` (a conservative bf16 CPU rate), within ``CPU_ROWS`` rows of up to
+#: ``CPU_SEQ_LEN`` tokens.
+CPU_FLOPS, CPU_TARGET_S = 5e9, 20.0
+CPU_ROWS, CPU_SEQ_LEN = (4, 16), 256
+
+
+@dataclass(frozen=True)
+class CalibrationSize:
+    """How many rows of how many tokens calibration runs, and why."""
+
+    samples: int
+    seq_len: int
+    reason: str
+    est_seconds: float | None = None  # the CPU estimate behind a default
+
+
+def flops_per_token(n_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
+    """Forward FLOPs per token: the matmuls (2 per parameter) plus attention scores and
+    values (4 · layers · seq_len · hidden)."""
+    return 2.0 * n_params + 4.0 * num_layers * seq_len * hidden
+
+
+def calibration_size(*, n_params: int, num_layers: int, hidden: int, max_positions: int | None,
+                     device: torch.device, samples: int | None = None,
+                     seq_len: int | None = None) -> CalibrationSize:
+    """The calibration's rows × tokens: what was given, else a default sized to the model
+    and the device — 64 × 512 on CUDA; on the CPU as many rows (4 to 16) of up to 256 tokens
+    as take about 20 s at a conservative 5 GFLOP/s. Never longer than the model's
+    ``max_position_embeddings``."""
+    cap = max_positions if max_positions and max_positions >= 2 else None
+    default_seq = CUDA_SEQ_LEN if device.type == "cuda" else CPU_SEQ_LEN
+    seq = seq_len if seq_len is not None else min(default_seq, cap or default_seq)
+    per_token = flops_per_token(n_params, num_layers, hidden, seq)
+    if samples is not None:
+        return CalibrationSize(samples, seq, "given" if seq_len is not None else
+                               f"given rows, {seq} tokens by default")
+    if device.type == "cuda":
+        return CalibrationSize(CUDA_ROWS, seq, f"default on {device.type}")
+    lo, hi = CPU_ROWS
+    rows = int(max(lo, min(hi, CPU_FLOPS * CPU_TARGET_S // max(per_token * seq, 1.0))))
+    est = rows * seq * per_token / CPU_FLOPS
+    return CalibrationSize(rows, seq, f"default on the CPU for {n_params / 1e6:.3g}M parameters "
+                                      f"(about {_human_s(est)} at {CPU_FLOPS / 1e9:g} GFLOP/s)", est)
+
+
+def _human_s(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(seconds, 0.1):.2g} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
 def read_calibration_texts(path: str | None) -> list[str]:
@@ -84,8 +149,7 @@ def load_tokenizer(folder: str) -> Any:
         sp = os.path.join(folder, "tokenizer.model")
         if os.path.isfile(sp):
             return _SentencePieceTok(sp)
-        raise InputError(f"{folder}: cannot load a tokenizer for calibration ({type(exc).__name__}: {exc})") \
-            from None
+        raise InputError(f"{folder}: cannot load a tokenizer for calibration ({_first_line(exc)})") from None
 
 
 def calibration_tokens(folder: str, texts: Sequence[str], *, n: int, seq_len: int,
@@ -93,7 +157,13 @@ def calibration_tokens(folder: str, texts: Sequence[str], *, n: int, seq_len: in
     """``[n, seq_len]`` token ids of ``texts`` under the folder's tokenizer."""
     if n < 1 or seq_len < 2:
         raise ConfigError(f"calibration needs --calib-size ≥ 1 and a sequence length ≥ 2, got {n}, {seq_len}")
-    ids = tokenize_calibration(load_tokenizer(folder), texts, seq_len, n)
+    tok = load_tokenizer(folder)
+    try:
+        ids = tokenize_calibration(tok, texts, seq_len, n)
+    except (ConfigError, InputError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a tokenizer's own (often multi-line) errors: one line
+        raise InputError(f"{folder}: the tokenizer failed on the calibration text ({_first_line(exc)})") from None
     if vocab_size is not None and int(ids.max()) >= vocab_size:
         raise ConfigError(f"the tokenizer produced token id {int(ids.max())}, outside the model's vocabulary "
                           f"of {vocab_size}")
@@ -116,16 +186,54 @@ def hf_model_class(name: str) -> Any:
     return cls
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No progress bars from transformers or huggingface_hub (``Loading weights …``): our
+    own bar shows calibration. Their previous settings are restored afterwards."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    bars, hub_bars = hf_logging.is_progress_bar_enabled(), not are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+        if hub_bars:
+            enable_progress_bars()
+
+
+def _counted(batches: Iterator[torch.Tensor], progress: Progress) -> Iterator[torch.Tensor]:
+    for b in batches:
+        yield b
+        progress.advance(int(b.numel()), int(b.shape[0]))
+
+
 def calibrate(folder: str, ids: torch.Tensor, modules: Sequence[str], *, dtype: torch.dtype,
               device: torch.device, batch_size: int = 4, max_samples: int = 64,
-              kv_modules: Sequence[str] = KV_MODULES, model_class: str = "AutoModelForCausalLM") -> dict[str, Stats]:
+              kv_modules: Sequence[str] = KV_MODULES, model_class: str = "AutoModelForCausalLM",
+              progress: Progress | None = None) -> dict[str, Stats]:
     """Load the HF model in ``folder`` as ``transformers.<model_class>`` (the family's
-    ``hf_model_class``) and collect statistics of ``modules`` over ``ids``."""
-    model = hf_model_class(model_class).from_pretrained(folder, dtype=dtype)
+    ``hf_model_class``) and collect statistics of ``modules`` over ``ids``. ``progress``
+    sees ``start("calibrate", tokens, rows)`` and one ``advance(tokens, rows)`` per batch."""
+    progress = progress or NoProgress()
+    with quiet_transformers():
+        try:
+            model = hf_model_class(model_class).from_pretrained(folder, dtype=dtype)
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+            raise InputError(f"{folder}: transformers cannot load the model for calibration "
+                             f"({_first_line(exc)})") from None
     try:
         model.to(device)
-        return collect_activation_stats(model, _batches(ids, max(1, batch_size)), list(modules),
-                                        kv_modules=kv_modules, max_samples=max_samples, device=device)
+        progress.start("calibrate", int(ids.numel()), int(ids.shape[0]))
+        try:
+            return collect_activation_stats(model, _counted(_batches(ids, max(1, batch_size)), progress),
+                                            list(modules), kv_modules=kv_modules, max_samples=max_samples,
+                                            device=device)
+        finally:
+            progress.finish()
     finally:
         del model
         gc.collect()

@@ -211,7 +211,8 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
     the checked plan; nothing is written."""
     from nemo_convert.convert.checkpoint import open_checkpoint
 
-    ck = open_checkpoint(src, trust_pickle=trust_pickle)
+    ck = open_checkpoint(src, trust_pickle=trust_pickle, accept=("hf", "nemo", "nemo2"),
+                         what="a .nemo or a Hugging Face folder")
     try:
         if ck.format == "hf":
             fam = reg.family(family) if family else reg.family_for_hf_config(ck.config)
@@ -273,7 +274,8 @@ def _write_output(out: str, config: dict[str, Any], job: _Job, producer: Produce
 
 
 def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_data: str | None = None,
-             calib_size: int = 64, calib_seq_len: int = 512, calib_batch_size: int = 4, kv_cache: str = "none",
+             calib_size: int | None = None, calib_seq_len: int | None = None, calib_batch_size: int = 4,
+             kv_cache: str = "none",
              compress: bool = False, device: str | torch.device = "cpu", overwrite: bool = False,
              group_size: int = DEFAULT_GROUP_SIZE, dtype: str | torch.dtype | None = None,
              family: str | None = None, awq_grid: int = 20, progress: Progress | None = None,
@@ -285,7 +287,10 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
         ``fp8`` or ``int4_awq``.
     :param tp: tensor-parallel size of the TensorRT-LLM checkpoint; ``pp`` pipeline size.
     :param calib_data: text file, one calibration sample per line (default: the built-in
-        English sample); ``calib_size`` rows of ``calib_seq_len`` tokens are used.
+        English sample); ``calib_size`` rows of ``calib_seq_len`` tokens are used. Either left
+        None is sized to the model and the device
+        (:func:`nemo_convert.qnemo.calibration.calibration_size`: 64 × 512 on CUDA, a few
+        rows of up to 256 tokens on the CPU); the report's ``calibration`` says what ran.
     :param kv_cache: ``"fp8"`` adds an FP8 KV-cache scale per attention (calibrated).
     :param compress: write a plain tar instead of a folder.
     :param device: where calibration and the quantization math run (``cpu`` / ``cuda``).
@@ -310,7 +315,8 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
         plan = job.plan
         stats, calib_info = calibrate_once(job, workers, dev, src=src, out=out, calib_data=calib_data,
                                             calib_size=calib_size, calib_seq_len=calib_seq_len,
-                                            calib_batch_size=calib_batch_size, reg=reg, trust_pickle=trust_pickle)
+                                            calib_batch_size=calib_batch_size, reg=reg, trust_pickle=trust_pickle,
+                                            progress=progress)
         producer = Producer(plan, job.source, stats, dev, awq_grid=awq_grid)
         share_awq_search(plan, producer, workers, progress)
         tensors, nbytes = _write_output(out, trtllm_config(job.spec, plan), job, producer, compress=compress,

@@ -17,6 +17,9 @@ class PipelineParallel:
         """The global layer range of each stage."""
         if pp < 1:
             raise UnsupportedError(f"pipeline size must be ≥ 1, got {pp}")
+        if num_layers == 0 and pp > 1:  # CLIP: two towers, no decoder-layer stack (NeMo has no PP for it)
+            raise UnsupportedError(f"this model family has no pipeline-parallel layout (no decoder layers to "
+                                   f"split into stages); it is written at PP=1 only, not {pp}")
         if sizes is not None:
             if len(sizes) != pp or sum(sizes) != num_layers or any(s < 1 for s in sizes):
                 raise UnsupportedError(f"stage sizes {list(sizes)} do not split {num_layers} layers into {pp} stages")

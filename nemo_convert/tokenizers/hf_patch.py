@@ -93,7 +93,7 @@ def add_tokens_hf(
         raise InputError(
             "token(s) already in the tokenizer: "
             + ", ".join(f"{t!r} (id {old_vocab[t]})" for t in present)
-            + "; pass skip_existing to leave them out"
+            + "; pass --skip-existing (skip_existing=True in Python) to leave them out"
         )
     added = [(t, old_size + i) for i, t in enumerate(t for t in wanted if t not in old_vocab)]
     report = PatchReport(old_vocab_size=old_size, new_vocab_size=old_size + len(added),

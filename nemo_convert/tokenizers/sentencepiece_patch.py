@@ -211,7 +211,7 @@ def add_tokens_sentencepiece(
         raise InputError(
             "token(s) already in the SentencePiece model: "
             + ", ".join(f"{t!r} (id {existing[t]})" for t in present)
-            + "; pass skip_existing to leave them out"
+            + "; pass --skip-existing (skip_existing=True in Python) to leave them out"
         )
 
     added: list[tuple[str, int]] = []

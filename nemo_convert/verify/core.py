@@ -14,7 +14,8 @@ from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
 from nemo_convert.convert.export_config import export_config
 from nemo_convert.convert.nemo_to_hf import hf_config_of, tokenizer_files
 from nemo_convert.errors import InputError, PluginError
-from nemo_convert.formats.hf import HFCheckpoint, is_hf_folder, open_hf
+from nemo_convert.formats.detect import require_kind
+from nemo_convert.formats.hf import HFCheckpoint, open_hf
 from nemo_convert.formats.nemo import NemoCheckpoint
 from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.mapping.planner import plan_conversion
@@ -74,7 +75,7 @@ def _read_folder_files(folder: str, names: Sequence[str]) -> dict[str, bytes]:
 
 
 def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool) -> _Side:
-    if is_hf_folder(path):
+    if require_kind(path, ("hf", "nemo", "nemo2", "megatron"), "a Hugging Face folder or a .nemo").kind == "hf":
         hf = open_hf(path, trust_pickle=trust_pickle)
         try:
             fam: ModelFamily | None
@@ -97,8 +98,6 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool)
         except BaseException:
             hf.close()
             raise
-    if not os.path.exists(path):
-        raise InputError(f"{path}: no such file or folder")
     ck = open_model_checkpoint(path, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
