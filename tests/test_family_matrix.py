@@ -212,3 +212,50 @@ def test_gemma_nemo1_norms_with_plus_one_are_read(tmp_path, models):
         if k in out:
             assert torch.allclose(out[k], v, atol=1e-6, rtol=0), k
     assert torch.allclose(logits(src), logits(back), atol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_verify_source_against_its_nemo(tmp_path, models, family):
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(models[family], nemo)
+    assert api.verify(models[family], nemo).ok
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_nemo_native_config_is_synthesised(tmp_path, models, family):
+    """A ``.nemo`` without our record of the source config (as NeMo writes it): export
+    synthesises a ``config.json`` that transformers loads into the same model."""
+    src = models[family]
+    nemo = str(tmp_path / "m")
+    api.import_hf(src, nemo, packed=False)
+    path = os.path.join(nemo, "model_config.yaml")
+    cfg = yaml.safe_load(open(path))
+    del cfg["nemo_convert"]["hf_config"]
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    back = str(tmp_path / "back")
+    api.export_hf(nemo, back)
+    out = read_json(os.path.join(back, "config.json"))
+    want = read_json(os.path.join(src, "config.json"))
+    assert out["architectures"] == want["architectures"] and out["model_type"] == want["model_type"]
+    assert "rope_theta" in out and "torch_dtype" in out  # the spelling v4 reads and v5 accepts
+    if family == "phi3":  # Phi3Config's default pad_token_id=32000 lies outside the tiny vocabulary
+        out["pad_token_id"] = None
+        with open(os.path.join(back, "config.json"), "w") as f:
+            json.dump(out, f)
+    assert torch.equal(logits(src), logits(back))
+
+
+def test_nemo_written_mistral_window_is_read_as_nemo_wrote_it(tmp_path, models):
+    """NeMo's importer writes ``window_size=[W, 0]`` and no record of ours: export gives W."""
+    nemo = str(tmp_path / "m")
+    api.import_hf(models["mistral"], nemo, packed=False)
+    path = os.path.join(nemo, "model_config.yaml")
+    cfg = yaml.safe_load(open(path))
+    del cfg["nemo_convert"]["hf_config"], cfg["nemo_convert"]["sliding_window"]
+    cfg["window_size"] = [4, 0]
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    back = str(tmp_path / "back")
+    api.export_hf(nemo, back)
+    assert read_json(os.path.join(back, "config.json"))["sliding_window"] == 4
