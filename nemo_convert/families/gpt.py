@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from nemo_convert.errors import UnsupportedError
-from nemo_convert.families.config_table import REQUIRED, Check, ConfigTable, Derived, Field
+from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field
 from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
 from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
