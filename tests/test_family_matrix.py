@@ -261,3 +261,32 @@ def test_nemo_written_mistral_window_is_read_as_nemo_wrote_it(tmp_path, models):
     back = str(tmp_path / "back")
     api.export_hf(nemo, back)
     assert read_json(os.path.join(back, "config.json"))["sliding_window"] == 4
+
+
+# -- every family is strict, the multimodal ones per section ----------------------------------
+
+@pytest.mark.parametrize("maker, section, key", [
+    ("make_tiny_clip", None, "text_config_dict"),
+    ("make_tiny_clip", "vision_config", "use_new_patching"),
+    ("make_tiny_llava", None, "image_grid_pinpoints"),
+    ("make_tiny_llava", "vision_config", "layer_types"),
+    ("make_tiny_llava", "text_config", "sliding_window"),
+])
+def test_multimodal_families_refuse_unknown_keys_per_section(tmp_path, maker, section, key):
+    import tiny_multimodal
+
+    src = getattr(tiny_multimodal, maker)(str(tmp_path / "src"))
+    path = os.path.join(src, "config.json")
+    cfg = read_json(path)
+    (cfg[section] if section else cfg)[key] = 7
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    name = f"{section}.{key}" if section and section != "text_config" else key  # text_config: Llama's table
+    with pytest.raises(ConfigError, match=f"{name}=7 is not understood by family"):
+        api.import_hf(src, str(tmp_path / "m.nemo"))
+    dotted = f"{section}.{key}" if section else key
+    out = str(tmp_path / "ok")
+    api.import_hf(src, out, packed=False, ignore_config_keys=(dotted,))
+    recorded = yaml.safe_load(open(os.path.join(out, "model_config.yaml")))["nemo_convert"]
+    assert recorded["ignored_config_keys"] == {dotted: 7}
+    assert (recorded["hf_config"][section] if section else recorded["hf_config"])[key] == 7  # still restored

@@ -69,13 +69,25 @@ def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, st
     return tok, refs, members
 
 
+def _pop_key(cfg: dict[str, Any], key: str) -> Any:
+    """Remove ``key`` (a top-level key, else a dotted path into sections) and return its value."""
+    if key in cfg:
+        return cfg.pop(key)
+    *parents, last = key.split(".")
+    cur: Any = cfg
+    for p in parents:
+        cur = cur.get(p) if isinstance(cur, dict) else None
+    if not isinstance(cur, dict) or last not in cur:
+        raise ConfigError(f"--ignore-config-key {key}: config.json has no key {key!r}")
+    return cur.pop(last)
+
+
 def translatable_config(hf_cfg: dict[str, Any], ignore_config_keys: Sequence[str]) -> dict[str, Any]:
-    """A copy of ``config.json`` without the keys the user chose to ignore (each must exist)."""
+    """A copy of ``config.json`` without the keys the user chose to ignore (each must exist;
+    ``vision_config.foo`` names a key of a section)."""
     out = copy.deepcopy(hf_cfg)
     for key in ignore_config_keys:
-        if key not in out:
-            raise ConfigError(f"--ignore-config-key {key}: config.json has no key {key!r}")
-        del out[key]
+        _pop_key(out, key)
     return out
 
 
@@ -98,7 +110,7 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
     if options:
         ours["import_options"] = dict(options)
     if ignore_config_keys:
-        ours["ignored_config_keys"] = {k: copy.deepcopy(hf_cfg[k]) for k in ignore_config_keys}
+        ours["ignored_config_keys"] = {k: _pop_key(copy.deepcopy(hf_cfg), k) for k in ignore_config_keys}
     cfg.setdefault("target", family.nemo_target)
     plan = plan_conversion(family.mapping(cfg), cfg, source, "to_nemo", allow_unmapped=allow_unmapped)
     return cfg, plan

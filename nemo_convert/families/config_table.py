@@ -48,9 +48,23 @@ HARMLESS_KEYS: tuple[str, ...] = (
     "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
     "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
     "suppress_tokens", "begin_suppress_tokens",
+    # Older PretrainedConfig attributes (training or framework switches).
+    "use_bfloat16", "tf_legacy_loss", "_commit_hash", "gradient_checkpointing", "output_past",
 )
 
 Convert = Callable[[Any], Any]
+
+
+def refuse_unknown_keys(cfg: Mapping[str, Any], known: Iterable[str], family: str, section: str = "") -> None:
+    """Strictness for one section of ``config.json`` (``section`` is its dotted prefix, e.g.
+    ``"vision_config."``): a key neither in ``known`` nor in :data:`HARMLESS_KEYS` fails the
+    import, by name, in one line."""
+    allowed = set(known) | set(HARMLESS_KEYS)
+    for key in cfg:
+        if key not in allowed:
+            name = section + key
+            raise ConfigError(f"{name}={cfg[key]!r} is not understood by family {family} (convert it with the "
+                              f"family that has it, or pass --ignore-config-key {name} to drop it knowingly)")
 
 
 def _same(x: Any) -> Any:
@@ -178,11 +192,7 @@ class ConfigTable:
 
     def check_keys(self, hf: dict[str, Any], family: str) -> None:
         """Strictness: a key nobody understands fails the import, by name."""
-        known = self.understood()
-        for key in hf:
-            if key not in known:
-                raise ConfigError(f"{key}={hf[key]!r} is not understood by family {family} (convert it with the "
-                                  f"family that has it, or pass --ignore-config-key {key} to drop it knowingly)")
+        refuse_unknown_keys(hf, self.understood(), family)
 
     def to_nemo(self, hf: dict[str, Any], family: str) -> dict[str, Any]:
         """HF ``config.json`` → NeMo fields (strict)."""
