@@ -326,14 +326,22 @@ def table_translation(table: ConfigTable, family: str) -> tuple[Callable[..., di
 
 def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigTable,
                features: GPTFeatures = GPTFeatures(), nemo2_targets: tuple[str, ...] = (),
-               description: str = "", **extra: Any) -> ModelFamily:
+               description: str = "", claims: Callable[[dict[str, Any]], bool] | None = None,
+               **extra: Any) -> ModelFamily:
     """A dense decoder family: the GPT block with ``features``, translated by ``config``
-    (``GPT_CONFIG.extend(...)``). ``extra`` passes other :class:`ModelFamily` fields
-    (``trtllm=``, ``hf_model_class=``)."""
+    (``GPT_CONFIG.extend(...)``). ``claims`` recognises a NeMo-written ``MegatronGPTModel``
+    config as this family's (``None``: the default family, Llama). ``extra`` passes other
+    :class:`ModelFamily` fields (``trtllm=``, ``hf_model_class=``)."""
     to_nemo, to_hf = table_translation(config.extend(hf_constants={"architectures": [architecture],
                                                                     "model_type": model_type}), name)
     return ModelFamily(
         name=name, hf_architectures=(architecture,), hf_model_types=(model_type,), nemo_target=NEMO_GPT_TARGET,
         mapping=gpt_mapping(features), config_to_nemo=to_nemo, config_to_hf=to_hf, default_layout="dist",
-        nemo2_targets=nemo2_targets, description=description, **{"hf_model_class": architecture, **extra})
+        nemo2_targets=nemo2_targets, description=description, claims_nemo_config=claims,
+        **{"hf_model_class": architecture, **extra})
+
+
+def never(cfg: dict[str, Any]) -> bool:
+    """``claims=never``: a family NeMo 1 never wrote (only ``--family`` or our record selects it)."""
+    return False
 

@@ -23,6 +23,7 @@ GEMMA_CONFIG = GPT_CONFIG.extend(
 GEMMA = gpt_family(
     "gemma", architecture="GemmaForCausalLM", model_type="gemma", config=GEMMA_CONFIG,
     features=GPTFeatures(zero_centred_norms=True),
+    claims=lambda cfg: bool(cfg.get("apply_embedding_scaling") or cfg.get("layernorm_zero_centered_gamma")),
     nemo2_targets=("nemo.collections.llm.gpt.model.gemma.GemmaModel",),
     description="Gemma 2B/7B (GeGLU, zero-centred RMSNorm, tied embeddings scaled by sqrt(hidden))",
 )
