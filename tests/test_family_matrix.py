@@ -37,7 +37,8 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
               {"layernorm_zero_centered_gamma": True, "activation": "geglu", "openai_gelu": True,
                "apply_embedding_scaling": True, "share_embeddings_and_output_weights": True, "kv_channels": 32},
               ("embedding.word_embeddings.weight", "!output_layer.weight")),
-    "phi3": ("Phi3Config", dict(sliding_window=4), {"window_size": [3, 0]}, ("decoder.layers.0.mlp.linear_fc1.weight",)),
+    "phi3": ("Phi3Config", dict(sliding_window=4, partial_rotary_factor=0.5), {"window_size": [3, 0],
+             "rotary_percentage": 0.5}, ("decoder.layers.0.mlp.linear_fc1.weight",)),
 }
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
 
@@ -146,6 +147,8 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("mistral", dict(rope_scaling={"type": "dynamic", "factor": 2.0}), "'dynamic'"),
     ("gemma", dict(hidden_act="gelu"), "hidden_act='gelu'"),
     ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    ("qwen2", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
+     "partial_rotary_factor=0.5"),
 ])
 def test_unrepresentable_features_are_refused_by_name(tmp_path, models, family, changes, words):
     src = str(tmp_path / "src")
@@ -237,14 +240,18 @@ def test_nemo_native_config_is_synthesised(tmp_path, models, family):
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f)
     back = str(tmp_path / "back")
-    rep = api.export_hf(nemo, back)
-    # The family is recognised from NeMo's fields; a NeMo config cannot tell Phi-3 (NeMo 2
-    # only) from Mistral: same model, exported with separate q/k/v and gate/up.
-    assert rep.family == {"phi3": "mistral"}.get(family, family)
+    if family == "phi3":
+        # A NeMo config cannot tell Phi-3 (NeMo 2 only) from Mistral; this one's partial
+        # rotary is not Mistral's, so guessing refuses and --family decides.
+        with pytest.raises(UnsupportedError, match="rotary_percentage=0.5"):
+            api.export_hf(nemo, str(tmp_path / "guess"))
+        rep = api.export_hf(nemo, back, family="phi3")
+    else:
+        rep = api.export_hf(nemo, back)  # the family is recognised from NeMo's fields
+    assert rep.family == family
     out = read_json(os.path.join(back, "config.json"))
     want = read_json(os.path.join(src, "config.json"))
-    if rep.family == family:
-        assert out["architectures"] == want["architectures"] and out["model_type"] == want["model_type"]
+    assert out["architectures"] == want["architectures"] and out["model_type"] == want["model_type"]
     assert "rope_theta" in out and "torch_dtype" in out  # the spelling v4 reads and v5 accepts
     if family == "phi3":  # Phi3Config's default pad_token_id=32000 lies outside the tiny vocabulary
         out["pad_token_id"] = None

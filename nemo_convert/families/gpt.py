@@ -45,10 +45,13 @@ def _nemo_head_dim(cfg: dict[str, Any]) -> int:
     return int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
 
 
-def rope(*kinds: str) -> Derived:
+def rope(*kinds: str, partial: bool = False) -> Derived:
     """RoPE in any spelling (v4 ``rope_theta`` + ``rope_scaling``, v5 ``rope_parameters``)
     with the scaling types a family represents (``"linear"``, ``"llama3"``); any other
-    type — yarn, longrope, dynamic — is refused by name."""
+    type — yarn, longrope, dynamic — is refused by name. ``partial``: the family's HF model
+    rotates only ``partial_rotary_factor`` of each head (Phi-3) ⇄ ``rotary_percentage``;
+    elsewhere a factor other than 1 is refused (transformers' Llama-style attention
+    rotates whole heads)."""
     allowed = ("default", *kinds)
 
     def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
@@ -56,10 +59,13 @@ def rope(*kinds: str) -> Derived:
         if r.kind not in allowed:
             raise UnsupportedError(f"rope scaling type {r.kind!r} has no NeMo 1 equivalent (supported: "
                                    f"{', '.join(kinds) or 'none'})")
-        partial = r.params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+        factor = r.params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+        factor = float(factor) if factor is not None else 1.0
+        if factor != 1.0 and not partial:
+            raise UnsupportedError(f"partial_rotary_factor={factor} (this family's HF model rotates whole heads)")
         out: dict[str, Any] = {
             "rotary_base": r.theta,
-            "rotary_percentage": float(partial) if partial is not None else 1.0,
+            "rotary_percentage": factor,
             "seq_len_interpolation_factor": float(r.params["factor"]) if r.kind == "linear" else None,
             "scale_positional_embedding": r.kind == "llama3",
         }
@@ -82,6 +88,9 @@ def rope(*kinds: str) -> Derived:
         elif cfg.get("seq_len_interpolation_factor"):
             out["rope_scaling"] = {"rope_type": "linear", "factor": cfg["seq_len_interpolation_factor"]}
         if cfg.get("rotary_percentage") not in (None, 1.0):
+            if not partial:
+                raise UnsupportedError(f"rotary_percentage={cfg['rotary_percentage']}: this family's HF model "
+                                       "rotates whole heads (pass --family for the right one)")
             out["partial_rotary_factor"] = float(cfg["rotary_percentage"])
         return out
 
