@@ -302,3 +302,14 @@ def test_multimodal_families_refuse_unknown_keys_per_section(tmp_path, maker, se
     recorded = yaml.safe_load(open(os.path.join(out, "model_config.yaml")))["nemo_convert"]
     assert recorded["ignored_config_keys"] == {dotted: 7}
     assert (recorded["hf_config"][section] if section else recorded["hf_config"])[key] == 7  # still restored
+
+
+def test_cli_names_the_key_and_ignores_it_when_asked(tmp_path, models, cli):
+    out = str(tmp_path / "m.nemo")
+    code, _, err = cli("import", models["mistral"], "-o", out, "--family", "llama")
+    assert code == 2 and "sliding_window=4 is not understood by family llama" in err and not os.path.exists(out)
+    code, _, err = cli("import", models["mistral"], "-o", out, "--family", "llama",
+                       "--ignore-config-key", "sliding_window")
+    assert code == 0, err
+    with api.open_checkpoint(out) as ck:
+        assert ck.config["nemo_convert"]["ignored_config_keys"] == {"sliding_window": 4}
