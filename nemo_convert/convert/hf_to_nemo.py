@@ -86,7 +86,7 @@ def translatable_config(hf_cfg: dict[str, Any], ignore_config_keys: Sequence[str
     """A copy of ``config.json`` without the keys the user chose to ignore (each must exist;
     ``vision_config.foo`` names a key of a section)."""
     out = copy.deepcopy(hf_cfg)
-    for key in ignore_config_keys:
+    for key in dict.fromkeys(ignore_config_keys):
         _pop_key(out, key)
     return out
 
@@ -110,7 +110,7 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
     if options:
         ours["import_options"] = dict(options)
     if ignore_config_keys:
-        ours["ignored_config_keys"] = {k: _pop_key(copy.deepcopy(hf_cfg), k) for k in ignore_config_keys}
+        ours["ignored_config_keys"] = {k: _pop_key(copy.deepcopy(hf_cfg), k) for k in dict.fromkeys(ignore_config_keys)}
     cfg.setdefault("target", family.nemo_target)
     plan = plan_conversion(family.mapping(cfg), cfg, source, "to_nemo", allow_unmapped=allow_unmapped)
     return cfg, plan
