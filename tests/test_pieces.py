@@ -94,6 +94,30 @@ def test_fuse_qkv_lazy_matches_the_grouped_layout(groups, bias):
     assert torch.equal(ops.fuse_qkv(q, k, v, heads=heads, groups=groups, head_dim=head_dim, pool=pool), want)
 
 
+@pytest.mark.parametrize("groups", [1, 2, 4])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_qkv_regroups_as_deferred_rows_and_back(groups, bias):
+    """Phi-3's ``qkv_proj`` = ``[q; k; v]`` → Megatron's grouped layout, and back."""
+    heads, head_dim, hidden = 4, 3, 5
+    rest = () if bias else (hidden,)
+    q, k, v = rand(heads * head_dim, *rest), rand(groups * head_dim, *rest), rand(groups * head_dim, *rest)
+    packed = torch.cat([q, k, v])
+    lazy = ops.regroup_qkv_lazy(packed, heads=heads, groups=groups, head_dim=head_dim)
+    want = _grouped_qkv_reference(q, k, v, heads, groups, head_dim)
+    assert isinstance(lazy, Pieces) and torch.equal(materialize(lazy), want)
+    back = ops.ungroup_qkv_lazy(want, heads=heads, groups=groups, head_dim=head_dim)
+    assert torch.equal(materialize(back), packed)
+    with pytest.raises(ShapeError, match="packed qkv"):
+        ops.regroup_qkv_lazy(packed[1:], heads=heads, groups=groups, head_dim=head_dim)
+
+
+def test_add_scalar_is_a_new_tensor():
+    w = rand(4)
+    out = ops.add_scalar(w, 1.0)
+    assert out.data_ptr() != w.data_ptr() and torch.equal(out, w + 1.0)
+    assert ops.add_scalar(torch.empty(3, device="meta"), 1.0).shape == (3,)
+
+
 def test_gated_and_vocab_ops_lazy_and_eager_agree():
     gate, up = rand(6, 4), rand(6, 4)
     assert torch.equal(materialize(ops.fuse_gated_lazy(gate, up)), torch.cat([gate, up]))

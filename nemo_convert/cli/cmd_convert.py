@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "full HF checkpoint). Same as --option embed_vision_tower=true")
     p.add_argument("--allow-unmapped", action="append", default=[], metavar="GLOB",
                    help="drop source tensors matching GLOB instead of failing (repeatable)")
+    p.add_argument("--ignore-config-key", action="append", default=[], metavar="KEY",
+                   help="translate config.json as if it had no KEY, knowingly dropping what KEY says "
+                        "(repeatable; recorded in the .nemo; export still restores the key)")
     finite_flag(p)
     device_flag(p)
     common_flags(p)
@@ -140,9 +143,9 @@ def run_import(args: argparse.Namespace) -> int:
     rep = api.import_hf(hf_source(args, args.src), args.output, family=args.family, dtype=args.dtype, layout=args.layout,
                         overwrite=args.overwrite, packed=not args.unpacked, progress=make_progress(args),
                         allow_unmapped=tuple(args.allow_unmapped), trust_pickle=args.trust_pickle,
-                        parallel=parallelism(args), check_finite=args.check_finite,
-                        options=parse_options(args) or None, device=args.device, workers=args.workers,
-                        to=args.to)
+                        ignore_config_keys=tuple(args.ignore_config_key), parallel=parallelism(args),
+                        check_finite=args.check_finite, options=parse_options(args) or None, device=args.device,
+                        workers=args.workers, to=args.to)
     report(args, rep, "wrote")
     return 0
 

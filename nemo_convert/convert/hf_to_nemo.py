@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -87,15 +87,39 @@ def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, st
     return tok, refs, members
 
 
+def _pop_key(cfg: dict[str, Any], key: str) -> Any:
+    """Remove ``key`` (a top-level key, else a dotted path into sections) and return its value."""
+    if key in cfg:
+        return cfg.pop(key)
+    *parents, last = key.split(".")
+    cur: Any = cfg
+    for p in parents:
+        cur = cur.get(p) if isinstance(cur, dict) else None
+    if not isinstance(cur, dict) or last not in cur:
+        raise ConfigError(f"--ignore-config-key {key}: config.json has no key {key!r}")
+    return cur.pop(last)
+
+
+def translatable_config(hf_cfg: dict[str, Any], ignore_config_keys: Sequence[str]) -> dict[str, Any]:
+    """A copy of ``config.json`` without the keys the user chose to ignore (each must exist;
+    ``vision_config.foo`` names a key of a section)."""
+    out = copy.deepcopy(hf_cfg)
+    for key in dict.fromkeys(ignore_config_keys):
+        _pop_key(out, key)
+    return out
+
+
 def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSource, *,
-                allow_unmapped: tuple[str, ...] = (),
-                options: dict[str, Any] | None = None) -> tuple[dict[str, Any], Plan]:
-    """The NeMo config and the checked plan for importing ``source`` (headers only, no data)."""
+                allow_unmapped: tuple[str, ...] = (), options: dict[str, Any] | None = None,
+                ignore_config_keys: Sequence[str] = ()) -> tuple[dict[str, Any], Plan]:
+    """The NeMo config and the checked plan for importing ``source`` (headers only, no data).
+    ``ignore_config_keys`` are left out of the translation (not out of the recorded source
+    ``config.json``): the explicit escape from a family's strict config."""
     opts = dict(options or {})
     if family.source_options is not None:
         opts = {**family.source_options(copy.deepcopy(hf_cfg), list(source.keys())), **opts}
     try:
-        cfg = family.config_to_nemo(copy.deepcopy(hf_cfg), **opts)
+        cfg = family.config_to_nemo(translatable_config(hf_cfg, ignore_config_keys), **opts)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"config.json does not describe a {family.name} model: {type(exc).__name__}: {exc}") from None
     ours = cfg.setdefault(SECTION, {})
@@ -103,6 +127,8 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
                  "hf_config": copy.deepcopy(hf_cfg)})
     if options:
         ours["import_options"] = dict(options)
+    if ignore_config_keys:
+        ours["ignored_config_keys"] = {k: _pop_key(copy.deepcopy(hf_cfg), k) for k in dict.fromkeys(ignore_config_keys)}
     cfg.setdefault("target", family.nemo_target)
     plan = plan_conversion(family.mapping(cfg), cfg, source, "to_nemo", allow_unmapped=allow_unmapped)
     return cfg, plan
@@ -112,7 +138,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
               layout: str | None = None, overwrite: bool = False, packed: bool = True,
               progress: Progress | None = None, registry: Registry | None = None,
               allow_unmapped: tuple[str, ...] = (), trust_pickle: bool = False,
-              options: dict[str, Any] | None = None, parallel: Parallelism | None = None,
+              options: dict[str, Any] | None = None, ignore_config_keys: Sequence[str] = (),
+              parallel: Parallelism | None = None,
               check_finite: bool = False, device: DeviceOption = "cpu",
               workers: Workers = SINGLE, to: str = "nemo") -> ConversionReport:
     """Convert a Hugging Face model folder into a ``.nemo`` (or, with
@@ -126,6 +153,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     :param overwrite: replace an existing ``out``.
     :param allow_unmapped: globs of source tensors to drop instead of failing.
     :param options: family-specific import options (e.g. ``{"embed_vision_tower": True}``).
+    :param ignore_config_keys: ``config.json`` keys to translate as if absent (a family
+        refuses keys it does not understand); recorded in ``nemo_convert.ignored_config_keys``.
     :param check_finite: count NaN/Inf in every tensor and report the tensors that have any.
     :param parallel: target tensor/pipeline parallelism (default TP=PP=1). The dist layout
         stores global tensors and records the sizes; the legacy layout writes per-rank files.
@@ -153,7 +182,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     ckpt = open_hf(src, tokenizer_files=fam.tokenizer_files, trust_pickle=trust_pickle)
     notes: list[str] = []
     try:
-        cfg, plan = plan_import(fam, ckpt.config, ckpt.source, allow_unmapped=allow_unmapped, options=options)
+        cfg, plan = plan_import(fam, ckpt.config, ckpt.source, allow_unmapped=allow_unmapped, options=options,
+                                ignore_config_keys=ignore_config_keys)
         plan.check_finite = check_finite
         warnings = apply_dtype(plan, want)
         plan.pool.enabled = True  # the writers consume each fused tensor before the next task

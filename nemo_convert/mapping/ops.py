@@ -117,6 +117,29 @@ def split_qkv(fused: torch.Tensor, *, heads: int, groups: int,
     return materialize(q), materialize(k), materialize(v)
 
 
+def regroup_qkv_lazy(packed: Lazy, *, heads: int, groups: int, head_dim: int) -> Lazy:
+    """HF's packed ``[q; k; v]`` (Phi-3 ``qkv_proj``: all query heads, then all key heads,
+    then all value heads) → Megatron's grouped QKV (:func:`fuse_qkv_lazy`). Deferred: the
+    rows of ``packed``, reordered."""
+    _expect(packed, (heads + 2 * groups) * head_dim, "packed qkv", tuple(packed.shape[1:]))
+    q = packed.narrow(0, 0, heads * head_dim)
+    k = packed.narrow(0, heads * head_dim, groups * head_dim)
+    v = packed.narrow(0, (heads + groups) * head_dim, groups * head_dim)
+    return fuse_qkv_lazy(q, k, v, heads=heads, groups=groups, head_dim=head_dim)  # type: ignore[arg-type]
+
+
+def ungroup_qkv_lazy(fused: Lazy, *, heads: int, groups: int, head_dim: int) -> Lazy:
+    """Inverse of :func:`regroup_qkv_lazy`: Megatron's grouped QKV → packed ``[q; k; v]``."""
+    return rows(list(split_qkv_lazy(fused, heads=heads, groups=groups, head_dim=head_dim)))
+
+
+def add_scalar(t: torch.Tensor, value: float) -> torch.Tensor:
+    """``t + value`` in ``t``'s dtype, as a new tensor (never in place: sources are views of
+    input files). For weights stored with a constant offset, e.g. NeMo 1 Gemma norms
+    (``1 + w``) against Hugging Face's zero-centred ``w``."""
+    return torch.add(t, value)
+
+
 def fuse_gated_lazy(gate: torch.Tensor, up: torch.Tensor, *, ffn: int | None = None) -> Lazy:
     """Megatron's gated fc1: ``[gate; up]`` on dim 0 (the activation applies to the first
     half). Deferred: the two pieces."""

@@ -16,10 +16,10 @@ import torch
 
 from nemo_convert.errors import ConfigError, MappingError, ShapeError
 from nemo_convert.mapping import ops
-from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Parallel, Rename, Reshape, Rule,
-                                        Tied, cfg_get, condition_holds)
+from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename,
+                                        Reshape, Rule, Tied, cfg_get, condition_holds)
 from nemo_convert.tensors.base import TensorInfo, TensorSource
-from nemo_convert.tensors.pieces import Lazy
+from nemo_convert.tensors.pieces import Lazy, materialize
 
 Direction = Literal["to_nemo", "to_hf"]
 TaskFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
@@ -114,6 +114,20 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: i
                 tasks.append(Task((n,), (q, k, v), lambda ts, g=geo: ops.split_qkv(ts[0], **g),
                                   (Parallel.REPLICATED,) * 3, label="split_qkv",
                                   lazy_fn=lambda ts, g=geo: ops.split_qkv_lazy(ts[0], **g)))
+    elif isinstance(rule, PackedQKV):
+        geo = rule.geometry(cfg)
+        for (_, h), (_, n) in zip(_expand(rule.hf, layers), _expand(rule.nemo, layers)):
+            op = ops.regroup_qkv_lazy if to_nemo else ops.ungroup_qkv_lazy
+            src, dst = (h, n) if to_nemo else (n, h)
+            tasks.append(Task((src,), (dst,), lambda ts, f=op, g=geo: (materialize(f(ts[0], **g)),),
+                              (rule.parallel if to_nemo else Parallel.REPLICATED,), label="packed_qkv",
+                              lazy_fn=lambda ts, f=op, g=geo: (f(ts[0], **g),)))
+    elif isinstance(rule, Offset):
+        delta = rule.value if to_nemo else -rule.value
+        for (_, h), (_, n) in zip(_expand(rule.hf, layers), _expand(rule.nemo, layers)):
+            src, dst = (h, n) if to_nemo else (n, h)
+            tasks.append(Task((src,), (dst,), lambda ts, d=delta: (ops.add_scalar(ts[0], d),),
+                              (rule.parallel if to_nemo else Parallel.REPLICATED,), label="offset"))
     elif isinstance(rule, FuseGated):
         ffn = cfg_get(cfg, rule.ffn)
         ffn = int(ffn) if ffn is not None else None

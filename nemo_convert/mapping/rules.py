@@ -116,6 +116,45 @@ class FuseQKV:
 
 
 @dataclass(frozen=True)
+class PackedQKV:
+    """One HF tensor holding ``[q; k; v]`` one after another (Phi-3's ``qkv_proj``) ⇄
+    Megatron's grouped ``linear_qkv`` (interleaved per query group, like :class:`FuseQKV`)."""
+
+    hf: str
+    nemo: str
+    heads: str = "num_attention_heads"
+    groups: str = "num_query_groups"
+    head_dim: str = "kv_channels"
+    hidden: str = "hidden_size"
+    parallel: Parallel = Parallel.QKV
+    when: str | None = None
+
+    def prefixed(self, hf: str, nemo: str, cfg: str) -> "PackedQKV":
+        return replace(self, hf=_pre(hf, self.hf), nemo=_pre(nemo, self.nemo), heads=_pre_cfg(cfg, self.heads),
+                       groups=_pre_cfg(cfg, self.groups), head_dim=_pre_cfg(cfg, self.head_dim),
+                       hidden=_pre_cfg(cfg, self.hidden), when=_pre_cfg(cfg, self.when))
+
+    def geometry(self, cfg: dict[str, Any]) -> dict[str, int]:
+        return FuseQKV("", "", "", "", self.heads, self.groups, self.head_dim, self.hidden).geometry(cfg)
+
+
+@dataclass(frozen=True)
+class Offset:
+    """One HF tensor is one NeMo tensor plus a constant: ``nemo = hf + value`` (NeMo 1
+    Gemma's norms store ``1 + w`` where Hugging Face stores ``w``). Not bit-exact in
+    general (``(w + 1) - 1`` rounds), so families use it only to *read* such checkpoints."""
+
+    hf: str
+    nemo: str
+    value: float
+    parallel: Parallel = Parallel.REPLICATED
+    when: str | None = None
+
+    def prefixed(self, hf: str, nemo: str, cfg: str) -> "Offset":
+        return replace(self, hf=_pre(hf, self.hf), nemo=_pre(nemo, self.nemo), when=_pre_cfg(cfg, self.when))
+
+
+@dataclass(frozen=True)
 class FuseGated:
     """HF gate and up projections ⇄ Megatron's gated ``linear_fc1`` = ``[gate; up]``."""
 
@@ -203,7 +242,7 @@ class Tied:
                        when=_pre_cfg(cfg, self.when))
 
 
-Rule = Union[Rename, Reshape, FuseQKV, FuseGated, Custom, Tied]
+Rule = Union[Rename, Reshape, FuseQKV, PackedQKV, FuseGated, Offset, Custom, Tied]
 
 
 @dataclass(frozen=True)

@@ -98,9 +98,14 @@ class Registry:
         if ours:
             return self.family(ours)
         target = config.get("target")
-        for p in self.families.values():
-            if target and target == p.record.nemo_target:
-                return p.record
+        same = [p.record for p in self.families.values() if target and target == p.record.nemo_target]
+        claimed = [f for f in same if f.claims_nemo_config is not None and f.claims_nemo_config(config)]
+        if len(claimed) > 1:
+            raise PluginError(f"NeMo target {target!r}: the config fits families {', '.join(f.name for f in claimed)}; "
+                              "pass --family")
+        default = [f for f in same if f.claims_nemo_config is None]
+        if claimed or default:
+            return (claimed or default)[0]
         target2 = config.get("nemo2_target")
         for p in self.families.values():
             if target2 and target2 in p.record.nemo2_targets:

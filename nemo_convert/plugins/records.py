@@ -40,6 +40,10 @@ class ModelFamily:
         passed to ``config_to_nemo`` under the user's explicit options.
     :param dist_unstacked: logical-name prefixes that the dist layout stores one key per
         layer instead of stacking (modules NeMo keeps per layer, like NeVA's HF tower).
+    :param claims_nemo_config: for a ``.nemo`` NeMo wrote (no record of its family) whose
+        ``target`` several families share: does this config look like this family's
+        (Gemma: ``apply_embedding_scaling``)? ``None``: the family is the default for its
+        target (Llama for ``MegatronGPTModel``).
     :param nemo2_targets: NeMo 2.0 model classes (``_target_`` of ``context/model.yaml``)
         this family reads.
     :param import_options: names of family-specific keyword options that
@@ -68,6 +72,7 @@ class ModelFamily:
     nemo2_targets: tuple[str, ...] = ()
     source_options: "Callable[[dict[str, Any], Sequence[str]], dict[str, Any]] | None" = None
     dist_unstacked: tuple[str, ...] = ()
+    claims_nemo_config: Callable[[dict[str, Any]], bool] | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import copy
 from typing import Any
 
 from nemo_convert.errors import UnsupportedError
+from nemo_convert.families import refuse_unknown_keys
 from nemo_convert.hf_config import dtype_name_of_precision, precision_of
 from nemo_convert.mapping.ops import largest_pow2_divisor
 
@@ -33,6 +34,19 @@ HF_VISION_DEFAULTS: dict[str, Any] = {
     "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
     "attention_dropout": 0.0, "initializer_range": 0.02}
 HF_CLIP_PROJECTION_DIM = 512
+
+#: Every ``config.json`` key the translation reads or knows not to change the model (beside
+#: the shared harmless keys): anything else is refused by name (strict, like the tensors).
+#: Harmless: initialisation-only values, training dropouts, and a tower's own
+#: ``projection_dim`` / ``vocab_size`` copies that ``CLIPModel`` does not use.
+CLIP_TOWER_KEYS: tuple[str, ...] = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "hidden_act", "layer_norm_eps",
+    "initializer_range", "attention_dropout", "initializer_factor", "dropout", "projection_dim", "torch_dtype",
+    "dtype")
+CLIP_TEXT_KEYS = CLIP_TOWER_KEYS + ("max_position_embeddings", "vocab_size")
+CLIP_VISION_KEYS = CLIP_TOWER_KEYS + ("image_size", "patch_size", "num_channels", "vocab_size")
+CLIP_KEYS = ("text_config", "vision_config", "projection_dim", "torch_dtype", "dtype", "logit_scale_init_value",
+             "initializer_factor")
 
 #: HF ``hidden_act`` ⇄ NeMo ``activation`` (NeMo's ``approx-gelu`` is quick-GELU).
 ACTIVATIONS = {"quick_gelu": "approx-gelu", "gelu": "gelu"}
@@ -118,6 +132,9 @@ def text_section(hf_text: dict[str, Any], *, output_dim: int, precision: Any = 3
 
 
 def clip_config_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    refuse_unknown_keys(hf, CLIP_KEYS, "clip")
+    refuse_unknown_keys(hf.get("text_config") or {}, CLIP_TEXT_KEYS, "clip", "text_config.")
+    refuse_unknown_keys(hf.get("vision_config") or {}, CLIP_VISION_KEYS, "clip", "vision_config.")
     text = {**HF_TEXT_DEFAULTS, **(hf.get("text_config") or {})}
     vision = {**HF_VISION_DEFAULTS, **(hf.get("vision_config") or {})}
     output_dim = int(hf.get("projection_dim") or HF_CLIP_PROJECTION_DIM)

@@ -20,8 +20,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.families import refuse_unknown_keys
 from nemo_convert.hf_config import hf_dtype_name, precision_of
-from nemo_convert_clip.config import HF_VISION_DEFAULTS, vision_section
+from nemo_convert_clip.config import CLIP_VISION_KEYS, HF_VISION_DEFAULTS, vision_section
 from nemo_convert_llama.config import llama_config_to_hf, llama_config_to_nemo
 
 NEVA_TARGET = "nemo.collections.multimodal.models.multimodal_llm.neva.neva_model.MegatronNevaModel"
@@ -96,12 +97,31 @@ def _spelling(hf: dict[str, Any], given: dict[str, str] | None) -> dict[str, str
 
 
 # -- HF → NeVA ---------------------------------------------------------------------------
+#: Top-level ``config.json`` keys the translation reads or knows to be harmless (the image
+#: token id and sequence length are the processor's; ``ignore_index`` is the loss's); the
+#: ``text_config`` is strict through the Llama table, ``vision_config`` through CLIP's keys.
+LLAVA_KEYS = ("text_config", "vision_config", "projector_hidden_act", "multimodal_projector_bias",
+              "vision_feature_layer", "vision_feature_select_strategy", "image_token_index", "image_seq_length",
+              "ignore_index", "torch_dtype", "dtype", "tie_word_embeddings", "vocab_size")
+
+
+def _strict(hf: dict[str, Any], text: dict[str, Any]) -> None:
+    refuse_unknown_keys(hf, LLAVA_KEYS, "llava")
+    refuse_unknown_keys(hf.get("vision_config") or {}, CLIP_VISION_KEYS, "llava", "vision_config.")
+    if hf.get("tie_word_embeddings") and not text.get("tie_word_embeddings"):
+        raise UnsupportedError("tie_word_embeddings=True while text_config.tie_word_embeddings is false")
+    if hf.get("vocab_size") is not None and int(hf["vocab_size"]) != int(text["vocab_size"]):
+        raise UnsupportedError(f"vocab_size={hf['vocab_size']} differs from text_config.vocab_size="
+                               f"{text['vocab_size']}")
+
+
 def _towers(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Top-level, text and vision configs with transformers' defaults filled in."""
     top = {**HF_LLAVA_DEFAULTS, **hf}
     text = {**HF_LLAMA_DEFAULTS, **(hf.get("text_config") or {})}
     vision_given = hf.get("vision_config")
     vision = {**(HF_VISION_DEFAULTS if vision_given else HF_LLAVA_VISION_DEFAULTS), **(vision_given or {})}
+    _strict(hf, text)
     if text.get("model_type", "llama") != "llama":
         raise UnsupportedError(f"LLaVA with a {text['model_type']!r} language model is not supported "
                                "(supported: llama)")

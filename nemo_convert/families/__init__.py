@@ -1,0 +1,17 @@
+"""Public bases for model families: the config table and the GPT decoder.
+
+Plugins build on these (``from nemo_convert.families import gpt_family, GPT_CONFIG``);
+see ``docs/plugins.md``.
+"""
+
+from nemo_convert.families.config_table import (HARMLESS_KEYS, REQUIRED, Check, ConfigTable, Derived, Field,
+                                                refuse_unknown_keys, set_path)
+from nemo_convert.families.gpt import (DTYPE, GPT_CONFIG, GPT_NEMO_CONSTANTS, NEMO_GPT_TARGET, GPTFeatures,
+                                       activation, attention_rules, dense_mlp_rules, gpt_family, gpt_mapping,
+                                       linear_biases, never, no_per_layer_windows, norm_rules, rope,
+                                       sliding_window, table_translation)
+
+__all__ = ["DTYPE", "GPT_CONFIG", "GPT_NEMO_CONSTANTS", "HARMLESS_KEYS", "NEMO_GPT_TARGET", "REQUIRED", "Check",
+           "ConfigTable", "Derived", "Field", "GPTFeatures", "activation", "attention_rules", "dense_mlp_rules",
+           "gpt_family", "gpt_mapping", "linear_biases", "never", "no_per_layer_windows", "norm_rules",
+           "refuse_unknown_keys", "rope", "set_path", "sliding_window", "table_translation"]

@@ -1,0 +1,372 @@
+"""The Megatron-Core GPT decoder, described once for every dense decoder family.
+
+A family is this description parameterised by :class:`GPTFeatures` (what its HF
+checkpoint looks like and which optional modules it has) and a :class:`ConfigTable`
+(``GPT_CONFIG`` extended with the family's own keys). :func:`gpt_family` builds the
+:class:`~nemo_convert.plugins.records.ModelFamily` record from them; Llama, Mistral,
+Qwen2, Qwen3, Gemma and Phi-3 are each one call (``plugins/nemo_convert_*/``).
+
+Per-config facts (biases, tied embeddings, the norm convention of a NeMo 1 Gemma) are
+``when=`` conditions on NeMo fields, so one family reads every checkpoint its table
+writes and the ones NeMo's own converters wrote. The MLP is one block of rules
+(:func:`dense_mlp_rules`); an expert-parallel block slots in beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from nemo_convert.errors import UnsupportedError
+from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field
+from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_rope
+from nemo_convert.mapping.ops import largest_pow2_divisor
+from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
+                                        Tied, cfg_get)
+from nemo_convert.plugins.records import ModelFamily
+
+NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
+
+L = "model.layers.{i}."
+D = "decoder.layers.{i}."
+
+
+# -- config ------------------------------------------------------------------------------
+
+def _heads_default(hf: dict[str, Any]) -> Any:
+    return hf["num_attention_heads"]
+
+
+def _head_dim_default(hf: dict[str, Any]) -> int:
+    return int(hf["hidden_size"]) // int(hf["num_attention_heads"])
+
+
+def _nemo_head_dim(cfg: dict[str, Any]) -> int:
+    return int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
+
+
+def _head_dim_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    d = int(hf.get("head_dim") or _head_dim_default(hf))
+    # null means hidden / heads to NeMo and Megatron, and is what NeMo's converters write
+    return {"kv_channels": None if d * int(hf["num_attention_heads"]) == int(hf["hidden_size"]) else d}
+
+
+def _head_dim_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"head_dim": int(cfg.get("kv_channels") or _nemo_head_dim(cfg))}
+
+
+#: HF ``head_dim`` (default hidden/heads) ⇄ NeMo ``kv_channels`` (null when it is hidden/heads).
+HEAD_DIM = Derived(("head_dim",), _head_dim_to_nemo, _head_dim_to_hf, restore=True)
+
+
+def rope(*kinds: str, partial: bool = False) -> Derived:
+    """RoPE in any spelling (v4 ``rope_theta`` + ``rope_scaling``, v5 ``rope_parameters``)
+    with the scaling types a family represents (``"linear"``, ``"llama3"``); any other
+    type — yarn, longrope, dynamic — is refused by name. ``partial``: the family's HF model
+    rotates only ``partial_rotary_factor`` of each head (Phi-3) ⇄ ``rotary_percentage``;
+    elsewhere a factor other than 1 is refused (transformers' Llama-style attention
+    rotates whole heads)."""
+    allowed = ("default", *kinds)
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        r = read_rope(hf)
+        if r.kind not in allowed:
+            raise UnsupportedError(f"rope scaling type {r.kind!r} has no NeMo 1 equivalent (supported: "
+                                   f"{', '.join(kinds) or 'none'})")
+        factor = r.params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+        factor = float(factor) if factor is not None else 1.0
+        if factor != 1.0 and not partial:
+            raise UnsupportedError(f"partial_rotary_factor={factor} (this family's HF model rotates whole heads)")
+        out: dict[str, Any] = {
+            "rotary_base": r.theta,
+            "rotary_percentage": factor,
+            "seq_len_interpolation_factor": float(r.params["factor"]) if r.kind == "linear" else None,
+            "scale_positional_embedding": r.kind == "llama3",
+        }
+        if r.kind == "llama3":
+            out.update({
+                "scale_factor": float(r.params.get("factor", 8.0)),
+                "low_freq_factor": float(r.params.get("low_freq_factor", 1.0)),
+                "high_freq_factor": float(r.params.get("high_freq_factor", 4.0)),
+                "old_context_len": int(r.params.get("original_max_position_embeddings", 8192)),
+            })
+        return out
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"rope_theta": float(cfg.get("rotary_base", 10000.0))}
+        if cfg.get("scale_positional_embedding"):
+            out["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.get("scale_factor", 8.0),
+                                   "low_freq_factor": cfg.get("low_freq_factor", 1.0),
+                                   "high_freq_factor": cfg.get("high_freq_factor", 4.0),
+                                   "original_max_position_embeddings": cfg.get("old_context_len", 8192)}
+        elif cfg.get("seq_len_interpolation_factor"):
+            out["rope_scaling"] = {"rope_type": "linear", "factor": cfg["seq_len_interpolation_factor"]}
+        if cfg.get("rotary_percentage") not in (None, 1.0):
+            if not partial:
+                raise UnsupportedError(f"rotary_percentage={cfg['rotary_percentage']}: this family's HF model "
+                                       "rotates whole heads (pass --family for the right one)")
+            out["partial_rotary_factor"] = float(cfg["rotary_percentage"])
+        return out
+
+    return Derived(("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor"), to_nemo, to_hf)
+
+
+def _dtype_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    return {"precision": precision_of(hf)}
+
+
+def _dtype_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"torch_dtype": dtype_name_of_precision(cfg.get("precision", 32))}
+
+
+#: ``torch_dtype`` (v4) or ``dtype`` (v5) ⇄ NeMo ``precision``; export keeps the source's spelling.
+DTYPE = Derived(("torch_dtype", "dtype"), _dtype_to_nemo, _dtype_to_hf)
+
+
+def linear_biases(attention: str | None = "attention_bias", mlp: str | None = "mlp_bias") -> Derived:
+    """HF bias switches: ``attention`` biases q, k, v and o; ``mlp`` the three MLP linears.
+    Megatron's ``bias`` adds every linear's bias; the HF split is kept in
+    ``nemo_convert.linear_biases`` (what the mapping reads)."""
+    keys = tuple(k for k in (attention, mlp) if k)
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        a = bool(hf.get(attention, False)) if attention else False
+        m = bool(hf.get(mlp, False)) if mlp else False
+        return {"bias": a and m, "qkv_bias": a, "nemo_convert.linear_biases": {"attention": a, "mlp": m}}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        b = cfg_get(cfg, "nemo_convert.linear_biases") or {}
+        out = {}
+        if attention:
+            out[attention] = bool(b.get("attention", cfg.get("qkv_bias") or cfg.get("bias")))
+        if mlp:
+            out[mlp] = bool(b.get("mlp", cfg.get("bias")))
+        return out
+
+    return Derived(keys, to_nemo, to_hf, restore=True)
+
+
+def activation(hf_name: str, nemo_name: str, *, key: str = "hidden_act") -> Field:
+    """The one HF activation a family runs, as NeMo's gated ``activation``; others refused."""
+    return Field(key, "activation", hf_name, to_nemo=lambda _: nemo_name, to_hf=lambda _: hf_name,
+                 accept=lambda v: v == hf_name)
+
+
+def sliding_window() -> Derived:
+    """HF ``sliding_window=W`` (query i sees keys i-W < j ≤ i: W keys) ⇄ Megatron
+    ``window_size=[W-1, 0]`` (it keeps i-w0 ≤ j ≤ i+w1). NeMo's own importer writes
+    ``[W, 0]`` (one key too many); a ``.nemo`` without our record is read that way."""
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        w = hf.get("sliding_window")
+        if w is None:
+            return {"window_size": None}
+        return {"window_size": [int(w) - 1, 0], "nemo_convert.sliding_window": int(w)}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        w = cfg_get(cfg, "nemo_convert.sliding_window")
+        ws = cfg.get("window_size")
+        if w is None and isinstance(ws, (list, tuple)) and ws and ws[0] is not None and int(ws[0]) >= 0:
+            w = int(ws[0])  # NeMo's importer convention [W, 0]
+        return {"sliding_window": w}
+
+    return Derived(("sliding_window",), to_nemo, to_hf, restore=True)
+
+
+def no_per_layer_windows(hf: dict[str, Any]) -> str | None:
+    """Qwen2/Qwen3: per-layer sliding windows are refused (Megatron-Core has one window)."""
+    if hf.get("use_sliding_window"):
+        return (f"use_sliding_window=True (sliding windows on layers ≥ max_window_layers="
+                f"{hf.get('max_window_layers')})")
+    types = hf.get("layer_types")
+    if isinstance(types, list) and any(t != "full_attention" for t in types):
+        return f"layer_types={types!r} (per-layer attention kinds)"
+    return None
+
+
+#: NeMo fields every GPT family writes with a fixed value (NeMo's converters' choices).
+GPT_NEMO_CONSTANTS: dict[str, Any] = {
+    "mcore_gpt": True,
+    "transformer_engine": True,
+    "micro_batch_size": 1,
+    "global_batch_size": 1,
+    "tensor_model_parallel_size": 1,
+    "pipeline_model_parallel_size": 1,
+    "normalization": "rmsnorm",
+    "bias": False,
+    "qkv_bias": False,
+    "position_embedding_type": "rope",
+    "hidden_dropout": 0.0,
+    "ffn_dropout": 0.0,
+    # NeMo's value; Megatron applies it only in fp16 (scores / layer number, multiplied back
+    # in the fp32 softmax): the same attention either way
+    "apply_query_key_layer_scaling": True,
+    "normalize_attention_scores": True,
+    "transformer_block_type": "pre_ln",
+    "megatron_amp_O2": False,
+    "persist_layer_norm": True,
+    "masked_softmax_fusion": True,
+    "apply_rope_fusion": False,
+    "nemo_convert.linear_biases": {"attention": False, "mlp": False},
+}
+
+#: The shared rows: what every HF decoder's ``config.json`` says the same way.
+GPT_CONFIG = ConfigTable(
+    rows=(
+        Field("hidden_size", "hidden_size", to_nemo=int, to_hf=int),
+        Field("num_hidden_layers", "num_layers", to_nemo=int, to_hf=int),
+        Field("num_attention_heads", "num_attention_heads", to_nemo=int, to_hf=int),
+        Field("num_key_value_heads", "num_query_groups", _heads_default, to_nemo=int, to_hf=int,
+              nemo_default=lambda c: c["num_attention_heads"]),
+        Field("intermediate_size", "ffn_hidden_size", to_nemo=int, to_hf=int),
+        HEAD_DIM,
+        Field("vocab_size", "nemo_convert.vocab_size", REQUIRED, to_nemo=int, to_hf=int, always=True,
+              nemo_default=lambda c: None),
+        Field("vocab_size", "make_vocab_size_divisible_by", REQUIRED, to_nemo=lambda v: largest_pow2_divisor(int(v)),
+              to_hf=None),
+        Field("max_position_embeddings", "max_position_embeddings", 4096, to_nemo=int, to_hf=int,
+              nemo_default=lambda c: c.get("encoder_seq_length")),
+        Field("max_position_embeddings", "encoder_seq_length", 4096, to_nemo=int, to_hf=None),
+        Field("rms_norm_eps", "layernorm_epsilon", 1e-5, to_nemo=float, to_hf=float),
+        Field("initializer_range", "init_method_std", 0.02, to_nemo=float, to_hf=float),
+        Field("tie_word_embeddings", "share_embeddings_and_output_weights", False, to_nemo=bool, to_hf=bool),
+        Field("attention_dropout", "attention_dropout", 0.0, to_nemo=float, to_hf=None),
+        activation("silu", "fast-swiglu"),
+        rope(),
+        DTYPE,
+    ),
+    nemo_constants=GPT_NEMO_CONSTANTS,
+)
+
+
+# -- mapping -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GPTFeatures:
+    """What a family's HF checkpoint holds beyond Llama's, as switches.
+
+    :param packed_qkv: HF ``self_attn.qkv_proj`` = ``[q; k; v]`` (Phi-3) instead of q/k/v.
+    :param packed_gate_up: HF ``mlp.gate_up_proj`` = ``[gate; up]`` (Phi-3).
+    :param qk_norm: per-head RMSNorms of queries and keys (Qwen3): HF ``self_attn.q_norm`` /
+        ``k_norm`` ⇄ ``self_attention.q_layernorm`` / ``k_layernorm``.
+    :param zero_centred_norms: the HF norms compute ``rmsnorm(x)·(1 + w)`` (Gemma). NeMo
+        runs them with ``layernorm_zero_centered_gamma: true`` and stores ``w`` as HF does;
+        a ``.nemo`` without that flag (NeMo 1's converter) stores ``1 + w`` and is read so.
+    """
+
+    packed_qkv: bool = False
+    packed_gate_up: bool = False
+    qk_norm: bool = False
+    zero_centred_norms: bool = False
+
+
+def _biases(cfg: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """(qkv, o_proj, mlp) biases of this config: our record, else NeMo's switches."""
+    b = cfg_get(cfg, "nemo_convert.linear_biases") or {}
+    attention = b.get("attention", bool(cfg.get("qkv_bias") or cfg.get("bias")))
+    qkv = b.get("qkv", attention)
+    proj = b.get("proj", attention if "attention" in b else bool(cfg.get("bias")))
+    return bool(qkv), bool(proj), bool(b.get("mlp", cfg.get("bias")))
+
+
+def norm_rules(features: GPTFeatures, hf: str, nemo: str) -> list[Rule]:
+    """One RMSNorm weight: as HF stores it, or (NeMo 1 Gemma) with the +1 baked in."""
+    if not features.zero_centred_norms:
+        return [Rename(hf, nemo, shape=("hidden_size",))]
+    return [Rename(hf, nemo, shape=("hidden_size",), when="layernorm_zero_centered_gamma"),
+            Offset(hf, nemo, 1.0, when="!layernorm_zero_centered_gamma")]
+
+
+def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
+    qkv_bias, proj_bias, _ = _biases(cfg)
+    a, n = L + "self_attn.", D + "self_attention."
+    rules: list[Rule] = norm_rules(features, L + "input_layernorm.weight", n + "linear_qkv.layer_norm_weight")
+    if features.packed_qkv:
+        rules.append(PackedQKV(a + "qkv_proj.weight", n + "linear_qkv.weight"))
+    else:
+        rules.append(FuseQKV(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight", n + "linear_qkv.weight"))
+    if features.qk_norm:
+        rules += [Rename(a + "q_norm.weight", n + "q_layernorm.weight", shape=("kv_channels",)),
+                  Rename(a + "k_norm.weight", n + "k_layernorm.weight", shape=("kv_channels",))]
+    rules.append(Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=("hidden_size", None)))
+    if qkv_bias:
+        rules.append(PackedQKV(a + "qkv_proj.bias", n + "linear_qkv.bias") if features.packed_qkv else
+                     FuseQKV(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias", n + "linear_qkv.bias"))
+    if proj_bias:
+        rules.append(Rename(a + "o_proj.bias", n + "linear_proj.bias"))
+    return rules
+
+
+def dense_mlp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
+    """The gated MLP: ``linear_fc1`` = ``[gate; up]``, ``linear_fc2`` = ``down_proj``."""
+    _, _, bias = _biases(cfg)
+    m, n = L + "mlp.", D + "mlp."
+    rules: list[Rule] = norm_rules(features, L + "post_attention_layernorm.weight", n + "linear_fc1.layer_norm_weight")
+    suffixes = ("weight", "bias") if bias else ("weight",)
+    for s in suffixes:
+        if features.packed_gate_up:
+            rules.append(Rename(m + "gate_up_proj." + s, n + "linear_fc1." + s, Parallel.GATED_FC1))
+        else:
+            rules.append(FuseGated(m + "gate_proj." + s, m + "up_proj." + s, n + "linear_fc1." + s))
+    rules.append(Rename(m + "down_proj.weight", n + "linear_fc2.weight", Parallel.ROW,
+                        shape=("hidden_size", "ffn_hidden_size")))
+    if bias:
+        rules.append(Rename(m + "down_proj.bias", n + "linear_fc2.bias"))
+    return rules
+
+
+def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, Any]], Mapping]:
+    """The family's ``mapping(cfg)``: HF decoder names ⇄ NeMo mcore GPT names (logical,
+    per layer, without the ``model.`` prefix)."""
+
+    def mapping(cfg: dict[str, Any]) -> Mapping:
+        vocab = ("nemo_convert.vocab_size", "hidden_size")
+        rules: list[Rule] = [Rename("model.embed_tokens.weight", "embedding.word_embeddings.weight", Parallel.VOCAB,
+                                    shape=vocab)]
+        rules += attention_rules(features, cfg)
+        rules += dense_mlp_rules(features, cfg)
+        rules += norm_rules(features, "model.norm.weight", "decoder.final_layernorm.weight")
+        rules += [Rename("lm_head.weight", "output_layer.weight", Parallel.VOCAB, shape=vocab,
+                         when="!share_embeddings_and_output_weights"),
+                  Tied("lm_head.weight", "model.embed_tokens.weight", when="share_embeddings_and_output_weights")]
+        return Mapping(tuple(rules), layers="num_layers", drop_hf=(L + "self_attn.rotary_emb.inv_freq",))
+
+    return mapping
+
+
+# -- the family record -------------------------------------------------------------------
+
+def table_translation(table: ConfigTable, family: str) -> tuple[Callable[..., dict[str, Any]],
+                                                                  Callable[[dict[str, Any]], dict[str, Any]]]:
+    """``config_to_nemo`` / ``config_to_hf`` functions derived from one table."""
+
+    def config_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        return table.to_nemo(hf, family)
+
+    def config_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        return table.to_hf(cfg)
+
+    return config_to_nemo, config_to_hf
+
+
+def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigTable,
+               features: GPTFeatures = GPTFeatures(), nemo2_targets: tuple[str, ...] = (),
+               description: str = "", claims: Callable[[dict[str, Any]], bool] | None = None,
+               **extra: Any) -> ModelFamily:
+    """A dense decoder family: the GPT block with ``features``, translated by ``config``
+    (``GPT_CONFIG.extend(...)``). ``claims`` recognises a NeMo-written ``MegatronGPTModel``
+    config as this family's (``None``: the default family, Llama). ``extra`` passes other
+    :class:`ModelFamily` fields (``trtllm=``, ``hf_model_class=``)."""
+    to_nemo, to_hf = table_translation(config.extend(hf_constants={"architectures": [architecture],
+                                                                    "model_type": model_type}), name)
+    return ModelFamily(
+        name=name, hf_architectures=(architecture,), hf_model_types=(model_type,), nemo_target=NEMO_GPT_TARGET,
+        mapping=gpt_mapping(features), config_to_nemo=to_nemo, config_to_hf=to_hf, default_layout="dist",
+        nemo2_targets=nemo2_targets, description=description, claims_nemo_config=claims,
+        **{"hf_model_class": architecture, **extra})
+
+
+def never(cfg: dict[str, Any]) -> bool:
+    """``claims=never``: a family NeMo 1 never wrote (only ``--family`` or our record selects it)."""
+    return False
+

@@ -1,0 +1,21 @@
+"""Qwen2 / Qwen2.5: Llama's block with biases on q, k and v only.
+
+The biases are fused like the weights (interleaved per query group) into
+``linear_qkv.bias``: Megatron's ``add_qkv_bias``. Per-layer sliding windows
+(``use_sliding_window``) have no Megatron-Core equivalent and are refused; the window
+keys are accepted while they are off.
+"""
+
+from nemo_convert.families import GPT_CONFIG, Check, gpt_family, no_per_layer_windows
+
+QWEN2_CONFIG = GPT_CONFIG.extend(
+    Check(("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"), no_per_layer_windows),
+    nemo_constants={"qkv_bias": True, "nemo_convert.linear_biases": {"qkv": True, "proj": False, "mlp": False}},
+)
+
+QWEN2 = gpt_family(
+    "qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", config=QWEN2_CONFIG,
+    claims=lambda cfg: bool(cfg.get("qkv_bias")) and not cfg.get("bias"),  # q/k/v biases only
+    nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
+    description="Qwen2 / Qwen2.5 (GQA, q/k/v biases, tied or not)",
+)

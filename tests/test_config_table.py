@@ -1,0 +1,103 @@
+"""The config table (nemo_convert.families.config_table): both directions derived from one
+set of rows, strictness by name, refusals, and the two transformers spellings."""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.families import GPT_CONFIG, Check, ConfigTable, Derived, Field, rope, sliding_window
+
+TABLE = ConfigTable(
+    rows=(Field("width", "hidden_size", to_nemo=int, to_hf=int),
+          Field("eps", "norm.eps", 1e-5, to_nemo=float, to_hf=float),
+          Field("act", "activation", "silu", to_nemo=lambda _: "fast-swiglu", to_hf=lambda _: "silu",
+                accept=lambda v: v == "silu"),
+          Derived(("a", "b"), lambda hf: {"ab": [hf.get("a"), hf.get("b")]},
+                  lambda c: {"a": c["ab"][0], "b": c["ab"][1]}),
+          Check(("window_on", "window"), lambda hf: "window_on=True" if hf.get("window_on") else None)),
+    nemo_constants={"mcore_gpt": True},
+    harmless=("my_token_id",),
+    hf_constants={"model_type": "toy"},
+)
+
+
+def test_both_directions_from_one_table():
+    hf = {"width": 8, "eps": 1e-6, "a": 1, "b": 2, "model_type": "toy"}
+    cfg = TABLE.to_nemo(hf, "toy")
+    assert cfg == {"mcore_gpt": True, "hidden_size": 8, "norm": {"eps": 1e-6}, "activation": "fast-swiglu",
+                   "ab": [1, 2]}
+    assert TABLE.to_hf(cfg) == {"model_type": "toy", "width": 8, "eps": 1e-6, "act": "silu", "a": 1, "b": 2}
+
+
+def test_recorded_source_is_restored_in_its_own_spelling():
+    hf = {"width": 8, "a": 1, "b": 2, "window": 5, "my_token_id": 3}
+    cfg = TABLE.to_nemo(hf, "toy")
+    cfg["nemo_convert"] = {"hf_config": dict(hf)}
+    cfg["hidden_size"] = 16  # NeMo's field wins where the table derives it …
+    out = TABLE.to_hf(cfg)
+    # … and nothing the source did not have is added (eps, act, the Derived keys are kept verbatim)
+    assert out == {"width": 16, "a": 1, "b": 2, "window": 5, "my_token_id": 3}
+
+
+def test_strict_unknown_key_fails_by_name_in_one_line():
+    with pytest.raises(ConfigError) as ei:
+        TABLE.to_nemo({"width": 8, "sliding_window": 4096}, "toy")
+    assert str(ei.value).startswith("sliding_window=4096 is not understood by family toy")
+    assert "--ignore-config-key sliding_window" in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_harmless_keys_pass_and_refusals_name_the_value():
+    TABLE.to_nemo({"width": 8, "architectures": ["X"], "transformers_version": "5", "use_cache": True,
+                   "my_token_id": 1}, "toy")
+    with pytest.raises(UnsupportedError, match="act='gelu' is not supported by family toy"):
+        TABLE.to_nemo({"width": 8, "act": "gelu"}, "toy")
+    with pytest.raises(UnsupportedError, match="window_on=True"):
+        TABLE.to_nemo({"width": 8, "window_on": True}, "toy")
+    with pytest.raises(ConfigError, match="lacks required field"):
+        TABLE.to_nemo({}, "toy")
+    with pytest.raises(ConfigError, match="lacks hidden_size"):
+        TABLE.to_hf({"mcore_gpt": True})
+
+
+def test_extend_replaces_rows_of_the_same_key():
+    t = TABLE.extend(Field("eps", "norm.eps", 1e-6, to_nemo=float), harmless=("x",))
+    assert t.to_nemo({"width": 1}, "toy")["norm"]["eps"] == 1e-6
+    assert "x" in t.understood() and "x" not in TABLE.understood()
+    assert "eps" not in TABLE.extend(drop=("eps",)).understood()
+
+
+V4 = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96,
+      "vocab_size": 128, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+      "rope_scaling": {"type": "linear", "factor": 2.0}}
+V5 = {**{k: v for k, v in V4.items() if k not in ("rope_theta", "torch_dtype", "rope_scaling")},
+      "dtype": "bfloat16", "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}}
+
+
+def test_v4_and_v5_spellings_translate_alike():
+    table = GPT_CONFIG.extend(rope("linear"))
+    a, b = table.to_nemo(V4, "t"), table.to_nemo(V5, "t")
+    assert a == b
+    assert a["rotary_base"] == 500000.0 and a["seq_len_interpolation_factor"] == 2.0 and a["precision"] == "bf16"
+    assert table.to_hf({**a, "nemo_convert": {**a["nemo_convert"], "hf_config": V5}}) == V5
+    assert table.to_hf({**a, "nemo_convert": {**a["nemo_convert"], "hf_config": V4}}) == V4
+    synthesised = table.to_hf(a)
+    assert synthesised["rope_theta"] == 500000.0 and synthesised["rope_scaling"]["factor"] == 2.0
+    assert synthesised["torch_dtype"] == "bfloat16"
+
+
+def test_rope_types_not_representable_are_refused():
+    with pytest.raises(UnsupportedError, match="'yarn'"):
+        GPT_CONFIG.to_nemo({**V5, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "t")
+    with pytest.raises(UnsupportedError, match="'linear'"):
+        GPT_CONFIG.to_nemo(V4, "t")  # the base accepts plain RoPE only
+
+
+def test_sliding_window_is_w_minus_one_and_back():
+    table = GPT_CONFIG.extend(sliding_window())
+    cfg = table.to_nemo({**V5, "rope_parameters": {"rope_theta": 1.0}, "sliding_window": 4096}, "t")
+    assert cfg["window_size"] == [4095, 0] and cfg["nemo_convert"]["sliding_window"] == 4096
+    assert table.to_hf(cfg)["sliding_window"] == 4096
+    del cfg["nemo_convert"]["sliding_window"]
+    cfg["window_size"] = [4096, 0]  # NeMo's importer's convention
+    assert table.to_hf(cfg)["sliding_window"] == 4096

@@ -1,0 +1,315 @@
+"""Every GPT-base family through one table: tiny random HF model → .nemo (dist and legacy)
+→ reshard TP2×PP2 → export, bit-exact tensors, the same config.json and identical
+transformers logits; each family's NeMo fields; config strictness and refusals by name."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import yaml
+from tiny_models import hf_tensors, randomize_, read_json
+
+from nemo_convert import api
+from nemo_convert.errors import ConfigError, UnsupportedError
+
+BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+#: family → (transformers config class, overrides that exercise the family's features,
+#: NeMo fields its import must write, NeMo tensors that must exist)
+FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
+    "llama": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True),
+              {"bias": True, "qkv_bias": True, "activation": "fast-swiglu"},
+              ("decoder.layers.0.self_attention.linear_qkv.bias", "decoder.layers.1.mlp.linear_fc2.bias")),
+    "mistral": ("MistralConfig", dict(sliding_window=4),
+                {"window_size": [3, 0], "qkv_bias": False},
+                ("output_layer.weight",)),
+    "qwen2": ("Qwen2Config", dict(), {"qkv_bias": True, "bias": False},
+              ("decoder.layers.0.self_attention.linear_qkv.bias",
+               "!decoder.layers.0.self_attention.linear_proj.bias")),
+    "qwen3": ("Qwen3Config", dict(head_dim=32), {"qk_layernorm": True, "kv_channels": 32},
+              ("decoder.layers.0.self_attention.q_layernorm.weight",
+               "decoder.layers.1.self_attention.k_layernorm.weight")),
+    "gemma": ("GemmaConfig", dict(head_dim=32),
+              {"layernorm_zero_centered_gamma": True, "activation": "geglu", "openai_gelu": True,
+               "apply_embedding_scaling": True, "share_embeddings_and_output_weights": True, "kv_channels": 32},
+              ("embedding.word_embeddings.weight", "!output_layer.weight")),
+    "phi3": ("Phi3Config", dict(sliding_window=4, partial_rotary_factor=0.5), {"window_size": [3, 0],
+             "rotary_percentage": 0.5}, ("decoder.layers.0.mlp.linear_fc1.weight",)),
+}
+IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
+
+
+def make_model(folder: str, family: str, **overrides) -> str:
+    """A random HF model of ``family`` (every parameter, norms and biases too), saved."""
+    import transformers
+
+    cls_name, extra, _, _ = FAMILIES[family]
+    cfg = getattr(transformers, cls_name)(**{**BASE, **extra, **overrides})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    randomize_(model, seed=sum(map(ord, family)))  # deterministic (str hash is salted per process)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def logits(folder: str) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+def assert_same(src: str, back: str) -> None:
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert set(b) <= set(a) and set(a) - set(b) <= {"lm_head.weight"}, set(a) ^ set(b)
+    for k in b:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    assert read_json(os.path.join(src, "config.json")) == read_json(os.path.join(back, "config.json"))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """One saved model per family (module scope: built once)."""
+    root = tmp_path_factory.mktemp("families")
+    return {f: make_model(str(root / f), f) for f in FAMILIES}
+
+
+@pytest.mark.parametrize("layout", ["dist", "legacy"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_roundtrip_bit_exact(tmp_path, models, family, layout):
+    src = models[family]
+    nemo, back = str(tmp_path / "m.nemo"), str(tmp_path / "back")
+    rep = api.import_hf(src, nemo, layout=layout)
+    assert rep.family == family
+    api.export_hf(nemo, back)
+    assert_same(src, back)
+    assert torch.equal(logits(src), logits(back))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_reshard_tp2_pp2_and_back(tmp_path, models, family):
+    src = models[family]
+    nemo, ranks, back = str(tmp_path / "m.nemo"), str(tmp_path / "r.nemo"), str(tmp_path / "back")
+    api.import_hf(src, nemo)
+    api.reshard(nemo, ranks, tp=2, pp=2, layout="legacy")
+    api.export_hf(ranks, back)
+    assert_same(src, back)
+    assert torch.equal(logits(src), logits(back))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_nemo_fields_and_tensors(tmp_path, models, family):
+    nemo = str(tmp_path / "m")
+    api.import_hf(models[family], nemo, packed=False)
+    cfg = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
+    _, _, fields, tensors = FAMILIES[family]
+    for k, v in fields.items():
+        assert cfg.get(k) == v, (k, cfg.get(k))
+    assert cfg["target"].endswith("MegatronGPTModel")
+    names = {t["name"] for t in api.inspect_checkpoint(nemo)["tensors"]}
+    for t in tensors:
+        assert (t[1:] not in names) if t.startswith("!") else (t in names), (t, sorted(names))
+
+
+# -- strict config ---------------------------------------------------------------------------
+
+def test_a_key_the_family_does_not_understand_fails_by_name(tmp_path, models):
+    out = str(tmp_path / "m.nemo")
+    with pytest.raises(ConfigError) as ei:
+        api.import_hf(models["mistral"], out, family="llama")
+    msg = str(ei.value)
+    assert "sliding_window=4 is not understood by family llama" in msg and "\n" not in msg
+    assert not os.path.exists(out)
+
+
+def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
+    out = str(tmp_path / "m")
+    api.import_hf(models["mistral"], out, family="llama", ignore_config_keys=("sliding_window",), packed=False)
+    cfg = yaml.safe_load(open(os.path.join(out, "model_config.yaml")))
+    assert cfg["nemo_convert"]["ignored_config_keys"] == {"sliding_window": 4}
+    assert "window_size" not in cfg
+    with pytest.raises(ConfigError, match="no key 'nope'"):
+        api.import_hf(models["mistral"], str(tmp_path / "x.nemo"), ignore_config_keys=("nope",))
+
+
+@pytest.mark.parametrize("family, changes, words", [
+    ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), "use_sliding_window=True"),
+    ("qwen3", dict(layer_types=["sliding_attention", "full_attention"]), "layer_types="),
+    ("phi3", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+                                   "long_factor": [1.0] * 8}), "'longrope'"),
+    ("llama", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}), "'yarn'"),
+    ("mistral", dict(rope_scaling={"type": "dynamic", "factor": 2.0}), "'dynamic'"),
+    ("gemma", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    ("qwen2", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
+     "partial_rotary_factor=0.5"),
+])
+def test_unrepresentable_features_are_refused_by_name(tmp_path, models, family, changes, words):
+    src = str(tmp_path / "src")
+    os.makedirs(src)
+    for name in os.listdir(models[family]):
+        os.symlink(os.path.join(models[family], name), os.path.join(src, name))
+    cfg = read_json(os.path.join(models[family], "config.json"))
+    cfg.update(changes)
+    os.unlink(os.path.join(src, "config.json"))
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises((UnsupportedError, ConfigError)) as ei:
+        api.import_hf(src, str(tmp_path / "m.nemo"), family=family)
+    assert words in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_v4_spelling_imports_alike_and_is_restored(tmp_path, models):
+    """``rope_theta`` + ``rope_scaling`` + ``torch_dtype`` (v4) translate like v5's
+    ``rope_parameters`` + ``dtype``, and export writes the spelling it was given."""
+    v5 = read_json(os.path.join(models["mistral"], "config.json"))
+    src = str(tmp_path / "v4")
+    os.makedirs(src)
+    for name in os.listdir(models["mistral"]):
+        if name != "config.json":
+            os.symlink(os.path.join(models["mistral"], name), os.path.join(src, name))
+    v4 = {k: v for k, v in v5.items() if k not in ("rope_parameters", "dtype")}
+    v4.update(rope_theta=v5["rope_parameters"]["rope_theta"], rope_scaling=None, torch_dtype="float32")
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump(v4, f)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    api.import_hf(models["mistral"], a, packed=False)
+    api.import_hf(src, b, packed=False)
+    ca, cb = (yaml.safe_load(open(os.path.join(p, "model_config.yaml"))) for p in (a, b))
+    ca.pop("nemo_convert"), cb.pop("nemo_convert")
+    assert ca == cb
+    back = str(tmp_path / "back")
+    api.export_hf(b, back)
+    assert read_json(os.path.join(back, "config.json")) == v4
+    assert torch.equal(logits(models["mistral"]), logits(back))
+
+
+def test_gemma_nemo1_norms_with_plus_one_are_read(tmp_path, models):
+    """A NeMo 1 Gemma ``.nemo`` stores ``1 + w`` and has no zero-centred flag: export
+    subtracts 1 (within rounding: ``(w + 1) - 1`` is not always ``w``)."""
+    src = models["gemma"]
+    plus = str(tmp_path / "plus")
+    from safetensors.torch import save_file
+
+    tensors = hf_tensors(src)
+    shifted = {k: (v + 1.0 if "norm" in k else v).contiguous() for k, v in tensors.items()}
+    os.makedirs(plus)
+    save_file(shifted, os.path.join(plus, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(plus, "config.json"), "w") as f:
+        json.dump(read_json(os.path.join(src, "config.json")), f)
+    nemo = str(tmp_path / "m")
+    api.import_hf(plus, nemo, packed=False)
+    path = os.path.join(nemo, "model_config.yaml")
+    cfg = yaml.safe_load(open(path))
+    del cfg["layernorm_zero_centered_gamma"]  # what NeMo 1's converter wrote: no flag, …
+    del cfg["nemo_convert"]["family"], cfg["nemo_convert"]["hf_config"]  # … and no record of ours
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    back = str(tmp_path / "back")
+    assert api.export_hf(nemo, back).family == "gemma"  # recognised by apply_embedding_scaling
+    out = hf_tensors(back)
+    for k, v in tensors.items():
+        if k in out:
+            assert torch.allclose(out[k], v, atol=1e-6, rtol=0), k
+    assert torch.allclose(logits(src), logits(back), atol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_verify_source_against_its_nemo(tmp_path, models, family):
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(models[family], nemo)
+    assert api.verify(models[family], nemo).ok
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_nemo_native_config_is_synthesised(tmp_path, models, family):
+    """A ``.nemo`` without our record of the source config (as NeMo writes it): export
+    synthesises a ``config.json`` that transformers loads into the same model."""
+    src = models[family]
+    nemo = str(tmp_path / "m")
+    api.import_hf(src, nemo, packed=False)
+    path = os.path.join(nemo, "model_config.yaml")
+    cfg = yaml.safe_load(open(path))
+    del cfg["nemo_convert"]["hf_config"], cfg["nemo_convert"]["family"]
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    back = str(tmp_path / "back")
+    if family == "phi3":
+        # A NeMo config cannot tell Phi-3 (NeMo 2 only) from Mistral; this one's partial
+        # rotary is not Mistral's, so guessing refuses and --family decides.
+        with pytest.raises(UnsupportedError, match="rotary_percentage=0.5"):
+            api.export_hf(nemo, str(tmp_path / "guess"))
+        rep = api.export_hf(nemo, back, family="phi3")
+    else:
+        rep = api.export_hf(nemo, back)  # the family is recognised from NeMo's fields
+    assert rep.family == family
+    out = read_json(os.path.join(back, "config.json"))
+    want = read_json(os.path.join(src, "config.json"))
+    assert out["architectures"] == want["architectures"] and out["model_type"] == want["model_type"]
+    assert "rope_theta" in out and "torch_dtype" in out  # the spelling v4 reads and v5 accepts
+    if family == "phi3":  # Phi3Config's default pad_token_id=32000 lies outside the tiny vocabulary
+        out["pad_token_id"] = None
+        with open(os.path.join(back, "config.json"), "w") as f:
+            json.dump(out, f)
+    assert torch.equal(logits(src), logits(back))
+
+
+def test_nemo_written_mistral_window_is_read_as_nemo_wrote_it(tmp_path, models):
+    """NeMo's importer writes ``window_size=[W, 0]`` and no record of ours: export gives W."""
+    nemo = str(tmp_path / "m")
+    api.import_hf(models["mistral"], nemo, packed=False)
+    path = os.path.join(nemo, "model_config.yaml")
+    cfg = yaml.safe_load(open(path))
+    del cfg["nemo_convert"]["hf_config"], cfg["nemo_convert"]["sliding_window"]
+    cfg["window_size"] = [4, 0]
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    back = str(tmp_path / "back")
+    api.export_hf(nemo, back)
+    assert read_json(os.path.join(back, "config.json"))["sliding_window"] == 4
+
+
+# -- every family is strict, the multimodal ones per section ----------------------------------
+
+@pytest.mark.parametrize("maker, section, key", [
+    ("make_tiny_clip", None, "text_config_dict"),
+    ("make_tiny_clip", "vision_config", "use_new_patching"),
+    ("make_tiny_llava", None, "image_grid_pinpoints"),
+    ("make_tiny_llava", "vision_config", "layer_types"),
+    ("make_tiny_llava", "text_config", "sliding_window"),
+])
+def test_multimodal_families_refuse_unknown_keys_per_section(tmp_path, maker, section, key):
+    import tiny_multimodal
+
+    src = getattr(tiny_multimodal, maker)(str(tmp_path / "src"))
+    path = os.path.join(src, "config.json")
+    cfg = read_json(path)
+    (cfg[section] if section else cfg)[key] = 7
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    name = f"{section}.{key}" if section and section != "text_config" else key  # text_config: Llama's table
+    with pytest.raises(ConfigError, match=f"{name}=7 is not understood by family"):
+        api.import_hf(src, str(tmp_path / "m.nemo"))
+    dotted = f"{section}.{key}" if section else key
+    out = str(tmp_path / "ok")
+    api.import_hf(src, out, packed=False, ignore_config_keys=(dotted,))
+    recorded = yaml.safe_load(open(os.path.join(out, "model_config.yaml")))["nemo_convert"]
+    assert recorded["ignored_config_keys"] == {dotted: 7}
+    assert (recorded["hf_config"][section] if section else recorded["hf_config"])[key] == 7  # still restored
+
+
+def test_cli_names_the_key_and_ignores_it_when_asked(tmp_path, models, cli):
+    out = str(tmp_path / "m.nemo")
+    code, _, err = cli("import", models["mistral"], "-o", out, "--family", "llama")
+    assert code == 2 and "sliding_window=4 is not understood by family llama" in err and not os.path.exists(out)
+    code, _, err = cli("import", models["mistral"], "-o", out, "--family", "llama",
+                       "--ignore-config-key", "sliding_window")
+    assert code == 0, err
+    with api.open_checkpoint(out) as ck:
+        assert ck.config["nemo_convert"]["ignored_config_keys"] == {"sliding_window": 4}
