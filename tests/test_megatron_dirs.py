@@ -168,8 +168,10 @@ def test_nemo_tp2_pp2_to_megatron_bridge_one_command(tiny_llama, tmp_path, cli, 
 
 
 def test_refusals_are_by_name(tiny_llama, tmp_path) -> None:
-    with pytest.raises(UnsupportedError, match="'mistral' has no confirmed Megatron-Bridge model provider"):
-        provider_family("mistral")
+    with pytest.raises(UnsupportedError, match="'phi3' cannot be written .* no Phi-3 bridge"):
+        provider_family("phi3")
+    with pytest.raises(UnsupportedError, match="'clip' has no confirmed Megatron-Bridge model provider"):
+        provider_family("clip")
     with pytest.raises(UnsupportedError, match="multi_latent_attention"):
         nemo_to_provider({"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2,
                           "multi_latent_attention": True}, "llama", vocab_size=8, params_dtype=torch.float32)

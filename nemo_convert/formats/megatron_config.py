@@ -17,6 +17,19 @@ an HF config through the base bridge's field table plus RMSNorm, gated linear un
 vocabulary) come from the base bridge. The facts we rely on were measured with
 Megatron-Bridge 0.6.2 (``/work/shared/reference/megatron-dirs.md``).
 
+The other dense families follow their own bridges (Megatron-Bridge v0.6.0, ``src/megatron/
+bridge/models/``): ``mistral/mistral_bridge.py`` builds a ``MistralModelProvider`` with
+``window_size = [sliding_window - 1, 0]`` and ``cp_comm_type: a2a`` (lines 56–59; back in
+``conversion/utils.py`` lines 27–39, ``mcore_to_hf_window_size`` = ``window_size[0] + 1``) —
+our ``[W-1, 0]``; ``qwen/qwen2_bridge.py`` (lines 46–57) and ``qwen/qwen3_bridge.py``
+(lines 43–55) keep the base bridge's ``GPTModelProvider`` and set RMSNorm, gated SiLU,
+``add_bias_linear: false``, ``add_qkv_bias`` true (Qwen2) / false with ``qk_layernorm: true``
+(Qwen3) and ``autocast_dtype: bfloat16``; ``gemma/gemma_bridge.py`` (lines 31–78) builds a
+``GemmaModelProvider`` with ``fast_gelu`` (tanh GeLU), ``layernorm_zero_centered_gamma`` and
+tied embeddings, whose ``provide()`` scales the embedding by sqrt(hidden)
+(``gemma/gemma_provider.py`` lines 56–80). Megatron-Bridge has no Phi-3 bridge in any release
+(a Phi-3 provider exists only on an unmerged branch, commit 0beb53f): Phi-3 is refused.
+
 A family added later fits by adding a row to :data:`FIELDS` (a field that passes through
 unchanged) or to :data:`PROVIDER_FAMILIES` (a family whose provider is confirmed). A field
 that changes the math and that the table does not know is refused by name
@@ -40,21 +53,77 @@ GPT_PROVIDER = "megatron.bridge.models.gpt_provider.GPTModelProvider"
 NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
 
 
+MISTRAL_PROVIDER = "megatron.bridge.models.mistral.mistral_provider.MistralModelProvider"
+GEMMA_PROVIDER = "megatron.bridge.models.gemma.gemma_provider.GemmaModelProvider"
+#: Megatron-Bridge ≤ 0.3's own Qwen providers (``qwen/qwen_provider.py``, v0.3.0 lines 49–65
+#: and 257–277): read, never written (0.4 and later write ``GPTModelProvider``).
+QWEN2_PROVIDER_OLD = "megatron.bridge.models.qwen.qwen_provider.Qwen2ModelProvider"
+QWEN3_PROVIDER_OLD = "megatron.bridge.models.qwen.qwen_provider.Qwen3ModelProvider"
+#: Megatron-Core's tanh GeLU, Gemma's activation in Megatron-Bridge.
+FAST_GELU = "megatron.core.activations.fast_gelu"
+SILU = "torch.nn.functional.silu"
+
+
 @dataclass(frozen=True)
 class ProviderFamily:
-    """A family whose Megatron-Bridge provider is confirmed: its ``_target_`` and the
-    provider fields that are constants for the family."""
+    """A family whose Megatron-Bridge provider is confirmed: its ``_target_``, the
+    provider fields that are constants for the family (a config that needs another value
+    is refused), the NeMo fields the provider implies (``nemo``: e.g. Gemma's embedding
+    scaling, which ``GemmaModelProvider.provide`` applies) and what the bridge sets that
+    does not change the math (``extra``)."""
 
     target: str
     fixed: tuple[tuple[str, Any], ...] = ()
+    nemo: tuple[tuple[str, Any], ...] = ()
+    extra: tuple[tuple[str, Any], ...] = ()
 
+
+_DENSE = (("normalization", "RMSNorm"), ("gated_linear_unit", True), ("position_embedding_type", "rope"))
+_NO_LINEAR_BIAS = (("add_bias_linear", False),)
+_AUTOCAST_BF16 = (("autocast_dtype", {"_target_": "torch.bfloat16", "_call_": False}),)
 
 #: The families ``--to megatron-bridge`` writes. Others are refused by name until their
 #: provider is confirmed against Megatron-Bridge's bridge for them.
 PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
-    "llama": ProviderFamily(GPT_PROVIDER, (("normalization", "RMSNorm"), ("gated_linear_unit", True),
-                                           ("position_embedding_type", "rope"))),
+    "llama": ProviderFamily(GPT_PROVIDER, _DENSE),
+    "mistral": ProviderFamily(MISTRAL_PROVIDER, _DENSE + (("activation_func", SILU),)),
+    "qwen2": ProviderFamily(GPT_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (("add_qkv_bias", True),
+                                                                       ("activation_func", SILU)),
+                            extra=_AUTOCAST_BF16),
+    "qwen3": ProviderFamily(GPT_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (("add_qkv_bias", False),
+                                                                       ("qk_layernorm", True),
+                                                                       ("activation_func", SILU)),
+                            extra=_AUTOCAST_BF16),
+    "gemma": ProviderFamily(GEMMA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
+        ("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
+        ("share_embeddings_and_output_weights", True)), nemo=(("apply_embedding_scaling", True),)),
 }
+#: Families refused with the reason (no provider to confirm).
+NO_PROVIDER: dict[str, str] = {
+    "phi3": "Megatron-Bridge has no Phi-3 bridge or provider in any release (v0.6.0: src/megatron/bridge/models/ "
+            "has no phi/)",
+}
+
+#: What an absent field of a known provider class means (the class's own defaults; absent
+#: keys: :data:`PROVIDER_DEFAULTS`, i.e. ``GPTModelProvider``'s). Sources: Megatron-Bridge
+#: v0.6.0 ``mistral/mistral_provider.py`` lines 28–56, ``gemma/gemma_provider.py`` lines
+#: 27–54; v0.3.0 ``qwen/qwen_provider.py`` lines 49–65, 257–277.
+_DENSE_DEFAULTS = {"normalization": "RMSNorm", "activation_func": SILU, "gated_linear_unit": True,
+                   "position_embedding_type": "rope", "add_bias_linear": False,
+                   "share_embeddings_and_output_weights": False}
+TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
+    GPT_PROVIDER: {},
+    MISTRAL_PROVIDER: {**_DENSE_DEFAULTS, "seq_length": 32768, "rotary_base": 1000000.0, "bf16": True,
+                       "params_dtype": "torch.bfloat16", "window_size": None},
+    GEMMA_PROVIDER: {**_DENSE_DEFAULTS, "activation_func": FAST_GELU, "seq_length": 8192, "kv_channels": 256,
+                     "share_embeddings_and_output_weights": True, "layernorm_zero_centered_gamma": True,
+                     "layernorm_epsilon": 1e-6, "bf16": True, "params_dtype": "torch.bfloat16"},
+    QWEN2_PROVIDER_OLD: {**_DENSE_DEFAULTS, "add_qkv_bias": True},
+    QWEN3_PROVIDER_OLD: {**_DENSE_DEFAULTS, "add_qkv_bias": False, "qk_layernorm": True},
+}
+#: Provider modules whose other classes (Gemma 2/3, Qwen MoE, …) this table does not know.
+_FAMILY_MODULES = ("megatron.bridge.models.gemma.", "megatron.bridge.models.qwen.", "megatron.bridge.models.mistral.",
+                   "megatron.bridge.models.phi.")
 
 
 @dataclass(frozen=True)
@@ -159,6 +228,8 @@ def precision_of_dtype(dtype: torch.dtype) -> Any:
 def provider_family(family: str) -> ProviderFamily:
     """The confirmed provider of ``family``, or a one-line refusal naming it."""
     spec = PROVIDER_FAMILIES.get(family)
+    if spec is None and family in NO_PROVIDER:
+        raise UnsupportedError(f"family {family!r} cannot be written with --to megatron-bridge: {NO_PROVIDER[family]}")
     if spec is None:
         raise UnsupportedError(f"family {family!r} has no confirmed Megatron-Bridge model provider; --to "
                                f"megatron-bridge supports: {', '.join(sorted(PROVIDER_FAMILIES))}")
@@ -170,7 +241,7 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
     """The ``model:`` section of ``run_config.yaml`` for a NeMo 1 config: what
     Megatron-Bridge's bridge derives from the HF config (module docstring)."""
     spec = provider_family(family)
-    bad = {k: cfg[k] for k in NEUTRAL if k in cfg and cfg[k] != NEUTRAL[k]}
+    bad = {k: cfg[k] for k in NEUTRAL if k in cfg and cfg[k] != NEUTRAL[k] and k != "openai_gelu"}
     if bad:
         raise UnsupportedError("the config sets " + ", ".join(f"{k}={v!r}" for k, v in bad.items())
                                + ", which Megatron-Bridge's provider for this family does not express")
@@ -194,6 +265,14 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
         if value is not None:
             model[f.provider] = f.kind(value)
     gated, fn = ACTIVATIONS[act]
+    if cfg.get("openai_gelu"):  # NeMo's tanh GeLU: Megatron-Core's fast_gelu (the same formula)
+        if fn != "torch.nn.functional.gelu":
+            raise UnsupportedError(f"openai_gelu with activation {act!r} is not a GeLU")
+        fn = FAST_GELU
+    implied = dict(spec.nemo)
+    if bool(cfg.get("apply_embedding_scaling")) != bool(implied.get("apply_embedding_scaling")):
+        raise UnsupportedError(f"{family}: apply_embedding_scaling={bool(cfg.get('apply_embedding_scaling'))} "
+                               f"does not match its provider {spec.target.rsplit('.', 1)[-1]}")
     bf16, fp16, _ = PRECISIONS.get(str(precision_of_dtype(params_dtype)), (False, False, torch.float32))
     model.update({
         "num_query_groups": int(cfg.get("num_query_groups") or heads),
@@ -218,11 +297,30 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
                                    "original_max_position_embeddings=8192")
         model["rope_scaling"] = True
         model["rope_scaling_factor"] = float(cfg.get("scale_factor", 8.0))
+    window = _bridge_window(cfg)
+    if window is not None:
+        model["window_size"] = window
+        if spec.target == MISTRAL_PROVIDER:
+            model["cp_comm_type"] = "a2a"  # what MistralBridge sets beside a window (context parallel only)
     for k, v in spec.fixed:
-        if model.get(k, v) != v:
-            raise UnsupportedError(f"{family}: the config has {k}={model[k]!r}; its provider needs {v!r}")
-        model[k] = v
+        have = _target_of(model[k]) if k == "activation_func" else model.get(k, v)
+        if have != v:
+            raise UnsupportedError(f"{family}: the config has {k}={have!r}; its provider needs {v!r}")
+        model[k] = _callable(v) if k == "activation_func" else v
+    model.update(dict(spec.extra))
     return model
+
+
+def _bridge_window(cfg: dict[str, Any]) -> list[int] | None:
+    """Megatron-Bridge's ``window_size`` for the HF ``sliding_window=W`` export would write:
+    ``[W-1, 0]`` (W from our record; else NeMo's importer convention ``[W, 0]``)."""
+    ws = cfg.get("window_size")
+    if not ws:
+        return None
+    if len(ws) != 2 or ws[1] is None or int(ws[1]) != 0 or ws[0] is None or int(ws[0]) < 0:
+        raise UnsupportedError(f"window_size={ws!r} is not a causal sliding window [left, 0]")
+    w = (cfg.get("nemo_convert") or {}).get("sliding_window")
+    return [int(w if w is not None else ws[0]) - 1, 0]
 
 
 # ------------------------------------------------------------ provider / args → NeMo
@@ -258,8 +356,25 @@ def _apply_rope_scaling(cfg: dict[str, Any], on: Any, factor: Any) -> None:
                     "high_freq_factor": 4.0, "old_context_len": 8192})
 
 
+def _sliding_window_record(cfg: dict[str, Any]) -> None:
+    """Megatron's ``window_size=[W-1, 0]`` (Megatron-Bridge's and Megatron-LM's convention:
+    W-1 keys before the query) recorded as HF's ``sliding_window=W`` for export."""
+    ws = cfg.get("window_size")
+    if ws:
+        if len(ws) != 2 or int(ws[1]) != 0:
+            raise UnsupportedError(f"window_size={ws!r} is not a causal sliding window [left, 0]")
+        cfg["nemo_convert"] = {**(cfg.get("nemo_convert") or {}), "sliding_window": int(ws[0]) + 1}
+
+
 def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
-    """NeMo 1 config fields from a ``run_config.yaml`` ``model:`` section (plain YAML)."""
+    """NeMo 1 config fields from a ``run_config.yaml`` ``model:`` section (plain YAML);
+    fields it leaves out mean its provider class's defaults (:data:`TARGET_DEFAULTS`)."""
+    target = _target_of(model)
+    known = TARGET_DEFAULTS.get(target)
+    if known is None and target.startswith(_FAMILY_MODULES):
+        raise UnsupportedError(f"{where}: model provider {target} is not supported (known: "
+                               + ", ".join(t.rsplit(".", 1)[-1] for t in TARGET_DEFAULTS) + ")")
+    model = {**(known or {}), **model}
     missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if model.get(k) is None]
     if missing:
         raise ConfigError(f"{where}: the model section lacks {', '.join(missing)}")
@@ -276,6 +391,15 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
     fn = _target_of(model.get("activation_func") or "torch.nn.functional.gelu").rsplit(".", 1)[-1]
     gated = bool(model.get("gated_linear_unit", False))
     cfg["activation"] = _activation(gated, fn, where)
+    if fn in _TANH_GELU:
+        cfg["openai_gelu"] = True
+    for spec in PROVIDER_FAMILIES.values():
+        if spec.target == target:
+            cfg.update(dict(spec.nemo))
+    if cfg.get("layernorm_zero_centered_gamma") and not cfg.get("apply_embedding_scaling"):
+        raise UnsupportedError(f"{where}: layernorm_zero_centered_gamma without GemmaModelProvider's embedding "
+                               f"scaling ({target or 'no _target_'}) is not a model any family here runs")
+    _sliding_window_record(cfg)
     cfg["share_embeddings_and_output_weights"] = bool(model.get("share_embeddings_and_output_weights",
                                                                 PROVIDER_DEFAULTS["share_embeddings_and_output_weights"]))
     dtype = _target_of(model.get("params_dtype")).rsplit(".", 1)[-1]
@@ -300,7 +424,10 @@ def _refuse(where: str, what: str, value: Any) -> Any:
 
 #: (gated linear unit, torch function name) → NeMo 1 ``activation``.
 _ACTIVATION_OF = {(True, "silu"): "fast-swiglu", (True, "gelu"): "fast-geglu", (False, "gelu"): "gelu",
-                  (False, "silu"): "silu", (False, "relu"): "relu"}
+                  (False, "silu"): "silu", (False, "relu"): "relu", (True, "fast_gelu"): "geglu",
+                  (True, "openai_gelu"): "geglu"}
+#: Megatron-Core's tanh-GeLU functions (``activations.fast_gelu``, ``transformer.utils.openai_gelu``).
+_TANH_GELU = ("fast_gelu", "openai_gelu")
 
 
 def _activation(gated: bool, fn: str, where: str) -> str:
@@ -313,6 +440,9 @@ def args_to_nemo(args: dict[str, Any], where: str) -> dict[str, Any]:
     if missing:
         raise ConfigError(f"{where}: args lacks {', '.join(missing)}")
     _refuse_non_neutral(args, f"{where}: args")
+    if args.get("layernorm_zero_centered_gamma"):
+        raise UnsupportedError(f"{where}: args: layernorm_zero_centered_gamma=True (Gemma's norms) without the "
+                               "embedding scaling Megatron-LM's GPT model does not have is not supported")
     if args.get("layernorm_epsilon") is None and args.get("norm_epsilon") is not None:
         args = {**args, "layernorm_epsilon": args["norm_epsilon"]}  # older Megatron-LM spelling
     cfg = _common_nemo(args, "megatron_lm")
@@ -332,4 +462,5 @@ def args_to_nemo(args: dict[str, Any], where: str) -> dict[str, Any]:
         16 if args.get("fp16") or dtype == torch.float16 else 32)
     cfg["make_vocab_size_divisible_by"] = int(args.get("make_vocab_size_divisible_by") or 128)
     _apply_rope_scaling(cfg, args.get("use_rope_scaling"), args.get("rope_scaling_factor"))
+    _sliding_window_record(cfg)
     return cfg
