@@ -403,3 +403,144 @@ def test_minimal_run_config_is_read_with_provider_defaults(tiny_llama, tmp_path)
         yaml.safe_dump({"model": model}, f)
     with pytest.raises(UnsupportedError, match="position_embedding_type='learned_absolute'"):
         api.open_checkpoint(mb)
+
+
+# ------------------------------------------------------------------ every dense family
+#: family → the run_config.yaml model fields Megatron-Bridge's bridge for it derives from
+#: test_family_matrix's tiny model (Megatron-Bridge v0.6.0 src/megatron/bridge/models/:
+#: mistral/mistral_bridge.py 56-81, qwen/qwen2_bridge.py 46-57, qwen/qwen3_bridge.py 43-55,
+#: gemma/gemma_bridge.py 62-76; see nemo_convert/formats/megatron_config.py).
+SILU = {"_target_": "torch.nn.functional.silu", "_call_": False}
+FAMILY_PROVIDERS: dict[str, dict] = {
+    "llama": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "add_bias_linear": True,
+              "add_qkv_bias": True, "activation_func": SILU},
+    "mistral": {"_target_": "megatron.bridge.models.mistral.mistral_provider.MistralModelProvider",
+                "window_size": [3, 0], "cp_comm_type": "a2a", "activation_func": SILU, "add_bias_linear": False},
+    "qwen2": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "add_qkv_bias": True,
+              "add_bias_linear": False, "qk_layernorm": False, "activation_func": SILU,
+              "autocast_dtype": {"_target_": "torch.bfloat16", "_call_": False}},
+    "qwen3": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "qk_layernorm": True,
+              "add_qkv_bias": False, "kv_channels": 32, "activation_func": SILU},
+    "gemma": {"_target_": "megatron.bridge.models.gemma.gemma_provider.GemmaModelProvider",
+              "activation_func": {"_target_": "megatron.core.activations.fast_gelu", "_call_": False},
+              "layernorm_zero_centered_gamma": True, "share_embeddings_and_output_weights": True,
+              "kv_channels": 32, "gated_linear_unit": True, "normalization": "RMSNorm"},
+}
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory):  # type: ignore[no-untyped-def]
+    from test_family_matrix import make_model
+
+    root = tmp_path_factory.mktemp("mb-families")
+    return {f: make_model(str(root / f), f) for f in FAMILY_PROVIDERS}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_PROVIDERS))
+def test_family_to_megatron_bridge_and_back(family_models, tmp_path, family) -> None:
+    """HF → Megatron-Bridge directory (the family's provider) → export: the source's tensors
+    bit for bit, its config.json and transformers' logits; then the same directory without
+    our record (as Megatron-Bridge writes it): the family from the provider alone, the same
+    tensors and logits."""
+    from test_family_matrix import assert_same, logits
+
+    src = family_models[family]
+    out = str(tmp_path / "mb")
+    api.import_hf(src, out, to="megatron-bridge")
+    model = yaml.safe_load(open(os.path.join(out, "iter_0000000", "run_config.yaml")))["model"]
+    want = FAMILY_PROVIDERS[family]
+    assert {k: model.get(k) for k in want} == want
+    assert model["position_embedding_type"] == "rope" and model["vocab_size"] == 128
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    assert_same(src, back)
+    ref = logits(src)
+    assert torch.equal(logits(back), ref)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    assert api.inspect_checkpoint(out)["family"] == family
+    bare = str(tmp_path / "bare")
+    api.export_hf(out, bare)
+    a, b = hf_tensors(src), hf_tensors(bare)
+    assert set(b) <= set(a) and all(torch.equal(a[k], b[k]) for k in b)
+    cfg = read_json(os.path.join(bare, "config.json"))
+    if family == "mistral":
+        assert cfg["sliding_window"] == 4  # window_size [3, 0] is W - 1 keys before the query
+    assert torch.equal(logits(bare), ref)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma"])
+def test_family_minimal_run_config_means_the_provider_defaults(family_models, tmp_path, family) -> None:
+    """A hand-written model section with only what differs from the provider class's own
+    defaults (MistralModelProvider, GemmaModelProvider) reads as the same model."""
+    from test_family_matrix import logits
+
+    src = family_models[family]
+    out = str(tmp_path / "mb")
+    api.import_hf(src, out, to="megatron-bridge")
+    path = os.path.join(out, "iter_0000000", "run_config.yaml")
+    model = yaml.safe_load(open(path))["model"]
+    keep = ["_target_", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+            "kv_channels", "vocab_size", "seq_length", "rotary_base", "layernorm_epsilon", "bf16", "params_dtype"]
+    keep += ["window_size"] if family == "mistral" else []
+    with open(path, "w") as f:
+        yaml.safe_dump({"model": {k: model[k] for k in keep}}, f)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    assert torch.equal(logits(back), logits(src))
+
+
+def test_family_refusals_by_name(family_models, tmp_path) -> None:
+    from test_family_matrix import make_model
+
+    phi3 = make_model(str(tmp_path / "phi3"), "phi3")
+    with pytest.raises(UnsupportedError, match="'phi3' cannot be written with --to megatron-bridge: "
+                                               "Megatron-Bridge has no Phi-3 bridge"):
+        api.import_hf(phi3, str(tmp_path / "mb"), to="megatron-bridge")
+    assert not os.path.exists(tmp_path / "mb")
+    out = str(tmp_path / "g")
+    api.import_hf(family_models["gemma"], out, to="megatron-bridge")
+    path = os.path.join(out, "iter_0000000", "run_config.yaml")
+    doc = yaml.safe_load(open(path))
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    for target, words in (("megatron.bridge.models.gpt_provider.GPTModelProvider", "layernorm_zero_centered_gamma "
+                           "without GemmaModelProvider"),
+                          ("megatron.bridge.models.gemma.gemma2_provider.Gemma2ModelProvider",
+                           "Gemma2ModelProvider is not supported")):
+        with open(path, "w") as f:
+            yaml.safe_dump({"model": {**doc["model"], "_target_": target}}, f)
+        with pytest.raises(UnsupportedError, match=words):
+            api.inspect_checkpoint(out)
+    with pytest.raises(UnsupportedError, match="apply_embedding_scaling=True does not match"):
+        nemo_to_provider({"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2, "apply_embedding_scaling": True},
+                         "llama", vocab_size=8, params_dtype=torch.float32)
+
+
+def test_args_table_dense_families() -> None:
+    """Megatron-LM arguments of the dense families (core_v0.16.1 arguments.py: --add-qkv-bias,
+    --qk-layernorm, --window-size, --kv-channels) read into the NeMo fields their families
+    claim; zero-centred norms (--apply-layernorm-1p) have no embedding scaling there."""
+    qwen2 = args_to_nemo(vars(megatron_lm_args(add_qkv_bias=True)), "x")
+    assert qwen2["qkv_bias"] is True and qwen2["bias"] is False
+    qwen3 = args_to_nemo(vars(megatron_lm_args(qk_layernorm=True, kv_channels=32)), "x")
+    assert qwen3["qk_layernorm"] is True and qwen3["kv_channels"] == 32
+    mistral = args_to_nemo(vars(megatron_lm_args(window_size=(3, 0))), "x")
+    assert mistral["window_size"] == [3, 0] and mistral["nemo_convert"]["sliding_window"] == 4
+    for over, words in ((dict(layernorm_zero_centered_gamma=True), "layernorm_zero_centered_gamma=True"),
+                        (dict(apply_layernorm_1p=True), "apply_layernorm_1p"),
+                        (dict(openai_gelu=True), "openai_gelu")):
+        with pytest.raises(UnsupportedError, match=words):
+            args_to_nemo(vars(megatron_lm_args(**over)), "x")
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma"])
+def test_family_nemo_to_megatron_bridge_one_command(family_models, tmp_path, cli, family) -> None:
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(family_models[family], nemo, parallel=api.Parallelism(2, 1))
+    out = str(tmp_path / "mb")
+    code, _, err = cli("reshard", nemo, "-o", out, "--to", "megatron-bridge", "-q")
+    assert code == 0, err
+    model = yaml.safe_load(open(os.path.join(out, "iter_0000000", "run_config.yaml")))["model"]
+    assert {k: model.get(k) for k in FAMILY_PROVIDERS[family]} == FAMILY_PROVIDERS[family]
+    want, got = logical(nemo), logical(out)
+    assert sorted(want) == sorted(got) and all(torch.equal(want[k], got[k]) for k in want)
