@@ -188,5 +188,103 @@ def test_megatron_core_reads_ours_and_we_read_megatron_lm(tmp_path: Any, tiny_ll
           f"HF export of Megatron-LM's save vs HF = {delta:.3g}")
 
 
+def _family_worker(root: str) -> None:
+    """Megatron-Core 0.16 builds a GPTModel from our run_config.yaml ``model:`` fields alone
+    (the activation imported from its ``_target_``), loads our directory and runs the ids.
+    Shims as in tests/test_family_megatron.py: the sliding-window mask on the CPU, and for
+    GemmaModelProvider what its provide() and Transformer Engine's norm add to the local
+    spec (embedding × sqrt(hidden), Megatron-Bridge gemma/modules.py lines 27-40; the
+    zero-centred norm's 1 + w)."""
+    import contextlib
+    import dataclasses
+    import importlib
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import torch
+    import torch.distributed as dist
+    import yaml
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import random as tp_random
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    tp_random.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+
+    def cpu_window_mask(sq: int, skv: int, window: Any) -> torch.Tensor:  # upstream's formula, on the CPU
+        m = torch.ones(sq, skv, dtype=torch.bool)
+        return ~torch.tril(torch.triu(m, diagonal=skv - sq - window[0]), diagonal=skv - sq + window[1])
+
+    fused_softmax.get_sliding_window_causal_mask = cpu_window_mask
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root}/pg", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    m = yaml.safe_load(open(f"{root}/mb/iter_0000000/run_config.yaml"))["model"]
+    module, name = m["activation_func"]["_target_"].rsplit(".", 1)
+    act = getattr(importlib.import_module(module), name)
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    kw = {k: v for k, v in m.items() if k in fields and not isinstance(v, dict) and k not in (
+        "bf16", "fp16", "layernorm_zero_centered_gamma", "window_size")}  # the local spec's norm: shim below
+    tc = TransformerConfig(**kw, activation_func=act, window_size=tuple(m["window_size"]) if m.get("window_size")
+                           else None, use_cpu_initialization=True, params_dtype=torch.float32,
+                           bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
+                           persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
+                           attention_softmax_in_fp32=True)
+    model = GPTModel(tc, transformer_layer_spec=get_gpt_layer_local_spec(normalization=m["normalization"],
+                                                                         qk_layernorm=bool(m.get("qk_layernorm"))),
+                     vocab_size=m["vocab_size"], max_sequence_length=m["seq_length"], position_embedding_type="rope",
+                     rotary_base=int(m["rotary_base"]), rotary_percent=float(m.get("rotary_percent", 1.0)),
+                     share_embeddings_and_output_weights=m["share_embeddings_and_output_weights"],
+                     parallel_output=False).eval()
+    loaded = dist_checkpointing.load(model.sharded_state_dict(), f"{root}/mb/iter_0000000")
+    result = model.load_state_dict(loaded, strict=False)
+    assert not [k for k in result.missing_keys if not k.endswith("_extra_state")], result.missing_keys
+    if m.get("layernorm_zero_centered_gamma"):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith("layernorm.weight") or n.endswith("layer_norm_weight"):
+                    p.add_(1.0)
+    if m["_target_"].endswith(".GemmaModelProvider"):
+        embed = model.embedding.forward
+        scale = torch.tensor(m["hidden_size"] ** 0.5)
+        model.embedding.forward = lambda *a, **k: embed(*a, **k) * scale  # type: ignore[method-assign]
+    want = torch.load(f"{root}/want.pt")
+    n = want["ids"].shape[1]
+    mask = torch.triu(torch.ones(1, 1, n, n, dtype=torch.bool), diagonal=1)
+    with torch.no_grad():
+        got = model(want["ids"], torch.arange(n)[None], mask)
+    delta = (got.float() - want["logits"].float()).abs().max().item()
+    print(f"MCORE-FAMILY {m['_target_'].rsplit('.', 1)[-1]} max|dlogit| = {delta:.3g}")
+    dist.destroy_process_group()
+    assert delta < 1e-4, delta
+    print("MCORE-WORKER OK")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
+def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family: str) -> None:
+    import torch
+    from test_family_matrix import IDS, logits, make_model
+
+    from nemo_convert import api
+
+    root = str(tmp_path)
+    src = make_model(f"{root}/hf", family)
+    api.import_hf(src, f"{root}/mb", to="megatron-bridge")
+    torch.save({"ids": IDS, "logits": logits(src)}, f"{root}/want.pt")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), root, "family"], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0 and "MCORE-WORKER OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print(family, [ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE-FAMILY")][0])
+
+
 if __name__ == "__main__":
-    _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    if sys.argv[2] == "family":
+        _family_worker(sys.argv[1])
+    else:
+        _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
