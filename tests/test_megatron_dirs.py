@@ -544,3 +544,33 @@ def test_family_nemo_to_megatron_bridge_one_command(family_models, tmp_path, cli
     assert {k: model.get(k) for k in FAMILY_PROVIDERS[family]} == FAMILY_PROVIDERS[family]
     want, got = logical(nemo), logical(out)
     assert sorted(want) == sorted(got) and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_nemo_written_window_and_gemma_norms_to_megatron_bridge(family_models, tmp_path) -> None:
+    """A Mistral ``.nemo`` in NeMo's window convention (``[W, 0]``, no record of ours) is
+    written as Megatron-Bridge's ``[W-1, 0]`` — the window its export gives as HF's
+    ``sliding_window: W``. A NeMo 1 Gemma (norms stored as 1 + w, no zero-centred flag) is
+    refused: GemmaModelProvider's norms are zero-centred."""
+    nemo = str(tmp_path / "m")
+    api.import_hf(family_models["mistral"], nemo, packed=False)
+    path = os.path.join(nemo, "model_config.yaml")
+    cfg = yaml.safe_load(open(path))
+    del cfg["nemo_convert"]["hf_config"], cfg["nemo_convert"]["sliding_window"]
+    cfg["window_size"] = [4, 0]
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    out = str(tmp_path / "mb")
+    api.reshard(nemo, out, to="megatron-bridge")
+    model = yaml.safe_load(open(os.path.join(out, "iter_0000000", "run_config.yaml")))["model"]
+    assert model["window_size"] == [3, 0]
+    gemma = str(tmp_path / "g")
+    api.import_hf(family_models["gemma"], gemma, packed=False)
+    path = os.path.join(gemma, "model_config.yaml")
+    cfg = yaml.safe_load(open(path))
+    del cfg["layernorm_zero_centered_gamma"]
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    with pytest.raises(UnsupportedError, match="gemma: the config has layernorm_zero_centered_gamma=False; its "
+                                               "provider needs True"):
+        api.reshard(gemma, str(tmp_path / "gmb"), to="megatron-bridge")
+    assert not os.path.exists(tmp_path / "gmb")
