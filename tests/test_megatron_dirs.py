@@ -468,10 +468,15 @@ def test_family_to_megatron_bridge_and_back(family_models, tmp_path, family) -> 
     assert torch.equal(logits(bare), ref)
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma"])
-def test_family_minimal_run_config_means_the_provider_defaults(family_models, tmp_path, family) -> None:
-    """A hand-written model section with only what differs from the provider class's own
-    defaults (MistralModelProvider, GemmaModelProvider) reads as the same model."""
+@pytest.mark.parametrize("family, target", [
+    ("mistral", None), ("gemma", None),
+    ("qwen2", "megatron.bridge.models.qwen.qwen_provider.Qwen2ModelProvider"),  # Megatron-Bridge <= 0.3
+    ("qwen3", "megatron.bridge.models.qwen.qwen_provider.Qwen3ModelProvider"),
+])
+def test_family_minimal_run_config_means_the_provider_defaults(family_models, tmp_path, family, target) -> None:
+    """A hand-written model section with only the geometry and what differs from the
+    provider class's own defaults (MistralModelProvider, GemmaModelProvider, the older
+    Qwen2/Qwen3ModelProvider) reads as the same model."""
     from test_family_matrix import logits
 
     src = family_models[family]
@@ -483,8 +488,9 @@ def test_family_minimal_run_config_means_the_provider_defaults(family_models, tm
             "kv_channels", "vocab_size", "seq_length", "rotary_base", "layernorm_epsilon", "bf16", "params_dtype"]
     keep += ["window_size"] if family == "mistral" else []
     with open(path, "w") as f:
-        yaml.safe_dump({"model": {k: model[k] for k in keep}}, f)
+        yaml.safe_dump({"model": {**{k: model[k] for k in keep}, **({"_target_": target} if target else {})}}, f)
     os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    assert api.inspect_checkpoint(out)["family"] == family
     back = str(tmp_path / "back")
     api.export_hf(out, back)
     assert torch.equal(logits(back), logits(src))

@@ -55,8 +55,8 @@ NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_mo
 
 MISTRAL_PROVIDER = "megatron.bridge.models.mistral.mistral_provider.MistralModelProvider"
 GEMMA_PROVIDER = "megatron.bridge.models.gemma.gemma_provider.GemmaModelProvider"
-#: Megatron-Bridge ≤ 0.3's own Qwen providers (``qwen/qwen_provider.py``, v0.3.0 lines 49–65
-#: and 257–277): read, never written (0.4 and later write ``GPTModelProvider``).
+#: Megatron-Bridge ≤ 0.3's own Qwen providers (``qwen/qwen_provider.py``, v0.3.0 lines 49–68
+#: and 257–281): read, never written (0.4 and later write ``GPTModelProvider``).
 QWEN2_PROVIDER_OLD = "megatron.bridge.models.qwen.qwen_provider.Qwen2ModelProvider"
 QWEN3_PROVIDER_OLD = "megatron.bridge.models.qwen.qwen_provider.Qwen3ModelProvider"
 #: Megatron-Core's tanh GeLU, Gemma's activation in Megatron-Bridge.
@@ -107,19 +107,22 @@ NO_PROVIDER: dict[str, str] = {
 #: What an absent field of a known provider class means (the class's own defaults; absent
 #: keys: :data:`PROVIDER_DEFAULTS`, i.e. ``GPTModelProvider``'s). Sources: Megatron-Bridge
 #: v0.6.0 ``mistral/mistral_provider.py`` lines 28–56, ``gemma/gemma_provider.py`` lines
-#: 27–54; v0.3.0 ``qwen/qwen_provider.py`` lines 49–65, 257–277.
+#: 27–54; v0.3.0 ``qwen/qwen_provider.py`` lines 49–68, 257–281.
 _DENSE_DEFAULTS = {"normalization": "RMSNorm", "activation_func": SILU, "gated_linear_unit": True,
                    "position_embedding_type": "rope", "add_bias_linear": False,
                    "share_embeddings_and_output_weights": False}
+_QWEN_DEFAULTS = {**_DENSE_DEFAULTS, "layernorm_epsilon": 1e-6, "rotary_base": 1000000.0, "bf16": True,
+                  "params_dtype": "torch.bfloat16"}
 TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
     GPT_PROVIDER: {},
-    MISTRAL_PROVIDER: {**_DENSE_DEFAULTS, "seq_length": 32768, "rotary_base": 1000000.0, "bf16": True,
-                       "params_dtype": "torch.bfloat16", "window_size": None},
+    MISTRAL_PROVIDER: {**_DENSE_DEFAULTS, "num_query_groups": 8, "ffn_hidden_size": 14336, "seq_length": 32768,
+                       "rotary_base": 1000000.0, "bf16": True, "params_dtype": "torch.bfloat16", "window_size": None},
     GEMMA_PROVIDER: {**_DENSE_DEFAULTS, "activation_func": FAST_GELU, "seq_length": 8192, "kv_channels": 256,
                      "share_embeddings_and_output_weights": True, "layernorm_zero_centered_gamma": True,
                      "layernorm_epsilon": 1e-6, "bf16": True, "params_dtype": "torch.bfloat16"},
-    QWEN2_PROVIDER_OLD: {**_DENSE_DEFAULTS, "add_qkv_bias": True},
-    QWEN3_PROVIDER_OLD: {**_DENSE_DEFAULTS, "add_qkv_bias": False, "qk_layernorm": True},
+    QWEN2_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": True, "seq_length": 4096},
+    QWEN3_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": False, "qk_layernorm": True, "kv_channels": 128,
+                         "num_query_groups": 8, "seq_length": 40960},
 }
 #: Provider modules whose other classes (Gemma 2/3, Qwen MoE, …) this table does not know.
 _FAMILY_MODULES = ("megatron.bridge.models.gemma.", "megatron.bridge.models.qwen.", "megatron.bridge.models.mistral.",
