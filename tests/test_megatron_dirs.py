@@ -580,3 +580,29 @@ def test_nemo_written_window_and_gemma_norms_to_megatron_bridge(family_models, t
                                                "provider needs True"):
         api.reshard(gemma, str(tmp_path / "gmb"), to="megatron-bridge")
     assert not os.path.exists(tmp_path / "gmb")
+
+
+@pytest.mark.parametrize("family, over", [
+    ("qwen2", dict(add_qkv_bias=True)),
+    ("qwen3", dict(qk_layernorm=True, kv_channels=32)),
+    ("mistral", dict(window_size=(3, 0))),
+])
+def test_megatron_lm_dense_family_directories(family_models, tmp_path, family, over) -> None:
+    """A Megatron-LM torch_dist save of a Qwen2 / Qwen3 / Mistral (its args saying
+    --add-qkv-bias, --qk-layernorm, --window-size) exports as that family: the source's
+    tensors and transformers' logits."""
+    from test_family_matrix import logits
+
+    src = family_models[family]
+    mb = str(tmp_path / "mb")
+    api.import_hf(src, mb, to="megatron-bridge")
+    args = megatron_lm_args(ffn_hidden_size=96, max_position_embeddings=64, layernorm_epsilon=1e-6, vocab_size=128,
+                            padded_vocab_size=128, **over)
+    mlm = as_megatron_lm(mb, str(tmp_path / "mlm"), args)
+    info = api.inspect_checkpoint(mlm)
+    assert info["format"] == "megatron-lm" and info["family"] == family
+    back = str(tmp_path / "back")
+    api.export_hf(mlm, back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(logits(back), logits(src))
