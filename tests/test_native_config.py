@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 import pytest
@@ -141,3 +142,49 @@ def test_issue_12_nemo_with_megatron_0_15_metadata_through_the_cli(tmp_path: Any
     assert "not allowed" not in err and all(t["status"] == "equal" for t in json.loads(out)["tensors"])
     a, b = hf_tensors(str(tmp_path / "out")), hf_tensors(hf)
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def _v4(hf: str, folder: str, **changes: Any) -> str:
+    """A copy of ``hf`` whose config.json is spelled as transformers 4 wrote it."""
+    shutil.copytree(hf, folder)
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    rope = cfg.pop("rope_parameters")
+    cfg.update({"torch_dtype": cfg.pop("dtype"), "rope_theta": rope["rope_theta"], "rope_scaling": None,
+                "transformers_version": "4.51.3", **changes})
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return folder
+
+
+def test_native_config_verifies_against_its_hf_source(tmp_path: Any, cli: Any) -> None:
+    """Configs are compared by meaning: v4 and v5 spellings alike, what a NeMo config cannot
+    record a note; RoPE scaling and real changes stay differences."""
+    hf, _ = _hf(str(tmp_path / "hf"))
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(hf, nemo, packed=False)
+    _go_native(nemo)
+    v4 = _v4(hf, str(tmp_path / "v4"))
+    for source in (hf, v4):
+        rep = api.verify(nemo, source, rope_scaling=False)
+        assert rep.ok, rep.config
+        assert [n for n in rep.notes if n.startswith("config: ") and "transformers_version" in n]
+        rep = api.verify(source, nemo)  # as NeMo runs it: llama3 scaling, which the source has not
+        assert [(c.path, c.kind, c.b["rope_type"]) for c in rep.config] == [("rope_scaling", "changed", "llama3")]
+    code, out, err = cli("verify", nemo, v4, "--no-rope-scaling")
+    assert code == 0 and "OK" in out, out + err
+    eps = _v4(hf, str(tmp_path / "eps"), rms_norm_eps=1e-6, rope_theta=5e5)
+    rep = api.verify(nemo, eps, rope_scaling=False)
+    assert sorted((c.path, c.kind) for c in rep.config) == [("rms_norm_eps", "changed"), ("rope_theta", "changed")]
+    with open(os.path.join(hf, "config.json")) as f:
+        v5 = json.load(f)
+    v5["rope_parameters"]["rope_theta"] = 5e5
+    v5["num_key_value_heads"] = 4
+    shutil.copytree(hf, tmp_path / "v5")
+    (tmp_path / "v5" / "config.json").write_text(json.dumps(v5))
+    rep = api.verify(nemo, str(tmp_path / "v5"), rope_scaling=False)
+    assert sorted((c.path, c.a, c.b) for c in rep.config) == [("num_key_value_heads", 2, 4),
+                                                               ("rope_theta", 10000.0, 5e5)]
+    code, out, _ = cli("verify", nemo, eps, "--no-rope-scaling")
+    assert code == 1 and "MISMATCH" in out and "rms_norm_eps" in out
