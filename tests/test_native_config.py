@@ -188,3 +188,23 @@ def test_native_config_verifies_against_its_hf_source(tmp_path: Any, cli: Any) -
                                                                ("rope_theta", 10000.0, 5e5)]
     code, out, _ = cli("verify", nemo, eps, "--no-rope-scaling")
     assert code == 1 and "MISMATCH" in out and "rms_norm_eps" in out
+
+
+def test_native_config_quantizes_with_the_true_vocabulary(tmp_path: Any) -> None:
+    """quantize completes a NeMo-native config as export does: the padded rows trimmed."""
+    from safetensors.torch import load_file
+
+    from nemo_convert.qnemo import quantize
+
+    hf, vocab = _hf(str(tmp_path / "hf"))
+    api.import_hf(hf, str(tmp_path / "m.nemo"), packed=False, layout="legacy", parallel=Parallelism(2, 1))
+    _go_native(str(tmp_path / "m.nemo"))
+    rep = quantize(str(tmp_path / "m.nemo"), str(tmp_path / "q.qnemo"), algo="none", rope_scaling=False)
+    assert rep.warnings == []
+    cfg = json.loads((tmp_path / "q.qnemo" / "config.json").read_text())
+    assert cfg["vocab_size"] == vocab and cfg["rotary_scaling"] is None
+    (emb,) = [v for k, v in load_file(str(tmp_path / "q.qnemo" / "rank0.safetensors")).items() if "vocab_embedding" in k]
+    assert torch.equal(emb, hf_tensors(hf)["model.embed_tokens.weight"])
+    rep = quantize(str(tmp_path / "m.nemo"), str(tmp_path / "s.qnemo"), algo="none")  # as NeMo runs it
+    assert len(rep.warnings) == 1 and "--no-rope-scaling" in rep.warnings[0]
+    assert json.loads((tmp_path / "s.qnemo" / "config.json").read_text())["rotary_scaling"]["type"] == "llama3"
