@@ -208,3 +208,22 @@ def test_native_config_quantizes_with_the_true_vocabulary(tmp_path: Any) -> None
     rep = quantize(str(tmp_path / "m.nemo"), str(tmp_path / "s.qnemo"), algo="none")  # as NeMo runs it
     assert len(rep.warnings) == 1 and "--no-rope-scaling" in rep.warnings[0]
     assert json.loads((tmp_path / "s.qnemo" / "config.json").read_text())["rotary_scaling"]["type"] == "llama3"
+
+
+def test_inspect_shows_the_true_vocabulary_and_the_padded_rows(tmp_path: Any, cli: Any) -> None:
+    hf, vocab = _hf(str(tmp_path / "hf"))
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(hf, nemo, packed=False, layout="legacy", parallel=Parallelism(2, 1))
+    cfg = _go_native(nemo)
+    div = cfg["make_vocab_size_divisible_by"] * 2
+    rows = -(-vocab // div) * div
+    assert rows > vocab
+    code, out, err = cli("inspect", nemo, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["config"]["vocab_size"] == vocab
+    emb = {t["name"]: t["shape"] for t in info["tensors"]}["embedding.word_embeddings.weight"]
+    assert emb == [rows, 64]
+    assert [n for n in info["notes"] if f"vocab_size {vocab} is the true vocabulary" in n and f"{rows} rows" in n]
+    code, out, _ = cli("inspect", nemo)
+    assert code == 0 and f"vocab_size: {vocab}" in out and f"{rows}×64" in out
