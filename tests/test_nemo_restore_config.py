@@ -491,3 +491,31 @@ def test_add_tokens_output_gains_what_is_missing(llama_files, tmp_path):
     out = str(tmp_path / "tok.nemo")
     api.add_tokens(folder, out, ["<extra_id_0>"])
     check_loadable(model_config(out))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("extra", [0, 64])
+def test_override_vocab_size_where_the_tokenizer_is_not_the_vocabulary(tmp_path, tp, extra):
+    """NeMo sizes the embedding as ``cfg.get('override_vocab_size', padded_vocab_size)``
+    (gpt L501), the padded size being the tokenizer's ``vocab_size`` (its piece count)
+    padded to make_vocab_size_divisible_by × TP (mbm L623-645): the rows we store either way."""
+    import sentencepiece as spm
+    from tiny_models import write_sentencepiece
+
+    from nemo_convert.convert.nemo_write import Parallelism
+
+    hf = str(tmp_path / "hf")
+    os.makedirs(hf)
+    tok = write_sentencepiece(os.path.join(hf, "tokenizer.model"), vocab_size=200)
+    pieces = spm.SentencePieceProcessor(model_file=tok).get_piece_size()
+    make_tiny_llama(hf, tokenizer=False, vocab_size=pieces + extra)
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(hf, nemo, layout="legacy", parallel=Parallelism(tp, 1))
+    cfg = model_config(nemo)
+    rows = cfg["nemo_convert"]["padded_vocab_size"]
+    multiple = cfg["make_vocab_size_divisible_by"] * tp
+    assert cfg.get("override_vocab_size", -(-pieces // multiple) * multiple) == rows
+    assert ("override_vocab_size" in cfg) == (extra != 0)
+    if extra and tp == 2:
+        assert rows > pieces + extra  # padded at TP 2: the override is the rows, not vocab_size
+    check_loadable(cfg)
