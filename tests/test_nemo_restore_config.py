@@ -519,3 +519,23 @@ def test_override_vocab_size_where_the_tokenizer_is_not_the_vocabulary(tmp_path,
     if extra and tp == 2:
         assert rows > pieces + extra  # padded at TP 2: the override is the rows, not vocab_size
     check_loadable(cfg)
+
+
+def test_add_tokens_sets_override_vocab_size(tmp_path):
+    """A tokenizer grown past the embedding: NeMo must keep the stored rows, as the
+    embedding is not resized."""
+    import sentencepiece as spm
+    from tiny_models import write_sentencepiece
+
+    hf = str(tmp_path / "hf")
+    os.makedirs(hf)
+    tok = write_sentencepiece(os.path.join(hf, "tokenizer.model"), vocab_size=200)
+    pieces = spm.SentencePieceProcessor(model_file=tok).get_piece_size()
+    make_tiny_llama(hf, tokenizer=False, vocab_size=pieces)
+    api.import_hf(hf, str(tmp_path / "m.nemo"))
+    assert "override_vocab_size" not in model_config(str(tmp_path / "m.nemo"))
+    rep = api.add_tokens(str(tmp_path / "m.nemo"), str(tmp_path / "tok.nemo"), ["<extra_id_0>", "<extra_id_1>"])
+    cfg = model_config(str(tmp_path / "tok.nemo"))
+    assert rep.new_vocab_size == pieces + 2
+    assert cfg["override_vocab_size"] == cfg["nemo_convert"]["padded_vocab_size"] == pieces
+    check_loadable(cfg)
