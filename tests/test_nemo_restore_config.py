@@ -345,18 +345,28 @@ def test_neva_import_loads_in_nemo(tmp_path):
     assert any("mm_cfg.vision_encoder.from_pretrained" in w for w in rep.warnings)
 
 
-def test_reshard_adds_what_is_missing_and_keeps_what_is_there(llama_files, tmp_path):
+def _edited_import(llama_files: dict[str, str], tmp_path: Any, edit: Callable[[dict[str, Any]], None]) -> str:
+    """An unpacked import of the untied Llama whose ``model_config.yaml`` ``edit`` changed
+    (say, to what an older nemo-convert wrote)."""
     folder = str(tmp_path / "old")
     api.import_hf(llama_files["hf_False"], folder, packed=False)
     path = os.path.join(folder, "model_config.yaml")
     with open(path) as f:
         cfg = yaml.safe_load(f)
-    for key in ("optim", "nsys_profile", "use_cpu_initialization", "bias_activation_fusion"):
-        del cfg[key]  # as an older nemo-convert wrote it
-    del cfg["data"]["shuffle_documents"]
-    cfg["seed"], cfg["data"]["num_workers"], cfg["fp8_hybrid"] = 42, 7, None
+    edit(cfg)
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f, sort_keys=False)
+    return folder
+
+
+def test_reshard_adds_what_is_missing_and_keeps_what_is_there(llama_files, tmp_path):
+    def older(cfg: dict[str, Any]) -> None:
+        for key in ("optim", "nsys_profile", "use_cpu_initialization", "bias_activation_fusion"):
+            del cfg[key]  # as an older nemo-convert wrote it
+        del cfg["data"]["shuffle_documents"]
+        cfg["seed"], cfg["data"]["num_workers"], cfg["fp8_hybrid"] = 42, 7, None
+
+    folder = _edited_import(llama_files, tmp_path, older)
     out = str(tmp_path / "tp2.nemo")
     api.reshard(folder, out, tp=2, layout="legacy")
     got = model_config(out)
@@ -480,14 +490,10 @@ def test_emulation_reproduces_the_reported_failure(llama_files, kind):
 
 
 def test_add_tokens_output_gains_what_is_missing(llama_files, tmp_path):
-    folder = str(tmp_path / "old")
-    api.import_hf(llama_files["hf_False"], folder, packed=False)
-    path = os.path.join(folder, "model_config.yaml")
-    with open(path) as f:
-        cfg = yaml.safe_load(f)
-    del cfg["optim"], cfg["data"]
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg, f, sort_keys=False)
+    def older(cfg: dict[str, Any]) -> None:
+        del cfg["optim"], cfg["data"]
+
+    folder = _edited_import(llama_files, tmp_path, older)
     out = str(tmp_path / "tok.nemo")
     api.add_tokens(folder, out, ["<extra_id_0>"])
     check_loadable(model_config(out))
