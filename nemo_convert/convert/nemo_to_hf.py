@@ -13,16 +13,14 @@ from nemo_convert.convert.common import (
     SECTION,
     ConversionReport,
     finite_warning,
-    kinds_for,
+    open_nemo_source,
     registry_or_default,
 )
 from nemo_convert.convert.export_config import complete_hf_config, export_config
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, RunStats, apply_dtype, merge_stats, run_plan
 from nemo_convert.formats.hf import HFWeightsWriter, json_bytes
-from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.nemo import NemoCheckpoint
-from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.errors import ConfigError
 from nemo_convert.formats.sink import DirectorySink, MemberSink
 from nemo_convert.formats.staging import check_target, refuse_overlap
@@ -82,10 +80,8 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
     want = parse_dtype(dtype)
-    require_kind(src, ("nemo", "nemo2", "megatron"), "a .nemo")
-    ckpt = open_model_checkpoint(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
-                                 tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation),
-                                 iteration=iteration)
+    ckpt = open_nemo_source(src, reg, family=family, compute=compute, trust_pickle=trust_pickle,
+                            iteration=iteration)
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
         prep = export_config(ckpt, fam, rope_scaling=rope_scaling)
