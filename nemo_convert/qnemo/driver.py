@@ -224,15 +224,12 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.tokenizer_files)
             warnings: list[str] = []
         else:
-            from nemo_convert.convert.export_config import export_config
-            from nemo_convert.convert.nemo_to_hf import hf_config_of
-            from nemo_convert.mapping.planner import plan_conversion
+            from nemo_convert.convert.nemo_to_hf import plan_to_hf
             from nemo_convert.qnemo.hf_view import PlanSource
 
             fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
-            prep = export_config(ck.handle, fam, rope_scaling=rope_scaling)
-            hf_cfg = hf_config_of(fam, prep.cfg, defaults=prep.hf_defaults)
-            source = PlanSource(plan_conversion(fam.mapping(prep.cfg), prep.cfg, prep.source, "to_hf"), prep.source)
+            prep, hf_cfg, to_hf = plan_to_hf(ck.handle, fam, rope_scaling=rope_scaling)
+            source = PlanSource(to_hf, prep.source)
             tok_section, tok_files = tokenizer_from_nemo(ck.handle, ck.config)
             warnings = prep.warnings
         spec = _trtllm_spec(fam, reg)

@@ -11,14 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
-from nemo_convert.convert.export_config import export_config
-from nemo_convert.convert.nemo_to_hf import hf_config_of, tokenizer_files
+from nemo_convert.convert.nemo_to_hf import plan_to_hf, tokenizer_files
 from nemo_convert.errors import InputError, PluginError
 from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.hf import HFCheckpoint, open_hf
 from nemo_convert.formats.nemo import NemoCheckpoint
 from nemo_convert.formats.open_any import open_model_checkpoint
-from nemo_convert.mapping.planner import plan_conversion
 from nemo_convert.mapping.rules import Tied, condition_holds
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import ModelFamily
@@ -103,11 +101,10 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool,
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
         native = not isinstance((ck.config.get(SECTION) or {}).get("hf_config"), dict)
-        prep = export_config(ck, fam, rope_scaling=rope_scaling)  # as export sees it: a NeMo-native config completed
+        prep, hf_config, plan = plan_to_hf(ck, fam, rope_scaling=rope_scaling)  # as export sees it
         cfg = prep.cfg
-        plan = plan_conversion(fam.mapping(cfg), cfg, prep.source, "to_hf")
         side = _Side(SideInfo(path, getattr(ck, "kind", "nemo"), ck.layout, fam.name), ck, HFView(prep.source, plan),
-                     hf_config_of(fam, cfg, defaults=prep.hf_defaults), fam, tokenizer_files(ck),
+                     hf_config, fam, tokenizer_files(ck),
                      (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped),
                      warnings=list(getattr(ck, "warnings", [])) + prep.warnings, native=native)
         side.tied, side.drops = _mapping_facts(fam, cfg)
