@@ -42,6 +42,7 @@ from nemo_convert.formats.nemo import _stage_sizes as stage_sizes
 from nemo_convert.formats.nemo2 import load_context_yaml
 from nemo_convert.formats.nemo_ranks import WEIGHTS, PerRankSource
 from nemo_convert.formats.tar_archive import Container, DirectoryContainer
+from nemo_convert.hf_config import read_json_object
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout, rank_dir
 from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
@@ -282,13 +283,7 @@ def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: 
         ours: dict[str, Any] = {}
         ours_path = os.path.join(folder, OURS)
         if os.path.isfile(ours_path):
-            try:
-                with open(ours_path, encoding="utf-8") as f:
-                    ours = json.load(f)
-            except (OSError, ValueError) as exc:
-                raise InputError(f"{ours_path}: not valid JSON ({exc})") from None
-            if not isinstance(ours, dict):
-                raise InputError(f"{ours_path}: not a JSON object")
+            ours = read_json_object(ours_path)
         run_config = os.path.join(folder, RUN_CONFIG)
         kind = "megatron-bridge" if os.path.isfile(run_config) else "megatron-lm"
         dist = None
