@@ -118,8 +118,7 @@ def _rank_folders(container: Container, prefix: str) -> list[str]:
 
 def _stage_sizes(container: Container, prefix: str, tp_pp: tuple[int, int], trust_pickle: bool) -> list[int]:
     """Layers per pipeline stage, counted from each stage's TP-rank-0 file."""
-    from nemo_convert.formats.nemo_weights import split_layer_name
-    from nemo_convert.sharding.layout import rank_dir
+    from nemo_convert.sharding.layout import rank_dir, split_layer_name
     from nemo_convert.tensors.torch_zip_source import TorchZipSource
 
     tp, pp = tp_pp

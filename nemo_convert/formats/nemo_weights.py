@@ -10,16 +10,15 @@ Logical names are per layer and unprefixed (``decoder.layers.3.mlp.linear_fc1.we
 
 from __future__ import annotations
 
-import re
 from typing import Any, Protocol, Sequence
 
 import torch
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.formats.sink import MemberSink
+from nemo_convert.sharding.layout import split_layer_name
 from nemo_convert.tensors.base import TensorInfo
 
-LAYER_RE = re.compile(r"^(?P<stack>(?:.*\.)?layers)\.(?P<i>\d+)\.(?P<rest>.+)$")
 LAYOUTS = ("dist", "legacy")
 
 
@@ -27,14 +26,6 @@ class WeightsWriter(Protocol):
     def write(self, name: str, tensor: torch.Tensor) -> None: ...
 
     def close(self) -> None: ...
-
-
-def split_layer_name(name: str) -> tuple[str, int, str] | None:
-    """``("decoder.layers", 3, "mlp.linear_fc1.weight")`` for a per-layer name, else None."""
-    m = LAYER_RE.match(name)
-    if not m:
-        return None
-    return m["stack"], int(m["i"]), m["rest"]
 
 
 def extra_state_modules(rests: Sequence[str]) -> list[str]:

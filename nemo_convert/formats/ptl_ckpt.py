@@ -26,11 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_convert.errors import InputError, UnsupportedError
-from nemo_convert.formats.nemo_weights import split_layer_name
 from nemo_convert.formats.tar_archive import Container
-from nemo_convert.sharding.layout import (
-    ParallelLayout,
-)
+from nemo_convert.sharding.layout import ParallelLayout, split_layer_name
 from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
 from nemo_convert.tensors.views import MultiSource, PrefixView
 
