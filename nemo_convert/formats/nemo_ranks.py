@@ -15,15 +15,15 @@ from typing import BinaryIO
 import torch
 
 from nemo_convert.errors import InputError, ShapeError
-from nemo_convert.formats.nemo import PrefixView
-from nemo_convert.formats.sink import MemberSink
 from nemo_convert.formats.tar_archive import Container
 from nemo_convert.formats.torch_save import TorchSaveWriter
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout
 from nemo_convert.sharding.tensor import TensorParallel, deferred
-from nemo_convert.tensors.base import TensorInfo, TensorSource
+from nemo_convert.tensors.base import TensorInfo
 from nemo_convert.tensors.pieces import Lazy, materialize
+from nemo_convert.tensors.torch_zip_source import TorchZipSource
+from nemo_convert.tensors.views import PrefixView
 
 WEIGHTS = "model_weights.ckpt"
 _TP = TensorParallel()
@@ -35,8 +35,6 @@ class PerRankSource:
     def __init__(self, container: Container, prefix: str, layout: ParallelLayout,
                  kinds: dict[str, Parallel], *, vocab: int | None = None, trust_pickle: bool = False,
                  tensor_parallel: TensorParallel | None = None) -> None:
-        from nemo_convert.tensors.torch_zip_source import TorchZipSource
-
         self._tp = tensor_parallel or _TP
         self._layout = layout
         self._kinds = kinds

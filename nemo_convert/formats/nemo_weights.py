@@ -15,7 +15,9 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from nemo_convert.errors import ShapeError
+from nemo_convert.formats.distckpt_write import DistCheckpointWriter, write_dist_metadata
 from nemo_convert.formats.sink import MemberSink
+from nemo_convert.formats.torch_save import TorchSaveWriter
 from nemo_convert.sharding.layout import split_layer_name
 from nemo_convert.tensors.base import TensorInfo
 
@@ -49,8 +51,6 @@ class DistWeightsWriter:
     def __init__(self, sink: MemberSink, infos: Sequence[TensorInfo], *, prefix: str = "model.",
                  folder: str = "model_weights", data_file: str = "__0_0.distcp",
                  unstacked: tuple[str, ...] = ()) -> None:
-        from nemo_convert.formats.distckpt_write import DistCheckpointWriter
-
         self._w = DistCheckpointWriter(sink, folder, data_file=data_file)
         self._prefix = prefix
         self._unstacked = tuple(unstacked)
@@ -115,8 +115,6 @@ def stacked_layout(infos: Sequence[TensorInfo]) -> tuple[dict[str, int], dict[st
 
 def finish_dist(sink: MemberSink, records: Sequence[Any], folder: str = "model_weights") -> None:
     """Write the dist checkpoint's metadata from every part's records."""
-    from nemo_convert.formats.distckpt_write import write_dist_metadata
-
     write_dist_metadata(sink, folder, list(records))
 
 
@@ -125,8 +123,6 @@ class LegacyWeightsWriter:
 
     def __init__(self, sink: MemberSink, infos: Sequence[TensorInfo], *, prefix: str = "model.",
                  member: str = "model_weights.ckpt") -> None:
-        from nemo_convert.formats.torch_save import TorchSaveWriter
-
         self._ctx = sink.open_member(member)
         stream = self._ctx.__enter__()
         self._w = TorchSaveWriter(stream)
