@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
 from nemo_convert.convert.export_config import export_config
-from nemo_convert.convert.nemo_to_hf import hf_config_of, tokenizer_files
+from nemo_convert.convert.nemo_to_hf import export_hf, hf_config_of, tokenizer_files
 from nemo_convert.errors import InputError, PluginError
 from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.hf import HFCheckpoint, open_hf
@@ -159,7 +159,6 @@ def _dtype_changes(config: list[ConfigDiff]) -> tuple[list[ConfigDiff], list[Con
 def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool) -> str:
     if side.info.format == "hf":
         return side.info.path
-    from nemo_convert.convert.nemo_to_hf import export_hf
 
     out = os.path.join(tmp, "b" if os.path.exists(os.path.join(tmp, "a")) else "a")
     export_hf(side.info.path, out, family=side.info.family, registry=registry, trust_pickle=trust_pickle)
