@@ -14,6 +14,7 @@ from rich.table import Table
 
 from nemo_convert.cli.common import (TABLE_MIN_WIDTH, QUIET_RESULT_HELP, common_flags, hf_source, output_width,
                                      print_json, revision_flag, wrapped)
+from nemo_convert.errors import InputError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -71,8 +72,7 @@ def _short(v: object, limit: int = 60) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nemo_convert.errors import InputError
-    from nemo_convert.verify import verify
+    from nemo_convert.verify import verify  # lazy: CLI start-up time
 
     if args.texts and not args.clip_image:
         raise InputError("--texts needs --clip-image")

@@ -178,13 +178,13 @@ def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
             print(json.dumps({"error": _Parser.last_error or "invalid command line", "kind": "usage"}), flush=True)
         raise
     debug = getattr(args, "debug", False)
-    from nemo_convert.formats.staging import install_signal_handlers
+    from nemo_convert.formats.staging import install_signal_handlers  # lazy: CLI start-up time
 
     warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     install_signal_handlers()
     if hasattr(signal, "SIGXFSZ"):  # a file-size limit makes writes fail with EFBIG, cleaned up like any error
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    from nemo_convert.workers import from_env, shutdown
+    from nemo_convert.workers import from_env, shutdown  # lazy: CLI start-up time
 
     try:
         args.workers = from_env()  # several processes under torchrun
