@@ -48,10 +48,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 #: (importing module, imported module) → why a function-local import outside cli/ is needed.
-ALLOWED_LOCAL: dict[tuple[str, str], str] = {
-    ("nemo_convert.verify.core", "nemo_convert.verify.clip"):
-        "CLIP's zero-shot check, until it is a plugin-provided verifier",
-}
+ALLOWED_LOCAL: dict[tuple[str, str], str] = {}
 
 LAZY_MARK = "# lazy:"
 

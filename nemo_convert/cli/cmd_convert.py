@@ -6,6 +6,7 @@ import argparse
 
 from nemo_convert.cli.common import (common_flags, device_flag, finite_flag, hf_source, output_flags, report,
                                      revision_flag, warn)
+from nemo_convert.cli.plugin_options import plugin_option_values
 from nemo_convert.cli.progress import make_progress
 from nemo_convert.errors import NemoConvertError
 
@@ -29,9 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a family-specific import option (repeatable), e.g. embed_vision_tower=true "
                         "for LLaVA; see docs/families/")
-    p.add_argument("--embed-vision-tower", action="store_true",
-                   help="LLaVA: store the vision tower in the .nemo (self-contained; export reproduces the "
-                        "full HF checkpoint). Same as --option embed_vision_tower=true")
     p.add_argument("--allow-unmapped", action="append", default=[], metavar="GLOB",
                    help="drop source tensors matching GLOB instead of failing (repeatable)")
     p.add_argument("--ignore-config-key", action="append", default=[], metavar="KEY",
@@ -105,8 +103,7 @@ def parse_options(args: argparse.Namespace) -> dict[str, object]:
             out[key.strip()] = yaml.safe_load(value) if value else ""
         except yaml.YAMLError:
             out[key.strip()] = value
-    if getattr(args, "embed_vision_tower", False):
-        out["embed_vision_tower"] = True
+    out.update(plugin_option_values(args))  # a family's switches (LLaVA's --embed-vision-tower)
     return out
 
 
