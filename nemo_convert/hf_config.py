@@ -20,18 +20,24 @@ DTYPE_OF_PRECISION = {"bf16": "bfloat16", "bf16-mixed": "bfloat16", "16": "float
                       "32": "float32", "32-true": "float32"}
 
 
-def read_config_json(folder: str) -> dict[str, Any]:
-    path = os.path.join(folder, "config.json")
+def read_json_object(path: str, missing: str | None = None) -> dict[str, Any]:
+    """The JSON object in the file ``path``; a one-line :class:`InputError` when it cannot
+    be read, is not JSON or not an object (``missing``: the message when it does not exist)."""
     try:
         with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except FileNotFoundError:
-        raise InputError(f"{folder}: no config.json (is this a Hugging Face model folder?)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            obj = json.load(f)
+    except FileNotFoundError as exc:
+        raise InputError(missing or f"{path}: not valid JSON ({exc})") from None
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
         raise InputError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
+    if not isinstance(obj, dict):
         raise InputError(f"{path}: not a JSON object")
-    return cfg
+    return obj
+
+
+def read_config_json(folder: str) -> dict[str, Any]:
+    return read_json_object(os.path.join(folder, "config.json"),
+                            missing=f"{folder}: no config.json (is this a Hugging Face model folder?)")
 
 
 def require(cfg: dict[str, Any], *keys: str) -> None:

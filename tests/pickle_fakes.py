@@ -30,6 +30,16 @@ class NoneDict:
 NONE_DICT = NoneDict()
 
 
+#: The modules :func:`fake_omegaconf` stands in for.
+OMEGACONF_MODULES = ("omegaconf", "omegaconf.base", "omegaconf.nodes", "omegaconf.dictconfig", "omegaconf.listconfig")
+
+
+def omegaconf_modules() -> dict[str, Any]:
+    """What ``sys.modules`` holds under OmegaConf's names now (a real OmegaConf may be
+    imported): compare before and after to prove that nothing was left or imported."""
+    return {n: sys.modules[n] for n in OMEGACONF_MODULES if n in sys.modules}
+
+
 @contextlib.contextmanager
 def fake_omegaconf() -> Iterator[dict[str, type]]:
     """``{class name: class}`` of the stand-ins, registered in ``sys.modules`` while the

@@ -37,6 +37,7 @@ from ckpt_builders import (
     write_dcp_checkpoint,
     write_dist_checkpoint,
 )
+from pickle_fakes import omegaconf_modules
 
 from nemo_convert import api
 from nemo_convert.errors import ConfigError, InputError, UnsafePickleError
@@ -338,12 +339,14 @@ def test_trust_pickle_is_an_explicit_opt_in(world, single, tmp_path, cli):
 @pytest.mark.slow  # a fresh interpreter
 def test_omegaconf_config_without_omegaconf(world, single, tmp_path):
     ck = torch.load(single, weights_only=False)
+    before = omegaconf_modules()  # a real OmegaConf may be imported
     with fake_omegaconf() as classes:
         ck["hyper_parameters"] = {"cfg": omegaconf_tree(classes, ck["hyper_parameters"]["cfg"])}
         ck["hparams_type"] = classes["DictConfig"]
         path = str(tmp_path / "omega.ckpt")
         torch.save(ck, path)
-    assert "omegaconf" not in sys.modules
+    # the stand-ins are gone and whatever was there is back
+    assert omegaconf_modules() == before
     shutil.copy(world["tokenizer"], tmp_path / "tokenizer.model")
     out = str(tmp_path / "m.nemo")
     script = textwrap.dedent(f"""

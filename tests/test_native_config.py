@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 import pytest
@@ -141,3 +142,88 @@ def test_issue_12_nemo_with_megatron_0_15_metadata_through_the_cli(tmp_path: Any
     assert "not allowed" not in err and all(t["status"] == "equal" for t in json.loads(out)["tensors"])
     a, b = hf_tensors(str(tmp_path / "out")), hf_tensors(hf)
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def _v4(hf: str, folder: str, **changes: Any) -> str:
+    """A copy of ``hf`` whose config.json is spelled as transformers 4 wrote it."""
+    shutil.copytree(hf, folder)
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    rope = cfg.pop("rope_parameters")
+    cfg.update({"torch_dtype": cfg.pop("dtype"), "rope_theta": rope["rope_theta"], "rope_scaling": None,
+                "transformers_version": "4.51.3", **changes})
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return folder
+
+
+def test_native_config_verifies_against_its_hf_source(tmp_path: Any, cli: Any) -> None:
+    """Configs are compared by meaning: v4 and v5 spellings alike, what a NeMo config cannot
+    record a note; RoPE scaling and real changes stay differences."""
+    hf, _ = _hf(str(tmp_path / "hf"))
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(hf, nemo, packed=False)
+    _go_native(nemo)
+    v4 = _v4(hf, str(tmp_path / "v4"))
+    for source in (hf, v4):
+        rep = api.verify(nemo, source, rope_scaling=False)
+        assert rep.ok, rep.config
+        assert [n for n in rep.notes if n.startswith("config: ") and "transformers_version" in n]
+        rep = api.verify(source, nemo)  # as NeMo runs it: llama3 scaling, which the source has not
+        assert [(c.path, c.kind, c.b["rope_type"]) for c in rep.config] == [("rope_scaling", "changed", "llama3")]
+    code, out, err = cli("verify", nemo, v4, "--no-rope-scaling")
+    assert code == 0 and "OK" in out, out + err
+    eps = _v4(hf, str(tmp_path / "eps"), rms_norm_eps=1e-6, rope_theta=5e5)
+    rep = api.verify(nemo, eps, rope_scaling=False)
+    assert sorted((c.path, c.kind) for c in rep.config) == [("rms_norm_eps", "changed"), ("rope_theta", "changed")]
+    with open(os.path.join(hf, "config.json")) as f:
+        v5 = json.load(f)
+    v5["rope_parameters"]["rope_theta"] = 5e5
+    v5["num_key_value_heads"] = 4
+    shutil.copytree(hf, tmp_path / "v5")
+    (tmp_path / "v5" / "config.json").write_text(json.dumps(v5))
+    rep = api.verify(nemo, str(tmp_path / "v5"), rope_scaling=False)
+    assert sorted((c.path, c.a, c.b) for c in rep.config) == [("num_key_value_heads", 2, 4),
+                                                               ("rope_theta", 10000.0, 5e5)]
+    code, out, _ = cli("verify", nemo, eps, "--no-rope-scaling")
+    assert code == 1 and "MISMATCH" in out and "rms_norm_eps" in out
+
+
+def test_native_config_quantizes_with_the_true_vocabulary(tmp_path: Any) -> None:
+    """quantize completes a NeMo-native config as export does: the padded rows trimmed."""
+    from safetensors.torch import load_file
+
+    from nemo_convert.qnemo import quantize
+
+    hf, vocab = _hf(str(tmp_path / "hf"))
+    api.import_hf(hf, str(tmp_path / "m.nemo"), packed=False, layout="legacy", parallel=Parallelism(2, 1))
+    _go_native(str(tmp_path / "m.nemo"))
+    rep = quantize(str(tmp_path / "m.nemo"), str(tmp_path / "q.qnemo"), algo="none", rope_scaling=False)
+    assert rep.warnings == []
+    cfg = json.loads((tmp_path / "q.qnemo" / "config.json").read_text())
+    assert cfg["vocab_size"] == vocab and cfg["rotary_scaling"] is None
+    (emb,) = [v for k, v in load_file(str(tmp_path / "q.qnemo" / "rank0.safetensors")).items() if "vocab_embedding" in k]
+    assert torch.equal(emb, hf_tensors(hf)["model.embed_tokens.weight"])
+    rep = quantize(str(tmp_path / "m.nemo"), str(tmp_path / "s.qnemo"), algo="none")  # as NeMo runs it
+    assert len(rep.warnings) == 1 and "--no-rope-scaling" in rep.warnings[0]
+    assert json.loads((tmp_path / "s.qnemo" / "config.json").read_text())["rotary_scaling"]["type"] == "llama3"
+
+
+def test_inspect_shows_the_true_vocabulary_and_the_padded_rows(tmp_path: Any, cli: Any) -> None:
+    hf, vocab = _hf(str(tmp_path / "hf"))
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(hf, nemo, packed=False, layout="legacy", parallel=Parallelism(2, 1))
+    cfg = _go_native(nemo)
+    div = cfg["make_vocab_size_divisible_by"] * 2
+    rows = -(-vocab // div) * div
+    assert rows > vocab
+    code, out, err = cli("inspect", nemo, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["config"]["vocab_size"] == vocab
+    emb = {t["name"]: t["shape"] for t in info["tensors"]}["embedding.word_embeddings.weight"]
+    assert emb == [rows, 64]
+    assert [n for n in info["notes"] if f"vocab_size {vocab} is the true vocabulary" in n and f"{rows} rows" in n]
+    code, out, _ = cli("inspect", nemo)
+    assert code == 0 and f"vocab_size: {vocab}" in out and f"{rows}×64" in out

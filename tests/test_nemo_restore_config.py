@@ -345,18 +345,28 @@ def test_neva_import_loads_in_nemo(tmp_path):
     assert any("mm_cfg.vision_encoder.from_pretrained" in w for w in rep.warnings)
 
 
-def test_reshard_adds_what_is_missing_and_keeps_what_is_there(llama_files, tmp_path):
+def _edited_import(llama_files: dict[str, str], tmp_path: Any, edit: Callable[[dict[str, Any]], None]) -> str:
+    """An unpacked import of the untied Llama whose ``model_config.yaml`` ``edit`` changed
+    (say, to what an older nemo-convert wrote)."""
     folder = str(tmp_path / "old")
     api.import_hf(llama_files["hf_False"], folder, packed=False)
     path = os.path.join(folder, "model_config.yaml")
     with open(path) as f:
         cfg = yaml.safe_load(f)
-    for key in ("optim", "nsys_profile", "use_cpu_initialization", "bias_activation_fusion"):
-        del cfg[key]  # as an older nemo-convert wrote it
-    del cfg["data"]["shuffle_documents"]
-    cfg["seed"], cfg["data"]["num_workers"], cfg["fp8_hybrid"] = 42, 7, None
+    edit(cfg)
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f, sort_keys=False)
+    return folder
+
+
+def test_reshard_adds_what_is_missing_and_keeps_what_is_there(llama_files, tmp_path):
+    def older(cfg: dict[str, Any]) -> None:
+        for key in ("optim", "nsys_profile", "use_cpu_initialization", "bias_activation_fusion"):
+            del cfg[key]  # as an older nemo-convert wrote it
+        del cfg["data"]["shuffle_documents"]
+        cfg["seed"], cfg["data"]["num_workers"], cfg["fp8_hybrid"] = 42, 7, None
+
+    folder = _edited_import(llama_files, tmp_path, older)
     out = str(tmp_path / "tp2.nemo")
     api.reshard(folder, out, tp=2, layout="legacy")
     got = model_config(out)
@@ -480,14 +490,58 @@ def test_emulation_reproduces_the_reported_failure(llama_files, kind):
 
 
 def test_add_tokens_output_gains_what_is_missing(llama_files, tmp_path):
-    folder = str(tmp_path / "old")
-    api.import_hf(llama_files["hf_False"], folder, packed=False)
-    path = os.path.join(folder, "model_config.yaml")
-    with open(path) as f:
-        cfg = yaml.safe_load(f)
-    del cfg["optim"], cfg["data"]
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg, f, sort_keys=False)
+    def older(cfg: dict[str, Any]) -> None:
+        del cfg["optim"], cfg["data"]
+
+    folder = _edited_import(llama_files, tmp_path, older)
     out = str(tmp_path / "tok.nemo")
     api.add_tokens(folder, out, ["<extra_id_0>"])
     check_loadable(model_config(out))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("extra", [0, 64])
+def test_override_vocab_size_where_the_tokenizer_is_not_the_vocabulary(tmp_path, tp, extra):
+    """NeMo sizes the embedding as ``cfg.get('override_vocab_size', padded_vocab_size)``
+    (gpt L501), the padded size being the tokenizer's ``vocab_size`` (its piece count)
+    padded to make_vocab_size_divisible_by × TP (mbm L623-645): the rows we store either way."""
+    import sentencepiece as spm
+    from tiny_models import write_sentencepiece
+
+    from nemo_convert.convert.nemo_write import Parallelism
+
+    hf = str(tmp_path / "hf")
+    os.makedirs(hf)
+    tok = write_sentencepiece(os.path.join(hf, "tokenizer.model"), vocab_size=200)
+    pieces = spm.SentencePieceProcessor(model_file=tok).get_piece_size()
+    make_tiny_llama(hf, tokenizer=False, vocab_size=pieces + extra)
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(hf, nemo, layout="legacy", parallel=Parallelism(tp, 1))
+    cfg = model_config(nemo)
+    rows = cfg["nemo_convert"]["padded_vocab_size"]
+    multiple = cfg["make_vocab_size_divisible_by"] * tp
+    assert cfg.get("override_vocab_size", -(-pieces // multiple) * multiple) == rows
+    assert ("override_vocab_size" in cfg) == (extra != 0)
+    if extra and tp == 2:
+        assert rows > pieces + extra  # padded at TP 2: the override is the rows, not vocab_size
+    check_loadable(cfg)
+
+
+def test_add_tokens_sets_override_vocab_size(tmp_path):
+    """A tokenizer grown past the embedding: NeMo must keep the stored rows, as the
+    embedding is not resized."""
+    import sentencepiece as spm
+    from tiny_models import write_sentencepiece
+
+    hf = str(tmp_path / "hf")
+    os.makedirs(hf)
+    tok = write_sentencepiece(os.path.join(hf, "tokenizer.model"), vocab_size=200)
+    pieces = spm.SentencePieceProcessor(model_file=tok).get_piece_size()
+    make_tiny_llama(hf, tokenizer=False, vocab_size=pieces)
+    api.import_hf(hf, str(tmp_path / "m.nemo"))
+    assert "override_vocab_size" not in model_config(str(tmp_path / "m.nemo"))
+    rep = api.add_tokens(str(tmp_path / "m.nemo"), str(tmp_path / "tok.nemo"), ["<extra_id_0>", "<extra_id_1>"])
+    cfg = model_config(str(tmp_path / "tok.nemo"))
+    assert rep.new_vocab_size == pieces + 2
+    assert cfg["override_vocab_size"] == cfg["nemo_convert"]["padded_vocab_size"] == pieces
+    check_loadable(cfg)

@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="checkpoint dtype (default: the source's; quantized algorithms need bf16 or fp16)")
     p.add_argument("--compress", action="store_true", help="write a plain tar instead of a folder")
     device_flag(p, what="calibration and the quantization math")
+    p.add_argument("--no-rope-scaling", dest="rope_scaling", action="store_false",
+                   help="read a NeMo-written .nemo's scale_positional_embedding: True as no RoPE scaling "
+                        "(as export --no-rope-scaling does) instead of llama3 scaling as NeMo runs it")
     p.add_argument("--family", help="model family (default: detected)")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     p.add_argument("--trust-pickle", action="store_true",
@@ -63,7 +66,7 @@ def run_quantize(args: argparse.Namespace) -> int:
                    calib_batch_size=args.calib_batch_size, kv_cache=args.kv_cache, compress=args.compress,
                    device=args.device, overwrite=args.overwrite, group_size=args.group_size, dtype=args.dtype,
                    family=args.family, progress=make_progress(args), trust_pickle=args.trust_pickle,
-                   workers=workers)
+                   workers=workers, rope_scaling=args.rope_scaling)
     if not workers.is_main:
         return 0  # process 0 reports for all
     for w in rep.warnings:

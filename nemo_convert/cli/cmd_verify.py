@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="compare tensors of different floating dtypes by value (both upcast; --atol/--rtol "
                         "apply) and accept a changed config dtype, instead of counting a dtype change as a "
                         "difference; the changes are still listed")
+    p.add_argument("--no-rope-scaling", dest="rope_scaling", action="store_false",
+                   help="read a NeMo-written .nemo's scale_positional_embedding: True as no RoPE scaling "
+                        "(as export --no-rope-scaling does) instead of llama3 scaling as NeMo runs it")
     p.add_argument("--family", help="model family of .nemo inputs (default: from their config)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many worst tensors to list (default 10)")
     p.add_argument("--trust-pickle", action="store_true",
@@ -75,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--top must be >= 0")
     rep = verify(hf_source(args, args.a, one_of_several=True), hf_source(args, args.b, one_of_several=True), atol=args.atol, rtol=args.rtol, family=args.family,
                  trust_pickle=args.trust_pickle, allow_dtype_change=args.allow_dtype_change,
+                 rope_scaling=args.rope_scaling,
                  options=plugin_option_values(args))  # the plugins' verifiers' (CLIP's --clip-image --texts)
     code = 0 if rep.ok else 1
     if args.json:

@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_convert.convert.common import kinds_for
+from nemo_convert.convert.common import SECTION, kinds_for
+from nemo_convert.convert.export_config import complete_config
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.formats.detect import Kind, require_kind
 from nemo_convert.formats.hf import open_hf
 from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.formats.qnemo_read import open_qnemo
 from nemo_convert.plugins.manager import get_registry
+from nemo_convert.plugins.records import ModelFamily
 from nemo_convert.tensors.base import TensorSource
 
 
@@ -80,15 +82,41 @@ def inspect_checkpoint(path: str, *, trust_pickle: bool = False, iteration: int 
             return {"path": path, "format": "qnemo", "layout": None, "family": None, "config": summary,
                     "ranks": ck.handle.ranks, "num_tensors": len(tensors),
                     "total_bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}
+        notes: list[str] = []
         try:
             reg = get_registry()
-            family = (reg.family_for_hf_config(ck.config) if ck.format == "hf"
-                      else reg.family_for_nemo_config(ck.config)).name
+            fam = reg.family_for_hf_config(ck.config) if ck.format == "hf" else reg.family_for_nemo_config(ck.config)
+            family = fam.name
         except NemoConvertError:
-            pass
+            fam = None
+        if fam is not None and ck.format != "hf":
+            try:
+                notes += _true_vocabulary(ck, fam, summary)
+            except (NemoConvertError, KeyError, TypeError, ValueError):  # a config its family cannot plan
+                pass
         out = {"path": path, "format": ck.format, "layout": ck.layout, "family": family, "config": summary,
                "num_tensors": len(tensors), "total_bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}
         if ck.format in ("megatron-bridge", "megatron-lm"):
             out["iteration_dir"] = ck.handle.iteration_dir
-            out["notes"] = list(ck.handle.notes) + list(ck.handle.warnings)
+            notes = list(ck.handle.notes) + list(ck.handle.warnings) + notes
+        if notes:
+            out["notes"] = notes
         return out
+
+
+def _true_vocabulary(ck: Checkpoint, fam: ModelFamily, summary: dict[str, Any]) -> list[str]:
+    """Put the true vocabulary size into ``summary`` (``vocab_size``) as export completes it
+    (:func:`~nemo_convert.convert.export_config.complete_config`), which the tensor table's
+    vocabulary rows may exceed by Megatron's padding; the completion's warnings."""
+    prep = complete_config(ck.handle, fam)
+    ours = prep.cfg.get(SECTION)
+    vocab = ours.get("vocab_size") if isinstance(ours, dict) else None
+    notes = list(prep.warnings)
+    if isinstance(vocab, int) and not isinstance(vocab, bool):
+        summary["vocab_size"] = vocab
+        padded = sorted({n for n in ck.source.keys() if prep.source.info(n).shape != ck.source.info(n).shape})
+        if padded:
+            rows = ck.source.info(padded[0]).shape[0]
+            notes.append(f"vocab_size {vocab} is the true vocabulary; {', '.join(padded)} hold {rows} rows "
+                         f"({rows - vocab} of Megatron's padding)")
+    return notes

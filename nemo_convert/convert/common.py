@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from nemo_convert.errors import NemoConvertError
+from nemo_convert.formats.detect import require_kind
+from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.formats.sink import DirectorySink
 from nemo_convert.mapping.planner import nemo_parallel_kinds
 from nemo_convert.plugins.manager import Registry, get_registry
@@ -62,3 +64,15 @@ def kinds_for(registry: Registry, family: str | None = None):  # type: ignore[no
         return nemo_parallel_kinds(fam.mapping(cfg), cfg)
 
     return kinds
+
+
+def open_nemo_source(src: str, registry: Registry, *, family: str | None, compute: Any, trust_pickle: bool,
+                     iteration: int | None) -> Any:
+    """Open what export and reshard read — a ``.nemo``, a NeMo 2 folder or a Megatron
+    directory (``iteration``: its ``iter_XXXXXXX/``) — lazily, with the tensor-parallel
+    merge ``compute`` (a :class:`~nemo_convert.compute.Compute`) runs; any other kind is
+    refused naming the command that takes it."""
+    require_kind(src, ("nemo", "nemo2", "megatron"), "a .nemo")
+    return open_model_checkpoint(src, trust_pickle=trust_pickle, kinds_for=kinds_for(registry, family),
+                                 tensor_parallel=compute.tensor_parallel(registry.sharding("tp").implementation),
+                                 iteration=iteration)

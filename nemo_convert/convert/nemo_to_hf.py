@@ -13,16 +13,14 @@ from nemo_convert.convert.common import (
     SECTION,
     ConversionReport,
     finite_warning,
-    kinds_for,
+    open_nemo_source,
     registry_or_default,
 )
-from nemo_convert.convert.export_config import complete_hf_config, export_config
+from nemo_convert.convert.export_config import ExportConfig, complete_hf_config, export_config
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, RunStats, apply_dtype, merge_stats, run_plan
 from nemo_convert.formats.hf import HFWeightsWriter, json_bytes
-from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.nemo import NemoCheckpoint
-from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.errors import ConfigError
 from nemo_convert.formats.sink import DirectorySink, MemberSink
 from nemo_convert.formats.staging import check_target, refuse_overlap
@@ -62,6 +60,16 @@ def hf_config_of(fam: ModelFamily, cfg: dict[str, Any], dtype: torch.dtype | Non
     return hf_cfg
 
 
+def plan_to_hf(ckpt: Any, fam: ModelFamily, *, rope_scaling: bool = True,
+               dtype: torch.dtype | None = None) -> tuple[ExportConfig, dict[str, Any], Plan]:
+    """A ``.nemo`` as export sees it (also ``verify`` and ``quantize``): its config completed
+    (:func:`~nemo_convert.convert.export_config.export_config`), the ``config.json`` written
+    for it (with an optional cast) and the ``to_hf`` plan over the completed source."""
+    prep = export_config(ckpt, fam, rope_scaling=rope_scaling)
+    hf_cfg = hf_config_of(fam, prep.cfg, dtype, prep.hf_defaults)
+    return prep, hf_cfg, plan_conversion(fam.mapping(prep.cfg), prep.cfg, prep.source, "to_hf")
+
+
 def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, overwrite: bool = False,
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
               progress: Progress | None = None, registry: Registry | None = None,
@@ -82,16 +90,12 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
     want = parse_dtype(dtype)
-    require_kind(src, ("nemo", "nemo2", "megatron"), "a .nemo")
-    ckpt = open_model_checkpoint(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
-                                 tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation),
-                                 iteration=iteration)
+    ckpt = open_nemo_source(src, reg, family=family, compute=compute, trust_pickle=trust_pickle,
+                            iteration=iteration)
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
-        prep = export_config(ckpt, fam, rope_scaling=rope_scaling)
+        prep, hf_cfg, plan = plan_to_hf(ckpt, fam, rope_scaling=rope_scaling, dtype=want)
         cfg, source = prep.cfg, prep.source
-        hf_cfg = hf_config_of(fam, cfg, want, prep.hf_defaults)
-        plan = plan_conversion(fam.mapping(cfg), cfg, source, "to_hf")
         plan.check_finite = check_finite
         warnings = prep.warnings + apply_dtype(plan, want)
         placed = compute.place(plan, source)

@@ -9,7 +9,7 @@ from nemo_convert.compute import CPU, Compute
 from nemo_convert.convert.common import SECTION, dir_sink
 from nemo_convert.convert.nemo_defaults import complete_nemo_config
 from nemo_convert.engine import NoProgress, Progress, RunStats, merge_stats, run_plan
-from nemo_convert.errors import UnsupportedError
+from nemo_convert.errors import InputError, UnsupportedError
 from nemo_convert.formats.nemo import CONFIG_MEMBER, dump_yaml
 from nemo_convert.formats.nemo_ranks import WEIGHTS, RankWeightsWriter
 from nemo_convert.formats.nemo_weights import DistWeightsWriter, LegacyWeightsWriter, finish_dist
@@ -22,6 +22,7 @@ from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout, rank_dir
 from nemo_convert.sharding.tensor import TensorParallel
 from nemo_convert.tensors.base import TensorSource
+from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
 from nemo_convert.workers import SINGLE, Workers, split_balanced, write_together
 
 
@@ -95,6 +96,35 @@ def vocab_sizes(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], tp:
         return None, None
     vocab = int((cfg.get(SECTION) or {}).get("vocab_size") or min(rows))
     return vocab, padded_vocab_size(vocab, int(cfg.get("make_vocab_size_divisible_by") or 1), tp)
+
+
+def override_vocab_size(cfg: dict[str, Any], artifacts: Sequence[tuple[str, bytes]], vocab: int,
+                        padded: int) -> None:
+    """Write ``override_vocab_size`` where NeMo would size the embedding wrongly.
+
+    NeMo sizes the embedding from its tokenizer, ``tokenizer.vocab_size`` (a SentencePiece
+    model's piece count) padded to ``make_vocab_size_divisible_by`` × TP, unless the config
+    sets ``override_vocab_size``, which it uses as the size itself (NVIDIA/NeMo 379b8767,
+    ``megatron_base_model.py`` L623-645 ``_build_vocab`` / ``_vocab_size_with_padding``;
+    ``megatron_gpt_model.py`` L501, L522). When the SentencePiece tokenizer's piece count
+    is not the model's ``vocab``, the override is the rows we store (``padded``: ``vocab``
+    at TP 1); when they agree NeMo's own sizing gives those rows and the key is removed.
+    Without a SentencePiece model among ``artifacts`` the config is left as it is."""
+    tok = cfg.get("tokenizer")
+    model = tok.get("model") if isinstance(tok, dict) else None
+    if not isinstance(model, str) or str(tok.get("library", "")).lower() != "sentencepiece":  # type: ignore[union-attr]
+        return
+    data = dict(artifacts).get(model[len("nemo:"):] if model.startswith("nemo:") else model)
+    if data is None:
+        return
+    try:
+        pieces = sentencepiece_vocab_size(data)
+    except InputError:
+        return
+    if pieces != vocab:
+        cfg["override_vocab_size"] = padded
+    else:
+        cfg.pop("override_vocab_size", None)
 
 
 @dataclass
@@ -185,9 +215,10 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
     cfg["tensor_model_parallel_size"] = par.tp
     cfg["pipeline_model_parallel_size"] = par.pp
     ours = cfg.setdefault(SECTION, {})
-    if vocab is not None:
+    if vocab is not None and padded is not None:
         ours["vocab_size"] = vocab
         ours["padded_vocab_size"] = padded
+        override_vocab_size(cfg, artifacts, vocab, padded)
     if par.stage_layers is not None:
         ours["pipeline_stage_layers"] = list(par.stage_layers)
     complete_nemo_config(cfg)

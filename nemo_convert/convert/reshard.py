@@ -7,15 +7,14 @@ output tensor is assembled from just the input slices it needs, one tensor at a 
 from __future__ import annotations
 
 from nemo_convert.compute import Compute, DeviceOption
-from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, kinds_for, registry_or_default
+from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, open_nemo_source,
+                                         registry_or_default)
 from nemo_convert.convert.export_config import complete_config
 from nemo_convert.convert.nemo_to_hf import tokenizer_files
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.engine import Progress
-from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name
-from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.formats.nemo_ranks import WEIGHTS
 from nemo_convert.formats.staging import check_target, refuse_overlap
 from nemo_convert.formats.nemo_weights import LAYOUTS
@@ -73,10 +72,8 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
     check_target(out, overwrite=overwrite)
-    require_kind(src, ("nemo", "nemo2", "megatron"), "a .nemo")
-    ckpt = open_model_checkpoint(src, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family),
-                                 tensor_parallel=compute.tensor_parallel(reg.sharding("tp").implementation),
-                                 iteration=iteration)
+    ckpt = open_nemo_source(src, reg, family=family, compute=compute, trust_pickle=trust_pickle,
+                            iteration=iteration)
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
         prep = complete_config(ckpt, fam)  # a NeMo-native config: record the true vocabulary

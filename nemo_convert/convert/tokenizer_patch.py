@@ -25,6 +25,7 @@ import yaml
 
 from nemo_convert.convert.common import SECTION, registry_or_default
 from nemo_convert.convert.nemo_defaults import complete_nemo_config
+from nemo_convert.convert.nemo_write import override_vocab_size
 from nemo_convert.errors import InputError, NemoConvertError
 from nemo_convert.formats.nemo import CONFIG_MEMBER, artifact_name, dump_yaml, load_yaml
 from nemo_convert.formats.staging import staged_output
@@ -319,8 +320,12 @@ def _patch_nemo(src: str, out: str, tokens: list[str], options: dict[str, Any], 
 
         renames = {old[len(prefix):]: new[len(prefix):] for old, (new, _) in new_bytes.items()}
         new_cfg = _replace_refs(cfg, renames)
+        vocab, padded = ours.get("vocab_size"), ours.get("padded_vocab_size")
+        if isinstance(vocab, int) and isinstance(padded, int):  # NeMo would size the embedding from the tokenizer
+            override_vocab_size(new_cfg, [(new[len(prefix):], data) for new, data in new_bytes.values()], vocab, padded)
         # what NeMo's class reads at construction, where missing; our section stays last
-        if complete_nemo_config(new_cfg) and isinstance(new_cfg.get(SECTION), dict):
+        complete_nemo_config(new_cfg)
+        if isinstance(new_cfg.get(SECTION), dict):
             new_cfg[SECTION] = new_cfg.pop(SECTION)
         if primary.added:
             sec = new_cfg.setdefault(SECTION, {})

@@ -6,10 +6,10 @@ are presented per layer (``…decoder.layers.<i>.<module>…``) and each layer r
 chunks that overlap it. Megatron ≥ 0.15's per-layer layout passes through, with its gated
 ``weight_w``/``weight_v`` halves presented as one ``weight`` (``cat([w, v], 0)``).
 
-A chunk's bytes are the ``torch.save`` of one tensor. We parse only its small headers
-(with ``torch.load(..., map_location="meta", weights_only=True)``) and then memory-map
-the storage bytes in place when they are aligned, or read just the needed rows
-otherwise; anything unusual falls back to a plain ``torch.load(weights_only=True)``.
+A chunk's bytes are the ``torch.save`` of one tensor, read by
+:mod:`~nemo_convert.formats.distckpt_chunk`: its small headers parsed, then its storage
+memory-mapped in place when aligned, or just the needed rows read otherwise; anything
+unusual falls back to a plain ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ import torch
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.distckpt import DCP_METADATA, METADATA_JSON
+from nemo_convert.formats.distckpt_chunk import ChunkLayout, layout_tensor, load_chunk, read_layout
 from nemo_convert.formats.distckpt_meta import (
     BytesStorageMetadata,
     MetadataIndex,
     load_metadata,
 )
-from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, dtype_size
+from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo
 from nemo_convert.tensors.pieces import Lazy, rows
-from nemo_convert.tensors.torch_zip import LazyTensor, read_torch_zip
 
 _STACKED = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")
 
@@ -60,27 +60,6 @@ class _View:
     dtype: torch.dtype
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Where a chunk's storage bytes lie and how the saved tensor views them."""
-
-    data_offset: int  # absolute, in the region's file
-    storage_bytes: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    storage_offset: int
-    dtype: torch.dtype
-    crc32: int | None = None  # the record's stored CRC-32, when the storage is the whole record
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))
-
-
 class DistCheckpointSource:
     """The tensors of a ``torch_dist`` checkpoint, read lazily.
 
@@ -98,7 +77,7 @@ class DistCheckpointSource:
         self._mmap = mmap
         self._regions: dict[str, ByteRegion] = {}
         self._maps: dict[str, FileMap] = {}
-        self._layouts: dict[_Chunk, _Layout | None] = {}
+        self._layouts: dict[_Chunk, ChunkLayout | None] = {}
         self.config = self._read_config()
         self.metadata = load_metadata(self._member(DCP_METADATA, required=True).read(), self._where)
         self._raw: dict[str, tuple[tuple[int, ...], torch.dtype, list[_Chunk]]] = {}
@@ -349,71 +328,26 @@ class DistCheckpointSource:
         dtype = self._raw[raw][1]
         layout = self._layout(raw, c, region) if self._mmap else None
         if layout is None:
-            t = self._torch_load(raw, region)
+            t = load_chunk(region, self._where, raw)
         else:
             if layout.dtype != dtype:
                 raise InputError(f"{self._where}: a chunk of {raw} holds {layout.dtype}, .metadata says {dtype}")
-            esize = dtype_size(dtype)
-            contiguous = layout.stride == _contiguous_strides(layout.shape)
-            if layout.data_offset % esize == 0:
-                fmap = self._maps.get(region.path)
-                if fmap is None:
-                    fmap = self._maps[region.path] = FileMap(region.path)
-                if layout.crc32 is not None:
-                    fmap.note_checksum(layout.data_offset, layout.storage_bytes, layout.crc32)
-                flat = fmap.tensor(layout.data_offset, (layout.storage_bytes // esize,), dtype)
-                t = flat.as_strided(layout.shape, layout.stride, flat.storage_offset() + layout.storage_offset)
-            elif contiguous and layout.shape:
-                row = _numel(layout.shape[1:])
-                first = layout.storage_offset + lo * row
-                data = bytearray(ByteRegion(region.path, layout.data_offset, layout.storage_bytes)
-                                 .read(first * esize, (hi - lo) * row * esize))
-                rows = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
-                return rows.view((hi - lo,) + layout.shape[1:])
-            else:
-                data = bytearray(ByteRegion(region.path, layout.data_offset, layout.storage_bytes).read())
-                flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
-                t = flat.as_strided(layout.shape, layout.stride, layout.storage_offset)
+            t, only_rows = layout_tensor(region, layout, lo, hi, self._maps)
+            if only_rows:
+                return t
         if tuple(t.shape) != c.sizes or t.dtype != dtype:
             raise InputError(f"{self._where}: a chunk of {raw} holds {list(t.shape)} {t.dtype}, "
                              f".metadata says {list(c.sizes)} {dtype}")
         return t.narrow(0, lo, hi - lo) if t.dim() else t
 
-    def _torch_load(self, raw: str, region: ByteRegion) -> torch.Tensor:
-        try:
-            with region.open() as f:
-                t = torch.load(f, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise InputError(f"{self._where}: cannot read a chunk of {raw} "
-                             f"({type(exc).__name__}: {exc}); the data file may be truncated") from exc
-        if not isinstance(t, torch.Tensor):
-            raise InputError(f"{self._where}: a chunk of {raw} is not a tensor")
-        return t
-
-    def _layout(self, raw: str, c: _Chunk, region: ByteRegion) -> _Layout | None:
-        """The storage layout of a chunk's ``torch.save`` bytes (read by our own zip and
-        pickle readers, no torch.load), or None to fall back to a plain load."""
-        if c in self._layouts:
-            return self._layouts[c]
-        layout = None
-        try:
-            saved = read_torch_zip(region)
-            if isinstance(saved, LazyTensor) and not saved.metadata:
-                offset, nbytes, crc = saved.storage.archive.stored_range(saved.storage)
-                layout = _Layout(offset, nbytes, saved.shape, saved.stride, saved.storage_offset, saved.dtype, crc)
-        except OSError as exc:
-            raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
-        except InputError:  # not what we can map: let the plain load report or read it
-            layout = None
-        self._layouts[c] = layout
-        return layout
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+    def _layout(self, raw: str, c: _Chunk, region: ByteRegion) -> ChunkLayout | None:
+        """The storage layout of a chunk (cached), or None to fall back to a plain load."""
+        if c not in self._layouts:
+            try:
+                self._layouts[c] = read_layout(region)
+            except OSError as exc:
+                raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
+        return self._layouts[c]
 
 
 def _covers(c: _Chunk, starts: tuple[int, ...], sizes: tuple[int, ...]) -> bool:

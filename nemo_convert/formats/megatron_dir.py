@@ -42,13 +42,14 @@ from nemo_convert.formats.nemo import _stage_sizes as stage_sizes
 from nemo_convert.formats.nemo2 import load_context_yaml
 from nemo_convert.formats.nemo_ranks import WEIGHTS, PerRankSource
 from nemo_convert.formats.tar_archive import Container, DirectoryContainer
+from nemo_convert.hf_config import read_json_object
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout, rank_dir
 from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
 from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
 from nemo_convert.tensors.safe_unpickle import safe_load, to_plain
 from nemo_convert.tensors.torch_zip import load_archive, read_torch_zip
-from nemo_convert.tensors.views import PrefixView
+from nemo_convert.tensors.views import PrefixView, RenamedView
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RUN_CONFIG = "run_config.yaml"
@@ -233,38 +234,19 @@ LOCAL_SPEC_NAMES = {".input_layernorm.weight": ".self_attention.linear_qkv.layer
                     ".pre_mlp_layernorm.bias": ".mlp.linear_fc1.layer_norm_bias"}
 
 
-class LocalSpecNames:
+class LocalSpecNames(RenamedView):
     """A source with local-spec norm names presented under the Transformer-Engine names
     (norms are replicated, so the per-rank merge below needs no kind for them)."""
 
     def __init__(self, inner: TensorSource) -> None:
-        self._inner = inner
-        self._map: dict[str, str] = {}
+        names: dict[str, str] = {}
         for k in inner.keys():
             new = k
             for old, te in LOCAL_SPEC_NAMES.items():
                 if k.endswith(old):
                     new = k[: -len(old)] + te
-            self._map[new] = k
-
-    def keys(self) -> list[str]:
-        return list(self._map)
-
-    def info(self, key: str) -> Any:
-        i = self._inner.info(self._map[key])
-        return type(i)(key, i.shape, i.dtype)
-
-    def load(self, key: str) -> torch.Tensor:
-        return self._inner.load(self._map[key])
-
-    def load_lazy(self, key: str) -> Any:
-        return getattr(self._inner, "load_lazy", self._inner.load)(self._map[key])
-
-    def group(self, key: str) -> str:
-        return self._inner.group(self._map[key])
-
-    def close(self) -> None:
-        self._inner.close()
+            names[new] = k
+        super().__init__(inner, names)
 
 
 class _LegacyRanks(Container):
@@ -301,13 +283,7 @@ def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: 
         ours: dict[str, Any] = {}
         ours_path = os.path.join(folder, OURS)
         if os.path.isfile(ours_path):
-            try:
-                with open(ours_path, encoding="utf-8") as f:
-                    ours = json.load(f)
-            except (OSError, ValueError) as exc:
-                raise InputError(f"{ours_path}: not valid JSON ({exc})") from None
-            if not isinstance(ours, dict):
-                raise InputError(f"{ours_path}: not a JSON object")
+            ours = read_json_object(ours_path)
         run_config = os.path.join(folder, RUN_CONFIG)
         kind = "megatron-bridge" if os.path.isfile(run_config) else "megatron-lm"
         dist = None

@@ -3,15 +3,15 @@ files, lazily, for ``inspect``. Tensors are named ``rank{i}/<TensorRT-LLM name>`
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from nemo_convert.errors import InputError, UnsupportedError
+from nemo_convert.errors import UnsupportedError
 from nemo_convert.formats.detect import RANK_FILE
+from nemo_convert.hf_config import read_json_object
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.safetensors_source import SafetensorsFile
 from nemo_convert.tensors.views import MultiSource
@@ -60,13 +60,7 @@ def open_qnemo(path: str) -> QnemoCheckpoint:
         raise UnsupportedError(f"{path}: a .qnemo tar (quantize --compress) is read as a folder only; "
                                "extract it first (tar -xf)")
     cfg_path = os.path.join(path, "config.json")
-    try:
-        with open(cfg_path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{cfg_path}: not a readable JSON config ({exc})") from None
-    if not isinstance(config, dict):
-        raise InputError(f"{cfg_path}: the config is not a JSON object")
+    config = read_json_object(cfg_path)
     names = sorted((n for n in os.listdir(path) if RANK_FILE.fullmatch(n)), key=lambda n: int(n[4:-12]))
     files = [SafetensorsFile(os.path.join(path, n)) for n in names]
     ranks = []

@@ -37,7 +37,8 @@ def sized(job: Job, dev: torch.device, calib_size: int | None,
 
 def _calibrate(job: Job, src: str, out: str, *, calib_data: str | None, calib_size: int | None,
                calib_seq_len: int | None, calib_batch_size: int, dev: torch.device, reg: Registry,
-               trust_pickle: bool, progress: Progress | None = None) -> tuple[dict[str, Stats], calib.CalibrationInfo]:
+               trust_pickle: bool, progress: Progress | None = None,
+               rope_scaling: bool = True) -> tuple[dict[str, Stats], calib.CalibrationInfo]:
     """Run the model over the calibration text and check every scale input is there."""
     plan, spec = job.plan, job.spec
     tc = time.perf_counter()
@@ -50,7 +51,8 @@ def _calibrate(job: Job, src: str, out: str, *, calib_data: str | None, calib_si
             os.makedirs(parent, exist_ok=True)
             tmp = tempfile.mkdtemp(prefix=".nemo-convert-calib-", dir=parent)
             folder = os.path.join(tmp, "hf")
-            export_hf(src, folder, dtype=plan.dtype, registry=reg, family=job.fam.name, trust_pickle=trust_pickle)
+            export_hf(src, folder, dtype=plan.dtype, registry=reg, family=job.fam.name, trust_pickle=trust_pickle,
+                      rope_scaling=rope_scaling)
         ids = calib.calibration_tokens(folder, texts, n=size.samples, seq_len=size.seq_len,
                                        vocab_size=plan.model_config.get("vocab_size"))
         kv_mods = () if spec.kv_cache is None else tuple(

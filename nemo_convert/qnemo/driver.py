@@ -41,7 +41,7 @@ from nemo_convert import __version__
 from nemo_convert.compute import resolve_device
 from nemo_convert.convert.checkpoint import open_checkpoint
 from nemo_convert.convert.common import dir_sink
-from nemo_convert.convert.nemo_to_hf import hf_config_of
+from nemo_convert.convert.nemo_to_hf import plan_to_hf
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
 from nemo_convert.errors import OutputExistsError, UnsupportedError
@@ -50,7 +50,6 @@ from nemo_convert.formats.sink import MemberSink
 from nemo_convert.formats.staging import refuse_overlap, staged_output
 from nemo_convert.formats.tar_writer import TarWriter
 from nemo_convert.hf_config import hf_dtype_name
-from nemo_convert.mapping.planner import plan_conversion
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.plugins.manager import Registry, get_registry
 from nemo_convert.plugins.records import ModelFamily
@@ -192,8 +191,10 @@ def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str 
 
 
 def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, algo: str, tp: int,
-                   pp: int, dtype: torch.dtype | None, group_size: int, kv_cache: str) -> Job:
-    """Open ``src`` lazily (HF names, through the ``to_hf`` plan for a ``.nemo``) and build
+                   pp: int, dtype: torch.dtype | None, group_size: int, kv_cache: str,
+                   rope_scaling: bool = True) -> Job:
+    """Open ``src`` lazily (HF names, through the ``to_hf`` plan for a ``.nemo``, its config
+    completed as export completes it: the true vocabulary, token ids, RoPE scaling) and build
     the checked plan; nothing is written."""
     ck = open_checkpoint(src, trust_pickle=trust_pickle, accept=("hf", "nemo", "nemo2"),
                          what="a .nemo or a Hugging Face folder")
@@ -203,11 +204,13 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             hf_cfg = ck.config
             source: TensorSource = ck.source
             tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.tokenizer_files)
+            warnings: list[str] = []
         else:
             fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
-            hf_cfg = hf_config_of(fam, ck.config)
-            source = PlanSource(plan_conversion(fam.mapping(ck.config), ck.config, ck.source, "to_hf"), ck.source)
+            prep, hf_cfg, to_hf = plan_to_hf(ck.handle, fam, rope_scaling=rope_scaling)
+            source = PlanSource(to_hf, prep.source)
             tok_section, tok_files = tokenizer_from_nemo(ck.handle, ck.config)
+            warnings = prep.warnings
         spec = _trtllm_spec(fam, reg)
         infos = {k: source.info(k) for k in list(source.keys())}
         mdtype = _model_dtype(hf_cfg, infos, dtype)
@@ -216,7 +219,7 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
     except BaseException:
         ck.close()
         raise
-    return Job(ck, fam, spec, source, plan, tok_section, tok_files)
+    return Job(ck, fam, spec, source, plan, tok_section, tok_files, warnings)
 
 
 def _write_head(sink: MemberSink, config: dict[str, Any], job: Job) -> None:
@@ -260,7 +263,7 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
              group_size: int = DEFAULT_GROUP_SIZE, dtype: str | torch.dtype | None = None,
              family: str | None = None, awq_grid: int = 20, progress: Progress | None = None,
              registry: Registry | None = None, trust_pickle: bool = False,
-             workers: Workers = SINGLE) -> QuantizeReport:
+             workers: Workers = SINGLE, rope_scaling: bool = True) -> QuantizeReport:
     """Write a TensorRT-LLM checkpoint (``.qnemo``) of ``src`` (a ``.nemo`` or an HF folder).
 
     :param algo: ``none`` (plain checkpoint in the model dtype), ``int8_wo``, ``int4_wo``,
@@ -276,6 +279,9 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
     :param device: where calibration and the quantization math run (``cpu`` / ``cuda``).
     :param group_size: int4 group size (64 or 128).
     :param dtype: checkpoint dtype (``bf16``/``fp16``/``fp32``); default: the source's.
+    :param rope_scaling: for a ``.nemo`` that NeMo wrote, False reads ``scale_positional_embedding:
+        True`` as no RoPE scaling (as ``export_hf(rope_scaling=False)``); its config is completed
+        as export completes it (:mod:`nemo_convert.convert.export_config`).
     :param workers: the processes sharing the work (torchrun): rank file ``i`` is written
         by process ``i mod world``, calibration runs in process 0 and its statistics are
         shared, process 0 writes the rest; the output is byte-identical to one process's.
@@ -288,7 +294,8 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
         dev, want_dtype = _check_options(src, out, algo=algo, kv_cache=kv_cache, device=device, dtype=dtype,
                                          overwrite=overwrite)
         return _open_and_plan(src, reg, family=family, trust_pickle=trust_pickle, algo=algo, tp=tp, pp=pp,
-                              dtype=want_dtype, group_size=group_size, kv_cache=kv_cache), dev
+                              dtype=want_dtype, group_size=group_size, kv_cache=kv_cache,
+                              rope_scaling=rope_scaling), dev
 
     job, dev = workers.run_all(prepare, undo=lambda r: r[0].close())
     try:
@@ -296,15 +303,15 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
         stats, calib_info = calibrate_once(job, workers, dev, src=src, out=out, calib_data=calib_data,
                                             calib_size=calib_size, calib_seq_len=calib_seq_len,
                                             calib_batch_size=calib_batch_size, reg=reg, trust_pickle=trust_pickle,
-                                            progress=progress)
+                                            progress=progress, rope_scaling=rope_scaling)
         producer = Producer(plan, job.source, stats, dev, awq_grid=awq_grid)
         share_awq_search(plan, producer, workers, progress)
         tensors, nbytes = _write_output(out, trtllm_config(job.spec, plan), job, producer, compress=compress,
                                         overwrite=overwrite, progress=progress, workers=workers)
     finally:
         job.close()
-    warnings = [] if job.tok_section is not None else \
-        ["the source has no tokenizer files; the .qnemo has no tokenizer_config.yaml"]
+    warnings = job.warnings + ([] if job.tok_section is not None else
+                               ["the source has no tokenizer files; the .qnemo has no tokenizer_config.yaml"])
     notes = []
     if compress and tp > 1 and algo != "none" and workers.world == 1:
         notes.append(f"--compress with TP {tp}: each tensor was read and quantized once per TP rank")

@@ -4,7 +4,7 @@ the checked plan. The driver (:mod:`.driver`) builds it; calibration
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_convert.convert.checkpoint import Checkpoint
@@ -25,6 +25,7 @@ class Job:
     plan: QuantPlan
     tok_section: dict[str, Any] | None
     tok_files: dict[str, bytes]
+    warnings: list[str] = field(default_factory=list)  # completing a NeMo-native config
 
     def close(self) -> None:
         self.ck.close()

@@ -1,4 +1,4 @@
-"""Sources made of other sources: renamed (prefix removed, filtered) and united."""
+"""Sources made of other sources: renamed (any names; prefix removed, filtered) and united."""
 
 from __future__ import annotations
 
@@ -11,16 +11,13 @@ from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy
 
 
-class PrefixView:
-    """The keys of ``inner`` that start with ``prefix`` (and pass ``keep``), with the prefix
-    removed; the other keys are listed in ``extra_keys`` and not presented as tensors."""
+class RenamedView:
+    """The tensors of ``inner`` named by ``names`` (``{new name: inner name}``), under the new
+    names, in that order; everything else is delegated."""
 
-    def __init__(self, inner: TensorSource, prefix: str, keep: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, inner: TensorSource, names: dict[str, str]) -> None:
         self._inner = inner
-        self._map = {k[len(prefix):]: k for k in inner.keys()
-                     if k.startswith(prefix) and (keep is None or keep(k))}
-        taken = set(self._map.values())
-        self.extra_keys = [k for k in inner.keys() if k not in taken]
+        self._map = names
 
     def keys(self) -> list[str]:
         return list(self._map)
@@ -41,6 +38,17 @@ class PrefixView:
 
     def close(self) -> None:
         self._inner.close()
+
+
+class PrefixView(RenamedView):
+    """The keys of ``inner`` that start with ``prefix`` (and pass ``keep``), with the prefix
+    removed; the other keys are listed in ``extra_keys`` and not presented as tensors."""
+
+    def __init__(self, inner: TensorSource, prefix: str, keep: Callable[[str], bool] | None = None) -> None:
+        super().__init__(inner, {k[len(prefix):]: k for k in inner.keys()
+                                 if k.startswith(prefix) and (keep is None or keep(k))})
+        taken = set(self._map.values())
+        self.extra_keys = [k for k in inner.keys() if k not in taken]
 
 
 class MultiSource:

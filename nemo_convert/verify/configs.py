@@ -1,10 +1,21 @@
-"""Key-path differences between two JSON-like configs."""
+"""Key-path differences between two JSON-like configs, and HF configs compared by meaning."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from nemo_convert.hf_config import hf_dtype_name, read_rope
 from nemo_convert.verify.report import ConfigDiff
+
+#: Keys that spell one fact several ways across transformers versions, by the fact.
+_SPELLINGS: dict[str, tuple[str, ...]] = {
+    "dtype": ("torch_dtype", "dtype"),
+    "rope": ("rope_theta", "rope_scaling", "rope_parameters"),
+}
+#: config.json keys a NeMo config does not record, so that a config completed from a
+#: NeMo-native ``.nemo`` cannot know them: compared only as notes.
+NOT_IN_NEMO = ("transformers_version", "architectures", "_name_or_path", "bos_token_id", "eos_token_id",
+               "pad_token_id")
 
 
 def _same_scalar(a: Any, b: Any) -> bool:
@@ -40,3 +51,69 @@ def diff_config(a: Any, b: Any, path: str = "") -> list[ConfigDiff]:
     if not _same_scalar(a, b):
         out.append(ConfigDiff(path or "(root)", "changed", a, b))
     return out
+
+
+def _rope_facts(cfg: dict[str, Any]) -> dict[str, Any]:
+    rope = read_rope(cfg)
+    scaling = {"rope_type": rope.kind, **rope.params} if rope.kind != "default" or rope.params else None
+    return {"rope_theta": rope.theta, "rope_scaling": scaling}
+
+
+def _by_meaning(a: dict[str, Any], b: dict[str, Any]) -> list[ConfigDiff]:
+    """Take the keys that the two configs spell differently (``torch_dtype`` / ``dtype``;
+    ``rope_theta`` + ``rope_scaling`` / ``rope_parameters``) out of ``a`` and ``b`` and
+    compare what they mean instead: ``dtype``, ``rope_theta``, ``rope_scaling`` (None: no
+    scaling). Keys spelled alike stay, for :func:`diff_config`; null is absent."""
+    out: list[ConfigDiff] = []
+    for fact, keys in _SPELLINGS.items():
+        for k in keys:
+            if a.get(k) is None and b.get(k) is None:  # null or absent: not set either way
+                a.pop(k, None)
+                b.pop(k, None)
+        if [k for k in keys if k in a] == [k for k in keys if k in b]:
+            continue
+        facts_a, facts_b = ({"dtype": hf_dtype_name(a)}, {"dtype": hf_dtype_name(b)}) if fact == "dtype" \
+            else (_rope_facts(a), _rope_facts(b))
+        for k in keys:
+            a.pop(k, None)
+            b.pop(k, None)
+        for key, va in facts_a.items():
+            vb = facts_b[key]
+            if va is None or vb is None:
+                if va is not vb:
+                    out.append(ConfigDiff(key, "changed" if fact == "rope" else
+                                          ("missing_b" if vb is None else "missing_a"), va, vb))
+            else:
+                out.extend(diff_config(va, vb, key))
+    return out
+
+
+def compare_hf_configs(a: dict[str, Any], b: dict[str, Any], *, native_a: bool = False,
+                       native_b: bool = False) -> tuple[list[ConfigDiff], list[str]]:
+    """The differences of two ``config.json``s by meaning, and notes.
+
+    Spellings of one fact that differ between the sides (transformers 4 and 5) are
+    compared by what they mean. When a side was completed from a NeMo-native config
+    (``native_a`` / ``native_b``), what that config cannot know is a note, not a
+    difference: a key only one side has, and the keys of :data:`NOT_IN_NEMO`. A value
+    that both sides have and that differs (sizes, heads, eps, RoPE base or scaling)
+    stays a difference.
+    """
+    a, b = dict(a), dict(b)
+    diffs = _by_meaning(a, b) + diff_config(a, b)
+    if not (native_a or native_b):
+        return diffs, []
+    kept: list[ConfigDiff] = []
+    unknown: list[str] = []
+    for d in diffs:
+        top = d.path.split(".", 1)[0].split("[", 1)[0]
+        one_sided = d.kind != "changed" and top not in ("rope_theta", "rope_scaling")
+        if top in NOT_IN_NEMO or one_sided:
+            if d.kind == "changed" or (d.b if d.kind == "missing_a" else d.a) is not None:  # null: no fact
+                unknown.append(d.path)
+        else:
+            kept.append(d)
+    side = "A and B were" if native_a and native_b else ("A was" if native_a else "B was")
+    notes = [f"config: {', '.join(unknown)} not compared ({side} completed from a NeMo config, "
+             "which does not record them)"] if unknown else []
+    return kept, notes

@@ -12,18 +12,16 @@ from collections.abc import Mapping
 from typing import Any, Sequence
 
 from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
-from nemo_convert.convert.export_config import export_config
-from nemo_convert.convert.nemo_to_hf import export_hf, hf_config_of, tokenizer_files
+from nemo_convert.convert.nemo_to_hf import export_hf, plan_to_hf, tokenizer_files
 from nemo_convert.errors import InputError, PluginError
 from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.hf import HFCheckpoint, open_hf
 from nemo_convert.formats.nemo import NemoCheckpoint
 from nemo_convert.formats.open_any import open_model_checkpoint
-from nemo_convert.mapping.planner import plan_conversion
 from nemo_convert.mapping.rules import Tied, condition_holds
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import ModelFamily, Verifier
-from nemo_convert.verify.configs import diff_config
+from nemo_convert.verify.configs import compare_hf_configs, diff_config
 from nemo_convert.verify.report import (
     ConfigDiff,
     SideInfo,
@@ -50,6 +48,7 @@ class _Side:
     drops: list[str] = field(default_factory=list)  # HF globs that are not weights
     dropped: list[str] = field(default_factory=list)  # source tensors the to_hf plan leaves out
     warnings: list[str] = field(default_factory=list)  # completing a NeMo-native config
+    native: bool = False  # hf_config was completed from a NeMo-native config (none recorded from HF)
 
 
 def _mapping_facts(fam: ModelFamily, nemo_cfg: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
@@ -74,7 +73,7 @@ def _read_folder_files(folder: str, names: Sequence[str]) -> dict[str, bytes]:
     return out
 
 
-def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool) -> _Side:
+def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool, rope_scaling: bool) -> _Side:
     if require_kind(path, ("hf", "nemo", "nemo2", "megatron"), "a Hugging Face folder or a .nemo").kind == "hf":
         hf = open_hf(path, trust_pickle=trust_pickle)
         try:
@@ -101,13 +100,13 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool)
     ck = open_model_checkpoint(path, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
-        prep = export_config(ck, fam)  # as export sees it: a NeMo-native config completed
+        native = not isinstance((ck.config.get(SECTION) or {}).get("hf_config"), dict)
+        prep, hf_config, plan = plan_to_hf(ck, fam, rope_scaling=rope_scaling)  # as export sees it
         cfg = prep.cfg
-        plan = plan_conversion(fam.mapping(cfg), cfg, prep.source, "to_hf")
         side = _Side(SideInfo(path, getattr(ck, "kind", "nemo"), ck.layout, fam.name), ck, HFView(prep.source, plan),
-                     hf_config_of(fam, cfg, defaults=prep.hf_defaults), fam, tokenizer_files(ck),
+                     hf_config, fam, tokenizer_files(ck),
                      (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped),
-                     warnings=list(getattr(ck, "warnings", [])) + prep.warnings)
+                     warnings=list(getattr(ck, "warnings", [])) + prep.warnings, native=native)
         side.tied, side.drops = _mapping_facts(fam, cfg)
         return side
     except BaseException:
@@ -156,12 +155,13 @@ def _dtype_changes(config: list[ConfigDiff]) -> tuple[list[ConfigDiff], list[Con
     return dtype, other
 
 
-def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool) -> str:
+def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool, rope_scaling: bool) -> str:
     if side.info.format == "hf":
         return side.info.path
 
     out = os.path.join(tmp, "b" if os.path.exists(os.path.join(tmp, "a")) else "a")
-    export_hf(side.info.path, out, family=side.info.family, registry=registry, trust_pickle=trust_pickle)
+    export_hf(side.info.path, out, family=side.info.family, registry=registry, trust_pickle=trust_pickle,
+              rope_scaling=rope_scaling)
     return out
 
 
@@ -169,13 +169,15 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
            registry: Registry | None = None, trust_pickle: bool = False,
            clip_image: str | None = None, texts: Sequence[str] | None = None,
            probe_texts: Sequence[str] = PROBE_TEXTS, allow_dtype_change: bool = False,
-           options: Mapping[str, Any] | None = None) -> VerifyReport:
+           rope_scaling: bool = True, options: Mapping[str, Any] | None = None) -> VerifyReport:
     """Compare checkpoints ``a`` and ``b`` (HF folders or ``.nemo`` in any layout).
 
     Both sides are brought to HF tensor names (a ``.nemo`` is streamed through its
     family's ``to_hf`` plan, tensor by tensor); then every tensor is compared (bit
-    equality, else ``|a - b| <= atol + rtol * |b|``), the HF configs are diffed key by key,
-    and the tokenizers are compared by vocab size and the encodings of a probe set.
+    equality, else ``|a - b| <= atol + rtol * |b|``), the HF configs are compared by meaning
+    (:func:`~nemo_convert.verify.configs.compare_hf_configs`: transformers 4 and 5 spellings
+    alike; what a NeMo-native config cannot know is a note), and the tokenizers are compared
+    by vocab size and the encodings of a probe set.
 
     :param family: the model family of ``.nemo`` sides (default: from their config);
         for an HF side, default: detected from ``config.json`` (none needed).
@@ -183,6 +185,8 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
         (both upcast; then ``atol``/``rtol`` apply) instead of counting the dtype change
         as a difference, and let the configs' ``dtype``/``torch_dtype`` differ (floating
         dtypes only). Every change is still listed (in the tensor notes and the report notes).
+    :param rope_scaling: False: complete a NeMo-native ``scale_positional_embedding: True``
+        without llama3 RoPE scaling, as ``export_hf(rope_scaling=False)`` does.
     :param options: the options of plugin-provided verifiers (``nemo_convert_verifiers``),
         by key; each verifier with a given option runs on both sides (as HF folders) after
         the comparison, its result in ``VerifyReport.extra[name]`` (informational).
@@ -198,9 +202,9 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
     given.update({k: v for k, v in (("clip_image", clip_image), ("texts", texts)) if v is not None})
     reg = registry_or_default(registry)
     verifiers = _verifiers_for(reg, given)
-    side_a = _open_side(a, family, reg, trust_pickle)
+    side_a = _open_side(a, family, reg, trust_pickle, rope_scaling)
     try:
-        side_b = _open_side(b, family, reg, trust_pickle)
+        side_b = _open_side(b, family, reg, trust_pickle, rope_scaling)
     except BaseException:
         side_a.ckpt.close()
         raise
@@ -228,7 +232,8 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
         side_a.view.release()
         side_b.view.release()
 
-        rep.config = diff_config(side_a.hf_config, side_b.hf_config)
+        rep.config, rep.notes = compare_hf_configs(side_a.hf_config, side_b.hf_config, native_a=side_a.native,
+                                                   native_b=side_b.native)
         ga, gb = side_a.generation_config, side_b.generation_config
         if ga is not None and gb is not None:
             rep.config += diff_config(ga, gb, "generation_config")
@@ -257,8 +262,8 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
 
     if verifiers:
         with tempfile.TemporaryDirectory(prefix="nemo-convert-verify-") as tmp:
-            fa = _hf_folder(side_a, tmp, reg, trust_pickle)
-            fb = _hf_folder(side_b, tmp, reg, trust_pickle)
+            fa = _hf_folder(side_a, tmp, reg, trust_pickle, rope_scaling)
+            fb = _hf_folder(side_b, tmp, reg, trust_pickle, rope_scaling)
             for v, opts in verifiers:
                 rep.extra[v.name] = v.run(fa, fb, opts)
     return rep
