@@ -9,13 +9,17 @@ by the number of processes, so the output is byte-identical to a one-process run
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from nemo_convert.formats.sink import MemberSink
+from nemo_convert.errors import NemoConvertError
+from nemo_convert.formats.sink import DirectorySink, MemberSink
+from nemo_convert.formats.staging import staged_output
+from nemo_convert.formats.tar_writer import TarWriter
 
 T = TypeVar("T")
 
@@ -67,8 +71,6 @@ class Workers:
             return error
         for r, e in enumerate(errors):
             if e is not None:
-                from nemo_convert.errors import NemoConvertError
-
                 return NemoConvertError(f"process {r} failed: {e}")
         return None
 
@@ -104,8 +106,6 @@ class Workers:
         if error is not None:
             raise error
         if message is not None:
-            from nemo_convert.errors import NemoConvertError
-
             raise NemoConvertError(f"process 0 failed: {message}")
         return result
 
@@ -168,13 +168,6 @@ def write_together(out: str, members: Sequence[str], write_mine: Callable[[Membe
     returns), nothing is installed.
     Returns every process's ``write_mine`` result, in process order.
     """
-    import contextlib
-    import shutil
-
-    from nemo_convert.formats.sink import DirectorySink
-    from nemo_convert.formats.staging import staged_output
-    from nemo_convert.formats.tar_writer import TarWriter
-
     done = False
     error: BaseException | None = None
     try:

@@ -156,7 +156,7 @@ def optimizer_size(path: str) -> tuple[int, int]:
 # -------------------------------------------------------------- dist checkpoints
 def _stack(logical: dict[str, torch.Tensor]) -> dict[str, list[tuple[int | None, torch.Tensor]]]:
     """Logical names → stacked ``model.``-prefixed keys with their per-layer pieces."""
-    from nemo_convert.formats.nemo_weights import split_layer_name
+    from nemo_convert.sharding.layout import split_layer_name
 
     out: dict[str, list[tuple[int | None, torch.Tensor]]] = {}
     for name, t in logical.items():

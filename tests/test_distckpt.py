@@ -20,12 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_convert.errors import InputError, ShapeError, UnsafePickleError
-from nemo_convert.formats.distckpt import (
-    DistCheckpointSource,
-    DistCheckpointWriter,
-    tiling_problems,
-    write_dist_metadata,
-)
+from nemo_convert.formats.distckpt import tiling_problems
+from nemo_convert.formats.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.distckpt_write import DistCheckpointWriter, write_dist_metadata
 from nemo_convert.formats.sink import DirectorySink
 from nemo_convert.tensors.base import ByteRegion
 

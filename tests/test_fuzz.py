@@ -45,7 +45,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nemo_convert.errors import NemoConvertError, UnsafePickleError
-from nemo_convert.formats.distckpt import DistCheckpointSource, DistCheckpointWriter, load_metadata
+from nemo_convert.formats.distckpt_meta import load_metadata
+from nemo_convert.formats.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.distckpt_write import DistCheckpointWriter
 from nemo_convert.formats.nemo import load_yaml
 from nemo_convert.formats.nemo2 import load_context_yaml
 from nemo_convert.formats.sink import DirectorySink

@@ -108,7 +108,7 @@ def test_import_writes_megatron_bridge_directory(tiny_llama, tmp_path, cli) -> N
     assert model["params_dtype"] == {"_target_": "torch.float32", "_call_": False}
     assert model["share_embeddings_and_output_weights"] is False and "rope_scaling" not in model
     # keys without a model. prefix, layers stacked, extra states present
-    from nemo_convert.formats.distckpt import DistCheckpointSource
+    from nemo_convert.formats.distckpt_read import DistCheckpointSource
 
     dist = DistCheckpointSource.from_dir(it, unstack=False)
     assert "decoder.layers.self_attention.linear_qkv.weight" in dist.raw_keys()
@@ -319,7 +319,8 @@ def test_megatron_lm_legacy_per_rank_files(tiny_llama, tmp_path, pp, local_spec)
 
 def test_common_state_entry_without_common_pt(tiny_llama, tmp_path) -> None:
     """megatron-core ≥ 0.17 keeps the common state as the byte entry common_state/shard_0_1."""
-    from nemo_convert.formats.distckpt import DistCheckpointSource, DistCheckpointWriter
+    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+    from nemo_convert.formats.distckpt_write import DistCheckpointWriter
     from nemo_convert.formats.sink import DirectorySink
 
     src = tiny_llama()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 from nemo_convert.cli.common import (common_flags, device_flag, finite_flag, hf_source, output_flags, report,
-                                     revision_flag)
+                                     revision_flag, warn)
+from nemo_convert.cli.plugin_options import plugin_option_values
 from nemo_convert.cli.progress import make_progress
+from nemo_convert.errors import NemoConvertError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,9 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a family-specific import option (repeatable), e.g. embed_vision_tower=true "
                         "for LLaVA; see docs/families/")
-    p.add_argument("--embed-vision-tower", action="store_true",
-                   help="LLaVA: store the vision tower in the .nemo (self-contained; export reproduces the "
-                        "full HF checkpoint). Same as --option embed_vision_tower=true")
     p.add_argument("--allow-unmapped", action="append", default=[], metavar="GLOB",
                    help="drop source tensors matching GLOB instead of failing (repeatable)")
     p.add_argument("--ignore-config-key", action="append", default=[], metavar="KEY",
@@ -81,9 +80,7 @@ def add_parallel_flags(p: argparse.ArgumentParser) -> None:
 
 
 def parallelism(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from nemo_convert.convert.nemo_write import Parallelism
-    from nemo_convert.errors import NemoConvertError
-
+    from nemo_convert.convert.nemo_write import Parallelism  # lazy: CLI start-up time
     stages = None
     if args.stage_layers:
         try:
@@ -95,9 +92,7 @@ def parallelism(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def parse_options(args: argparse.Namespace) -> dict[str, object]:
     """``--option KEY=VALUE`` pairs, values read as YAML scalars (true, 3, 0.5, text)."""
-    import yaml
-
-    from nemo_convert.errors import NemoConvertError
+    import yaml  # lazy: CLI start-up time (PyYAML)
 
     out: dict[str, object] = {}
     for item in args.option:
@@ -108,14 +103,11 @@ def parse_options(args: argparse.Namespace) -> dict[str, object]:
             out[key.strip()] = yaml.safe_load(value) if value else ""
         except yaml.YAMLError:
             out[key.strip()] = value
-    if getattr(args, "embed_vision_tower", False):
-        out["embed_vision_tower"] = True
+    out.update(plugin_option_values(args))  # a family's switches (LLaVA's --embed-vision-tower)
     return out
 
 
 def parse_size(text: str) -> int:
-    from nemo_convert.errors import NemoConvertError
-
     units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "B": 1}
     t = text.strip().upper()
     for u in sorted(units, key=len, reverse=True):
@@ -131,13 +123,11 @@ def parse_size(text: str) -> int:
 
 def _warn_trust(args: argparse.Namespace) -> None:
     if args.trust_pickle:
-        from nemo_convert.cli.common import warn
-
         warn(args, "--trust-pickle: pickled files may now run arbitrary code on this machine")
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from nemo_convert import api
+    from nemo_convert import api  # lazy: CLI start-up time
 
     _warn_trust(args)
     rep = api.import_hf(hf_source(args, args.src), args.output, family=args.family, dtype=args.dtype, layout=args.layout,
@@ -151,7 +141,7 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from nemo_convert import api
+    from nemo_convert import api  # lazy: CLI start-up time
 
     _warn_trust(args)
     rep = api.export_hf(args.src, args.output, dtype=args.dtype, overwrite=args.overwrite, family=args.family,

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: CLI start-up time (transformers)
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -45,12 +45,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _round_trip(args: argparse.Namespace, work: str, say: Callable[..., None]) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # lazy: CLI start-up time (torch)
+    from transformers import AutoModelForCausalLM  # lazy: CLI start-up time (transformers)
 
-    from nemo_convert import api
-    from nemo_convert.examples import make_tiny_llama
-    from nemo_convert.formats.hf import open_hf_weights
+    from nemo_convert import api  # lazy: CLI start-up time
+    from nemo_convert.examples import make_tiny_llama  # lazy: CLI start-up time
+    from nemo_convert.formats.hf import open_hf_weights  # lazy: CLI start-up time
 
     # With --from-ckpt the vocabulary is the tokenizer's (300), as in a training run's model: from-ckpt
     # takes the true vocabulary size from tokenizer.model and drops the padding rows beyond it.
@@ -97,9 +97,9 @@ def _through_a_training_checkpoint(nemo: str, src: str, work: str, say: Callable
     import copy
     import shutil
 
-    from nemo_convert import api
-    from nemo_convert.convert.common import SECTION
-    from nemo_convert.examples import write_training_checkpoint
+    from nemo_convert import api  # lazy: CLI start-up time
+    from nemo_convert.convert.common import SECTION  # lazy: CLI start-up time
+    from nemo_convert.examples import write_training_checkpoint  # lazy: CLI start-up time
 
     with api.open_checkpoint(nemo) as ck:
         weights = {k: ck.source.load(k) for k in ck.source.keys()}

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from rich.console import Console
+
 from nemo_convert.cli.common import common_flags, human_bytes, print_json, warn
 from nemo_convert.cli.progress import make_progress
+from nemo_convert.errors import NemoConvertError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -48,8 +51,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _stages(text: str | None) -> tuple[int, ...] | None:
-    from nemo_convert.errors import NemoConvertError
-
     if not text:
         return None
     try:
@@ -59,9 +60,7 @@ def _stages(text: str | None) -> tuple[int, ...] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from nemo_convert import api
+    from nemo_convert import api  # lazy: CLI start-up time
 
     if args.trust_pickle:
         warn(args, "--trust-pickle: pickled files in this checkpoint may now run arbitrary code on this "

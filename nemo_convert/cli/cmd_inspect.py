@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from nemo_convert import api
+    from nemo_convert import api  # lazy: CLI start-up time
 
     info = api.inspect_checkpoint(args.path, trust_pickle=args.trust_pickle, iteration=args.iteration)
     if args.json:

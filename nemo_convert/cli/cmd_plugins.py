@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def collect() -> dict[str, list[dict[str, object]]]:
-    from nemo_convert.plugins.manager import get_registry
+    from nemo_convert.plugins.manager import get_registry  # lazy: CLI start-up time (loads the plugins)
 
     reg = get_registry()
     fams = [{"name": n, "plugin": p.plugin, "distribution": p.distribution,

@@ -55,8 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run_quantize(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from nemo_convert.qnemo import quantize
-    from nemo_convert.workers import SINGLE
+    from nemo_convert.qnemo import quantize  # lazy: CLI start-up time
+    from nemo_convert.workers import SINGLE  # lazy: CLI start-up time
 
     workers = getattr(args, "workers", None) or SINGLE
     if args.trust_pickle:

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from nemo_convert import api
+    from nemo_convert import api  # lazy: CLI start-up time
 
     _warn_trust(args)
     par = parallelism(args)

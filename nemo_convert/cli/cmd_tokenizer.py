@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run_add_tokens(args: argparse.Namespace) -> int:
-    from nemo_convert.convert.tokenizer_patch import add_tokens
+    from nemo_convert.convert.tokenizer_patch import add_tokens  # lazy: CLI start-up time
 
     rep = add_tokens(args.src, args.output, args.tokens, piece_type=args.piece_type,
                      skip_existing=args.skip_existing, overwrite=args.overwrite)

@@ -14,6 +14,8 @@ from rich.table import Table
 
 from nemo_convert.cli.common import (TABLE_MIN_WIDTH, QUIET_RESULT_HELP, common_flags, hf_source, output_width,
                                      print_json, revision_flag, wrapped)
+from nemo_convert.cli.plugin_options import plugin_option_values
+from nemo_convert.errors import InputError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -40,10 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "(as export --no-rope-scaling does) instead of llama3 scaling as NeMo runs it")
     p.add_argument("--family", help="model family of .nemo inputs (default: from their config)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many worst tensors to list (default 10)")
-    p.add_argument("--clip-image", metavar="IMG",
-                   help="also print CLIP zero-shot probabilities of --texts for this image on both sides, "
-                        "computed like NeMo's megatron_clip_infer.py")
-    p.add_argument("--texts", nargs="+", metavar="TEXT", help="candidate captions for --clip-image")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
     common_flags(p, quiet_help=QUIET_RESULT_HELP)
@@ -74,16 +72,14 @@ def _short(v: object, limit: int = 60) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nemo_convert.errors import InputError
-    from nemo_convert.verify import verify
+    from nemo_convert.verify import verify  # lazy: CLI start-up time
 
-    if args.texts and not args.clip_image:
-        raise InputError("--texts needs --clip-image")
     if args.top < 0:
         raise InputError("--top must be >= 0")
     rep = verify(hf_source(args, args.a, one_of_several=True), hf_source(args, args.b, one_of_several=True), atol=args.atol, rtol=args.rtol, family=args.family,
-                 trust_pickle=args.trust_pickle, clip_image=args.clip_image, texts=args.texts,
-                 allow_dtype_change=args.allow_dtype_change, rope_scaling=args.rope_scaling)
+                 trust_pickle=args.trust_pickle, allow_dtype_change=args.allow_dtype_change,
+                 rope_scaling=args.rope_scaling,
+                 options=plugin_option_values(args))  # the plugins' verifiers' (CLIP's --clip-image --texts)
     code = 0 if rep.ok else 1
     if args.json:
         print_json(rep.as_dict())

@@ -95,7 +95,7 @@ def hf_source(args: argparse.Namespace, src: str, *, one_of_several: bool = Fals
     ``one_of_several`` (``verify A B``) ``--revision`` applies to the hub ids only."""
     import os
 
-    from nemo_convert import api
+    from nemo_convert import api  # lazy: CLI start-up time
 
     revision = getattr(args, "revision", None)
     if one_of_several and os.path.exists(src):

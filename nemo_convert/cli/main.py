@@ -20,6 +20,7 @@ from typing import Iterator, NoReturn, Sequence
 from nemo_convert import __version__
 from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect, cmd_plugins,  # noqa: I001
                               cmd_quantize, cmd_reshard, cmd_tokenizer, cmd_verify)
+from nemo_convert.cli.plugin_options import add_plugin_options
 from nemo_convert.errors import NemoConvertError
 
 #: Commands that split their work across torchrun processes; the others run in process 0.
@@ -42,7 +43,10 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, plugin_options: bool = True) -> argparse.ArgumentParser:
+    """The parser of every command; with ``plugin_options``, the options installed plugins
+    declare are added to their commands (loading the plugins: ``nemo-convert --help``
+    alone does not)."""
     parser = _Parser(
         prog="nemo-convert",
         description="Convert model checkpoints into and out of NVIDIA NeMo formats — streaming, "
@@ -51,7 +55,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.register(sub)
+    if plugin_options:
+        from nemo_convert.plugins.manager import registry_with  # lazy: CLI start-up time (loads the plugins)
+
+        # A registry of its own, silently: the command's registry warns about a broken
+        # plugin (or not, under --quiet) and reports a conflict when it runs.
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                declared = registry_with().command_options()
+        except NemoConvertError:
+            declared = []
+        add_plugin_options(sub.choices, declared)
     return parser
+
+
+def _names_a_command(argv: Sequence[str]) -> bool:
+    """Does the command line name a command (a positional argument), so that its parser
+    needs the plugins' options? ``nemo-convert --help`` and ``--version`` do not."""
+    return any(not a.startswith("-") for a in argv)
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -168,23 +190,23 @@ def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     the same process) interrupts are ignored from the moment the command has its result,
     so that one landing during the teardown (process group, flush) cannot turn a written
     output into "interrupted"."""
-    parser = build_parser()
+    given = list(argv) if argv is not None else sys.argv[1:]
+    parser = build_parser(plugin_options=_names_a_command(given))
     _Parser.last_error = None
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # a usage error: under --json, also a JSON error object
-        given = list(argv) if argv is not None else sys.argv[1:]
         if exc.code not in (0, None) and "--json" in given:
             print(json.dumps({"error": _Parser.last_error or "invalid command line", "kind": "usage"}), flush=True)
         raise
     debug = getattr(args, "debug", False)
-    from nemo_convert.formats.staging import install_signal_handlers
+    from nemo_convert.formats.staging import install_signal_handlers  # lazy: CLI start-up time
 
     warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     install_signal_handlers()
     if hasattr(signal, "SIGXFSZ"):  # a file-size limit makes writes fail with EFBIG, cleaned up like any error
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    from nemo_convert.workers import from_env, shutdown
+    from nemo_convert.workers import from_env, shutdown  # lazy: CLI start-up time
 
     try:
         args.workers = from_env()  # several processes under torchrun

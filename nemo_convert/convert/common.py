@@ -6,9 +6,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from nemo_convert.errors import NemoConvertError
 from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.formats.sink import DirectorySink
+from nemo_convert.mapping.planner import nemo_parallel_kinds
 from nemo_convert.plugins.manager import Registry, get_registry
 
 #: The section of ``model_config.yaml`` where we keep what NeMo has no field for.
@@ -54,9 +56,6 @@ def dir_sink(path: str) -> Iterator[DirectorySink]:
 def kinds_for(registry: Registry, family: str | None = None):  # type: ignore[no-untyped-def]
     """A ``cfg -> {logical name: Parallel}`` callback for the readers, from the family that
     handles the config (empty when no installed family does)."""
-    from nemo_convert.errors import NemoConvertError
-    from nemo_convert.mapping.planner import nemo_parallel_kinds
-
     def kinds(cfg: dict[str, Any]) -> dict[str, Any]:
         try:
             fam = registry.family(family) if family else registry.family_for_nemo_config(cfg)

@@ -26,6 +26,7 @@ from nemo_convert.formats.staging import check_target, refuse_overlap
 from nemo_convert.hf_config import read_config_json
 from nemo_convert.mapping.planner import Plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry
+from nemo_convert.tokenizers import add_tokens_sentencepiece
 from nemo_convert.workers import SINGLE, Workers
 from nemo_convert.plugins.records import ModelFamily
 from nemo_convert.tensors.base import TensorSource
@@ -67,8 +68,6 @@ def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, st
         return None, refs, members
     model_ref = refs.get("tokenizer.model")
     if fam.add_tokens and "tokenizer.model" in data:
-        from nemo_convert.tokenizers import add_tokens_sentencepiece
-
         patched, rep = add_tokens_sentencepiece(data["tokenizer.model"], fam.add_tokens, skip_existing=True)
         if patched != data["tokenizer.model"]:
             member = artifact_name(patched, "tokenizer.model")

@@ -11,7 +11,7 @@ from nemo_convert.convert.nemo_defaults import complete_nemo_config
 from nemo_convert.engine import NoProgress, Progress, RunStats, merge_stats, run_plan
 from nemo_convert.errors import InputError, UnsupportedError
 from nemo_convert.formats.nemo import CONFIG_MEMBER, dump_yaml
-from nemo_convert.formats.nemo_ranks import WEIGHTS, write_rank_file
+from nemo_convert.formats.nemo_ranks import WEIGHTS, RankWeightsWriter
 from nemo_convert.formats.nemo_weights import DistWeightsWriter, LegacyWeightsWriter, finish_dist
 from nemo_convert.formats.sink import DirectorySink, MemberSink
 from nemo_convert.formats.staging import staged_output
@@ -19,12 +19,29 @@ from nemo_convert.formats.tar_writer import TarWriter
 from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
-from nemo_convert.sharding.layout import ParallelLayout
+from nemo_convert.sharding.layout import ParallelLayout, rank_dir
 from nemo_convert.sharding.tensor import TensorParallel
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
 from nemo_convert.workers import SINGLE, Workers, split_balanced, write_together
 
+
+
+def write_rank_file(sink: MemberSink, plan: Plan, source: TensorSource, layout: ParallelLayout,
+                    kinds: dict[str, Parallel], *, pp_rank: int, tp_rank: int, padded_vocab: int | None,
+                    progress: Progress | None = None, tensor_parallel: TensorParallel | None = None,
+                    lazy: bool = False) -> RunStats:
+    """Run the part of ``plan`` that stage ``pp_rank`` needs and write TP rank ``tp_rank``'s
+    slices into its folder's ``model_weights.ckpt``."""
+    p, t = pp_rank, tp_rank
+    tasks = [task for task in plan.tasks if task.outputs and any(p in layout.stages_of(o) for o in task.outputs)]
+    with sink.open_member(f"{rank_dir(t, p, layout.pp)}/{WEIGHTS}") as stream:
+        writer = RankWeightsWriter(stream, layout, kinds, pp_rank=p, tp_rank=t, padded_vocab=padded_vocab,
+                                   tensor_parallel=tensor_parallel)
+        stats = run_plan(Plan(plan.direction, tasks, plan.dropped, plan.check_finite), source, writer.write,
+                         progress=progress, own_progress=False, lazy=lazy)
+        writer.close()
+    return stats
 
 @dataclass(frozen=True)
 class Parallelism:

@@ -33,6 +33,7 @@ from nemo_convert.formats.tar_archive import Container, find_member, open_nemo_c
 from nemo_convert.formats.tar_writer import TarWriter
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import TokenizerPatcher
+from nemo_convert.tokenizers import detect_tokenizer_kind
 
 PieceType = Literal["user_defined", "control"]
 
@@ -101,8 +102,6 @@ def choose_patcher(path: str, registry: Registry | None = None) -> TokenizerPatc
     known = ", ".join(sorted(reg.tokenizer_patchers)) or "none"
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
-    from nemo_convert.tokenizers import detect_tokenizer_kind
-
     try:
         detect_tokenizer_kind(path)  # raises with a precise message for the usual mistakes
     except InputError as exc:

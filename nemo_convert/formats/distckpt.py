@@ -15,8 +15,8 @@ NeMo 2) holding:
 This module holds what the writer (:mod:`.distckpt_write`) and the reader
 (:mod:`.distckpt_read`) share: the records a writer produces, turning records into torch's
 ``Metadata``, the tiling check, and reading ``.metadata`` through a restricted
-unpickler. The writer and reader classes are re-exported here lazily, so
-``from nemo_convert.formats.distckpt import DistCheckpointWriter`` works.
+unpickler. The writer is :class:`.distckpt_write.DistCheckpointWriter`, the reader
+:class:`.distckpt_read.DistCheckpointSource`; both import this module, never the reverse.
 """
 
 from __future__ import annotations
@@ -209,20 +209,3 @@ def metadata_entries(records: DistRecords, error: type[NemoConvertError]
                         [(c.offsets, c.sizes, c.relative_path, c.offset, c.length) for c in chunks]))
     objects = [(o.key, o.relative_path, o.offset, o.length) for o in records.objects]
     return tensors, objects
-
-
-_LAZY = {
-    "load_metadata": "nemo_convert.formats.distckpt_meta",
-    "DistCheckpointWriter": "nemo_convert.formats.distckpt_write",
-    "write_dist_metadata": "nemo_convert.formats.distckpt_write",
-    "DistCheckpointSource": "nemo_convert.formats.distckpt_read",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """Re-export the writer and reader without an import cycle (PEP 562)."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

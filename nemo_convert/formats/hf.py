@@ -16,6 +16,7 @@ from nemo_convert.hf_config import read_config_json
 from nemo_convert.tensors.pieces import Lazy
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.safetensors_source import SafetensorsFile, ShardedSafetensors
+from nemo_convert.tensors.torch_zip_source import open_torch_file
 from nemo_convert.tensors.views import MultiSource
 
 SAFE_INDEX = "model.safetensors.index.json"
@@ -28,8 +29,6 @@ def is_hf_folder(path: str) -> bool:
 
 
 def _bin_source(folder: str, trust_pickle: bool) -> TensorSource:
-    from nemo_convert.tensors.torch_zip_source import open_torch_file
-
     index = os.path.join(folder, BIN_INDEX)
     if os.path.isfile(index):
         try:

@@ -10,118 +10,30 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
-
-import torch
-import yaml
+from typing import Any
 
 from nemo_convert.errors import InputError
+from nemo_convert.formats.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.nemo2 import open_nemo2
+from nemo_convert.formats.nemo_checkpoint import (  # noqa: F401  (re-exported)
+    CONFIG_MEMBER, KindsFor, NemoCheckpoint, VocabTrimView, dump_yaml, load_yaml)
+from nemo_convert.formats.nemo_ranks import PerRankSource
 from nemo_convert.formats.sink import MemberSink
 from nemo_convert.formats.tar_archive import Container, find_member, open_nemo_container
-from nemo_convert.tensors.pieces import Lazy
-from nemo_convert.tensors.base import TensorInfo, TensorSource
+from nemo_convert.mapping.rules import Parallel
+from nemo_convert.sharding.layout import ParallelLayout, detect_ranks, parse_rank_dir, rank_dir, split_layer_name
+from nemo_convert.tensors.base import TensorSource
+from nemo_convert.tensors.torch_zip_source import TorchZipSource
 from nemo_convert.tensors.views import PrefixView  # noqa: F401  (re-exported)
-
-if TYPE_CHECKING:  # pragma: no cover
-    from nemo_convert.mapping.rules import Parallel
-
-CONFIG_MEMBER = "model_config.yaml"
-
-
-def load_yaml(data: bytes, where: str) -> dict[str, Any]:
-    try:
-        cfg = yaml.safe_load(data.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError, ValueError, TypeError, AttributeError, KeyError,
-            OverflowError, RecursionError) as exc:  # PyYAML's constructors raise plain errors too
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"{where}: not a valid YAML config ({first})") from None
-    if not isinstance(cfg, dict):
-        raise InputError(f"{where}: the config is not a mapping")
-    if isinstance(cfg.get("model"), dict) and len(cfg) == 1:
-        cfg = cfg["model"]
-    for section in ("nemo_convert", "tokenizer"):
-        if cfg.get(section) is not None and not isinstance(cfg[section], dict):
-            raise InputError(f"{where}: the {section!r} section is not a mapping")
-    return cfg
-
-
-def dump_yaml(cfg: dict[str, Any]) -> bytes:
-    return yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True).encode("utf-8")
-
-
-@dataclass
-class NemoCheckpoint:
-    """A ``.nemo`` opened lazily."""
-
-    path: str
-    container: Container
-    prefix: str  # member prefix before model_config.yaml ("" normally)
-    config: dict[str, Any]
-    layout: str
-    source: TensorSource
-    extra_state_keys: list[str] = field(default_factory=list)
-
-    def artifact(self, ref: str) -> bytes:
-        """The bytes of an artifact referenced as ``nemo:<name>`` (or a bare member name)."""
-        name = ref[5:] if ref.startswith("nemo:") else ref
-        if not self.container.exists(self.prefix + name):
-            raise InputError(f"{self.path}: config references artifact {ref!r}, which the archive lacks")
-        return self.container.read_bytes(self.prefix + name)
-
-    def close(self) -> None:
-        self.source.close()
-        self.container.close()
-
-
-KindsFor = Callable[[dict[str, Any]], "dict[str, Parallel]"]
-
-
-class VocabTrimView:
-    """Presents vocab-parallel tensors trimmed to the true vocabulary (drops padding rows)."""
-
-    def __init__(self, inner: TensorSource, names: set[str], vocab: int) -> None:
-        self._inner, self._names, self._vocab = inner, names, vocab
-
-    def _trims(self, key: str) -> bool:
-        return key in self._names and self._inner.info(key).shape[0] > self._vocab
-
-    def keys(self) -> list[str]:
-        return self._inner.keys()
-
-    def info(self, key: str) -> TensorInfo:
-        i = self._inner.info(key)
-        return TensorInfo(key, (self._vocab, *i.shape[1:]), i.dtype) if self._trims(key) else i
-
-    def load(self, key: str) -> torch.Tensor:
-        t = self._inner.load(key)
-        return t[: self._vocab] if self._trims(key) else t
-
-    def load_lazy(self, key: str) -> Lazy:
-        """:meth:`load`, deferred where the source below defers (merged TP ranks)."""
-        t = getattr(self._inner, "load_lazy", self._inner.load)(key)
-        return t.narrow(0, 0, self._vocab) if self._trims(key) else t
-
-    def group(self, key: str) -> str:
-        return self._inner.group(key)
-
-    def close(self) -> None:
-        self._inner.close()
 
 
 def _rank_folders(container: Container, prefix: str) -> list[str]:
-    from nemo_convert.sharding.layout import parse_rank_dir
-
     tops = {n[len(prefix):].split("/", 1)[0] for n in container.names() if n.startswith(prefix) and "/" in n[len(prefix):]}
     return sorted(t for t in tops if parse_rank_dir(t) is not None)
 
 
 def _stage_sizes(container: Container, prefix: str, tp_pp: tuple[int, int], trust_pickle: bool) -> list[int]:
     """Layers per pipeline stage, counted from each stage's TP-rank-0 file."""
-    from nemo_convert.formats.nemo_weights import split_layer_name
-    from nemo_convert.sharding.layout import rank_dir
-    from nemo_convert.tensors.torch_zip_source import TorchZipSource
-
     tp, pp = tp_pp
     sizes = []
     for p in range(pp):
@@ -147,12 +59,8 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
     ``tensor_parallel`` merges per-rank slices (default: the built-in strategy; a
     conversion passes the registry's, placed on its ``--device``).
     """
-    from nemo_convert.mapping.rules import Parallel
-
     if os.path.isdir(path) and os.path.isdir(os.path.join(path, "weights")) \
             and os.path.isdir(os.path.join(path, "context")):
-        from nemo_convert.formats.nemo2 import open_nemo2
-
         return open_nemo2(path, kinds_for=kinds_for)
     container = open_nemo_container(path)
     try:
@@ -162,22 +70,15 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
         kinds = kinds_for(config) if kinds_for is not None else {}
         extra: list[str] = []
         if container.exists(prefix + "model_weights/metadata.json"):
-            from nemo_convert.formats.distckpt import DistCheckpointSource
-
             dist = DistCheckpointSource(lambda n: container.region(prefix + "model_weights/" + n),
                                         name=f"{path}:model_weights")
             source: TensorSource = PrefixView(dist, "model.")
             layout = "dist"
             extra = list(getattr(dist, "extra_state_keys", []))
         elif container.exists(prefix + "model_weights.ckpt"):
-            from nemo_convert.tensors.torch_zip_source import TorchZipSource
-
             zs = TorchZipSource(container.region(prefix + "model_weights.ckpt"), trust_pickle=trust_pickle)
             source, layout = PrefixView(zs, "model."), "legacy"
         elif folders := _rank_folders(container, prefix):
-            from nemo_convert.formats.nemo_ranks import PerRankSource
-            from nemo_convert.sharding.layout import ParallelLayout, detect_ranks
-
             tp, pp = detect_ranks(folders)
             if tp > 1 and not kinds:
                 raise InputError(f"{path}: per-rank weights at TP={tp} can only be merged through the model "

@@ -9,16 +9,16 @@ that the model families handle both generations with one config translation.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 import yaml
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats.nemo import NemoCheckpoint, PrefixView, VocabTrimView
+from nemo_convert.formats.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.nemo_checkpoint import KindsFor, NemoCheckpoint, VocabTrimView
 from nemo_convert.formats.tar_archive import DirectoryContainer
-
-if TYPE_CHECKING:  # pragma: no cover
-    from nemo_convert.mapping.rules import Parallel
+from nemo_convert.mapping.rules import Parallel
+from nemo_convert.tensors.views import PrefixView
 
 
 class _InertLoader(yaml.SafeLoader):
@@ -95,12 +95,8 @@ def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def open_nemo2(path: str, *, kinds_for: Callable[[dict[str, Any]], "dict[str, Parallel]"] | None = None
-               ) -> NemoCheckpoint:
+def open_nemo2(path: str, *, kinds_for: KindsFor | None = None) -> NemoCheckpoint:
     """Open a NeMo 2.0 checkpoint folder lazily (weights under logical NeMo names)."""
-    from nemo_convert.formats.distckpt import DistCheckpointSource
-    from nemo_convert.mapping.rules import Parallel
-
     model_yaml = os.path.join(path, "context", "model.yaml")
     if not os.path.isfile(model_yaml):
         raise InputError(f"{path}: NeMo 2 checkpoint without context/model.yaml")

@@ -2,27 +2,28 @@
 ``tp_rank_XX_pp_rank_YYY/model_weights.ckpt``, each holding one rank's slices.
 
 Reading presents the *global* logical tensors, each merged from its rank slices on
-demand (one tensor in memory at a time). Writing runs the stage's part of a plan once per rank
-file, slicing each produced tensor for that rank, so the archive is streamed rank file by
-rank file with no temporary copy.
+demand (one tensor in memory at a time). Writing is one :class:`RankWeightsWriter` per rank
+file, slicing each tensor it is given for that rank; the conversion runs the stage's part
+of its plan once per rank file (``convert/nemo_write.py``), so the archive is streamed rank
+file by rank file with no temporary copy.
 """
 
 from __future__ import annotations
 
+from typing import BinaryIO
+
 import torch
 
-from nemo_convert.engine import Progress, RunStats, run_plan
 from nemo_convert.errors import InputError, ShapeError
-from nemo_convert.formats.nemo import PrefixView
-from nemo_convert.formats.sink import MemberSink
 from nemo_convert.formats.tar_archive import Container
 from nemo_convert.formats.torch_save import TorchSaveWriter
-from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
-from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout, rank_dir
+from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout
 from nemo_convert.sharding.tensor import TensorParallel, deferred
-from nemo_convert.tensors.base import TensorInfo, TensorSource
+from nemo_convert.tensors.base import TensorInfo
 from nemo_convert.tensors.pieces import Lazy, materialize
+from nemo_convert.tensors.torch_zip_source import TorchZipSource
+from nemo_convert.tensors.views import PrefixView
 
 WEIGHTS = "model_weights.ckpt"
 _TP = TensorParallel()
@@ -34,8 +35,6 @@ class PerRankSource:
     def __init__(self, container: Container, prefix: str, layout: ParallelLayout,
                  kinds: dict[str, Parallel], *, vocab: int | None = None, trust_pickle: bool = False,
                  tensor_parallel: TensorParallel | None = None) -> None:
-        from nemo_convert.tensors.torch_zip_source import TorchZipSource
-
         self._tp = tensor_parallel or _TP
         self._layout = layout
         self._kinds = kinds
@@ -101,33 +100,33 @@ class PerRankSource:
             r.close()
 
 
-def write_rank_file(sink: MemberSink, plan: Plan, source: TensorSource, layout: ParallelLayout,
-                    kinds: dict[str, Parallel], *, pp_rank: int, tp_rank: int, padded_vocab: int | None,
-                    progress: Progress | None = None, tensor_parallel: TensorParallel | None = None,
-                    lazy: bool = False) -> RunStats:
-    """Run the part of ``plan`` that stage ``pp_rank`` needs and write TP rank ``tp_rank``'s
-    slices into its folder's ``model_weights.ckpt`` (``model.``-prefixed, layers
-    renumbered per stage)."""
-    p, t = pp_rank, tp_rank
-    splitter = tensor_parallel or _TP
-    # deferred where the strategy can (rows picked, not copied: the writer copies them file to file)
-    split_lazy = deferred(splitter, "split")
-    tasks = [task for task in plan.tasks if task.outputs and any(p in layout.stages_of(o) for o in task.outputs)]
-    with sink.open_member(f"{rank_dir(t, p, layout.pp)}/{WEIGHTS}") as stream:
-        writer = TorchSaveWriter(stream)
+class RankWeightsWriter:
+    """Writes one rank file's ``model_weights.ckpt``: each logical tensor it is given is
+    kept only if stage ``pp_rank`` holds it, sliced for TP rank ``tp_rank`` and written
+    ``model.``-prefixed under its stage-local name (layers renumbered per stage)."""
 
-        def put(name: str, tensor: Lazy) -> None:
-            if p not in layout.stages_of(name):
-                return
-            kind = kinds.get(name, Parallel.REPLICATED)
-            vocab = padded_vocab if kind is Parallel.VOCAB else None
-            if split_lazy is not None:
-                piece = split_lazy(tensor, kind, layout.tp, t, name=name, padded_vocab=vocab)
-            else:
-                piece = splitter.split(materialize(tensor), kind, layout.tp, t, name=name, padded_vocab=vocab)
-            writer.add("model." + layout.local_name(name, p), piece)
+    def __init__(self, stream: BinaryIO, layout: ParallelLayout, kinds: dict[str, Parallel], *, pp_rank: int,
+                 tp_rank: int, padded_vocab: int | None, tensor_parallel: TensorParallel | None = None) -> None:
+        self._writer = TorchSaveWriter(stream)
+        self._layout = layout
+        self._kinds = kinds
+        self._p, self._t = pp_rank, tp_rank
+        self._vocab = padded_vocab
+        self._splitter = tensor_parallel or _TP
+        # deferred where the strategy can (rows picked, not copied: the writer copies them file to file)
+        self._split_lazy = deferred(self._splitter, "split")
 
-        stats = run_plan(Plan(plan.direction, tasks, plan.dropped, plan.check_finite), source, put,
-                         progress=progress, own_progress=False, lazy=lazy)
-        writer.close()
-    return stats
+    def write(self, name: str, tensor: Lazy) -> None:
+        layout, p, t = self._layout, self._p, self._t
+        if p not in layout.stages_of(name):
+            return
+        kind = self._kinds.get(name, Parallel.REPLICATED)
+        vocab = self._vocab if kind is Parallel.VOCAB else None
+        if self._split_lazy is not None:
+            piece = self._split_lazy(tensor, kind, layout.tp, t, name=name, padded_vocab=vocab)
+        else:
+            piece = self._splitter.split(materialize(tensor), kind, layout.tp, t, name=name, padded_vocab=vocab)
+        self._writer.add("model." + layout.local_name(name, p), piece)
+
+    def close(self) -> None:
+        self._writer.close()

@@ -10,16 +10,17 @@ Logical names are per layer and unprefixed (``decoder.layers.3.mlp.linear_fc1.we
 
 from __future__ import annotations
 
-import re
 from typing import Any, Protocol, Sequence
 
 import torch
 
 from nemo_convert.errors import ShapeError
+from nemo_convert.formats.distckpt_write import DistCheckpointWriter, write_dist_metadata
 from nemo_convert.formats.sink import MemberSink
+from nemo_convert.formats.torch_save import TorchSaveWriter
+from nemo_convert.sharding.layout import split_layer_name
 from nemo_convert.tensors.base import TensorInfo
 
-LAYER_RE = re.compile(r"^(?P<stack>(?:.*\.)?layers)\.(?P<i>\d+)\.(?P<rest>.+)$")
 LAYOUTS = ("dist", "legacy")
 
 
@@ -27,14 +28,6 @@ class WeightsWriter(Protocol):
     def write(self, name: str, tensor: torch.Tensor) -> None: ...
 
     def close(self) -> None: ...
-
-
-def split_layer_name(name: str) -> tuple[str, int, str] | None:
-    """``("decoder.layers", 3, "mlp.linear_fc1.weight")`` for a per-layer name, else None."""
-    m = LAYER_RE.match(name)
-    if not m:
-        return None
-    return m["stack"], int(m["i"]), m["rest"]
 
 
 def extra_state_modules(rests: Sequence[str]) -> list[str]:
@@ -58,8 +51,6 @@ class DistWeightsWriter:
     def __init__(self, sink: MemberSink, infos: Sequence[TensorInfo], *, prefix: str = "model.",
                  folder: str = "model_weights", data_file: str = "__0_0.distcp",
                  unstacked: tuple[str, ...] = ()) -> None:
-        from nemo_convert.formats.distckpt_write import DistCheckpointWriter
-
         self._w = DistCheckpointWriter(sink, folder, data_file=data_file)
         self._prefix = prefix
         self._unstacked = tuple(unstacked)
@@ -124,8 +115,6 @@ def stacked_layout(infos: Sequence[TensorInfo]) -> tuple[dict[str, int], dict[st
 
 def finish_dist(sink: MemberSink, records: Sequence[Any], folder: str = "model_weights") -> None:
     """Write the dist checkpoint's metadata from every part's records."""
-    from nemo_convert.formats.distckpt_write import write_dist_metadata
-
     write_dist_metadata(sink, folder, list(records))
 
 
@@ -134,8 +123,6 @@ class LegacyWeightsWriter:
 
     def __init__(self, sink: MemberSink, infos: Sequence[TensorInfo], *, prefix: str = "model.",
                  member: str = "model_weights.ckpt") -> None:
-        from nemo_convert.formats.torch_save import TorchSaveWriter
-
         self._ctx = sink.open_member(member)
         stream = self._ctx.__enter__()
         self._w = TorchSaveWriter(stream)

@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_convert.errors import InputError, UnsupportedError
-from nemo_convert.formats.nemo_weights import split_layer_name
+from nemo_convert.formats.distckpt_meta import MetadataIndex
+from nemo_convert.formats.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.nemo_ranks import WEIGHTS, PerRankSource
 from nemo_convert.formats.tar_archive import Container
-from nemo_convert.sharding.layout import (
-    ParallelLayout,
-)
+from nemo_convert.sharding.layout import ParallelLayout, split_layer_name
 from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
+from nemo_convert.tensors.torch_zip import LazyTensor
+from nemo_convert.tensors.torch_zip_source import TorchZipSource
 from nemo_convert.tensors.views import MultiSource, PrefixView
 
 from nemo_convert.formats.ptl_locate import (  # noqa: F401  (re-exported)
@@ -74,15 +76,9 @@ class Dropped:
         return d
 
 
-def _lazy_type() -> type:
-    from nemo_convert.tensors.torch_zip import LazyTensor
-
-    return LazyTensor
-
-
 def _size_of(node: Any) -> Dropped:
     """The lazy tensors under ``node`` (dicts, lists, tuples), each counted once."""
-    lazy = _lazy_type()
+    lazy = LazyTensor
     d = Dropped()
     seen: set[int] = set()
     stack = [node]
@@ -128,8 +124,6 @@ class _RankFiles(Container):
     (``<rank folder>/model_weights.ckpt``)."""
 
     def __init__(self, loc: Located, layout: ParallelLayout) -> None:
-        from nemo_convert.formats.nemo_ranks import WEIGHTS
-
         super().__init__(loc.path)
         for p, t, folder in layout.rank_dirs():
             path = loc.rank_file(t, p)
@@ -236,8 +230,6 @@ def open_training_checkpoint(loc: Located, *, trust_pickle: bool = False) -> Tra
 
 
 def _zip_source(path: str, trust_pickle: bool):  # type: ignore[no-untyped-def]
-    from nemo_convert.tensors.torch_zip_source import TorchZipSource
-
     return TorchZipSource(ByteRegion(path, 0, os.path.getsize(path)), trust_pickle=trust_pickle)
 
 
@@ -288,8 +280,6 @@ def _open_ranks(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
     ck = TrainingCheckpoint(loc, meta, "model.", dropped, dropped_keys, sizes if loc.pp > 1 else None)
 
     def make(kinds: dict[str, Any], tied: bool) -> TensorSource:
-        from nemo_convert.formats.nemo_ranks import PerRankSource
-
         playout = ParallelLayout.make(sum(sizes), loc.tp, loc.pp, stage_sizes=sizes if loc.pp > 1 else None,
                                       tied=tied)
         return PrefixView(PerRankSource(_RankFiles(loc, playout), "", playout, kinds, trust_pickle=trust_pickle), "",
@@ -300,9 +290,6 @@ def _open_ranks(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
 
 
 def _open_dist(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
-    from nemo_convert.formats.distckpt_meta import MetadataIndex
-    from nemo_convert.formats.distckpt_read import DistCheckpointSource
-
     root = loc.path
 
     def open_region(name: str) -> ByteRegion:

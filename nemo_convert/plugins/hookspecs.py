@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pluggy
 
-from nemo_convert.plugins.records import ModelFamily, ShardingStrategy, TokenizerPatcher
+from nemo_convert.plugins.records import ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
 
 PROJECT = "nemo_convert"
 
@@ -102,5 +102,28 @@ def nemo_convert_sharding_strategies() -> list[ShardingStrategy]:
         @hookimpl
         def nemo_convert_sharding_strategies():
             return [ShardingStrategy(name="expert", axis="ep", implementation=ExpertSplitter())]
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def nemo_convert_verifiers() -> list[Verifier]:
+    """Return the extra checks this plugin adds to ``verify``.
+
+    A verifier declares the ``verify`` options it reads (the CLI adds them to the command)
+    and a function run on both checkpoints as HF folders when one of them is given; its
+    result is reported beside the tensor, config and tokenizer comparison.
+
+    :return: a list of :class:`~nemo_convert.plugins.records.Verifier`.
+
+    .. versionadded:: 0.1
+
+    Example::
+
+        @hookimpl
+        def nemo_convert_verifiers():
+            return [Verifier(name="clip", run=zero_shot_report, check=check_zero_shot_options,
+                             options=(CommandOption("verify", "--clip-image", "the image", kind="value"),
+                                      CommandOption("verify", "--texts", "captions", kind="values")))]
     """
     raise NotImplementedError

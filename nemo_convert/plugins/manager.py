@@ -19,7 +19,7 @@ import pluggy
 
 from nemo_convert.errors import PluginError
 from nemo_convert.plugins import hookspecs
-from nemo_convert.plugins.records import ModelFamily, ShardingStrategy, TokenizerPatcher
+from nemo_convert.plugins.records import CommandOption, ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
 
 ENTRY_POINT_GROUP = "nemo_convert"
 DISABLE_ENV = "NEMO_CONVERT_DISABLE_PLUGINS"
@@ -47,6 +47,7 @@ class Registry:
         self.families = self._collect("nemo_convert_model_families", ModelFamily)
         self.tokenizer_patchers = self._collect("nemo_convert_tokenizer_patchers", TokenizerPatcher)
         self.sharding_strategies = self._collect("nemo_convert_sharding_strategies", ShardingStrategy)
+        self.verifiers = self._collect("nemo_convert_verifiers", Verifier)
 
     def _collect(self, hook_name: str, kind: type) -> dict[str, Provided]:
         out: dict[str, Provided] = {}
@@ -112,6 +113,20 @@ class Registry:
                 return p.record
         raise PluginError(f"no installed model family handles NeMo target {target or config.get('nemo2_target')!r}; "
                           "pass --family")
+
+    def command_options(self) -> list[CommandOption]:
+        """The command-line options plugins declare (families' ``cli_options``, verifiers'
+        ``options``), each once; one flag declared differently twice is an error naming both."""
+        seen: dict[tuple[str, str], tuple[CommandOption, str]] = {}
+        declared = [(o, p.plugin) for p in self.families.values() for o in p.record.cli_options]
+        declared += [(o, p.plugin) for p in self.verifiers.values() for o in p.record.options]
+        for opt, plugin in declared:
+            other = seen.get((opt.command, opt.flag))
+            if other is not None and other[0] != opt:
+                raise PluginError(f"option {opt.flag} of {opt.command!r} is declared differently by plugins "
+                                  f"{other[1]!r} and {plugin!r}")
+            seen.setdefault((opt.command, opt.flag), (opt, plugin))
+        return [o for o, _ in seen.values()]
 
     def sharding(self, axis: str) -> ShardingStrategy:
         """The one strategy for ``axis`` (``"tp"``, ``"pp"``); two claiming it is an error

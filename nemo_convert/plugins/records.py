@@ -7,7 +7,7 @@ tensor work. A record never holds open files or tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from nemo_convert.mapping.rules import Mapping
@@ -48,6 +48,10 @@ class ModelFamily:
         this family reads.
     :param import_options: names of family-specific keyword options that
         ``config_to_nemo`` accepts (e.g. ``("embed_vision_tower",)``).
+    :param cli_options: command-line switches for some of them
+        (:class:`CommandOption` with ``command="import"``; its ``key`` one of
+        ``import_options``): the CLI adds each to ``import`` and passes a given one as the
+        import option ``key`` (LLaVA's ``--embed-vision-tower``).
     """
 
     name: str
@@ -73,6 +77,7 @@ class ModelFamily:
     source_options: "Callable[[dict[str, Any], Sequence[str]], dict[str, Any]] | None" = None
     dist_unstacked: tuple[str, ...] = ()
     claims_nemo_config: Callable[[dict[str, Any]], bool] | None = None
+    cli_options: tuple["CommandOption", ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,4 +111,54 @@ class ShardingStrategy:
     name: str
     axis: str
     implementation: Any = field(repr=False)
+    description: str = ""
+
+
+OptionKind = Literal["switch", "value", "values"]
+
+
+@dataclass(frozen=True)
+class CommandOption:
+    """A command-line option a plugin adds to one ``nemo-convert`` command.
+
+    :param command: the command (``"import"``, ``"verify"``).
+    :param flag: its spelling (``"--embed-vision-tower"``); the keyword it is passed on
+        as is :attr:`key` (``embed_vision_tower``).
+    :param help: one line for ``--help`` and docs/cli.md.
+    :param kind: ``"switch"`` (true when given), ``"value"`` (one string) or ``"values"``
+        (one or more strings).
+    :param metavar: the value's name in ``--help``.
+    """
+
+    command: str
+    flag: str
+    help: str
+    kind: OptionKind = "switch"
+    metavar: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """An extra check ``verify`` runs on both checkpoints when its options are given
+    (CLIP's zero-shot probabilities). Informational: it never changes ``ok``.
+
+    :param name: unique short name; its result is ``VerifyReport.extra[name]``.
+    :param options: the ``verify`` options it reads (:class:`CommandOption` with
+        ``command="verify"``); it runs when any of them is given.
+    :param run: ``run(hf_folder_a, hf_folder_b, options) -> result``: both sides as HF
+        folders (a ``.nemo`` side is exported to a temporary folder first); ``options``
+        holds its given options by key.
+    :param check: ``check(options)`` refuses bad options (``InputError``) before any
+        checkpoint is opened.
+    :param description: one line for ``nemo-convert plugins``.
+    """
+
+    name: str
+    options: tuple[CommandOption, ...]
+    run: Callable[[str, str, dict[str, Any]], Any]
+    check: Callable[[dict[str, Any]], None] | None = None
     description: str = ""

@@ -9,18 +9,7 @@ the core plans, checks, calibrates, quantizes, slices and streams. See docs/qnem
 
 from __future__ import annotations
 
-from typing import Any
-
+from nemo_convert.qnemo.driver import QuantizeReport, quantize
 from nemo_convert.qnemo.spec import KvCacheScale, TrtllmSpec, TrtTensor, rope_fields
 
 __all__ = ["KvCacheScale", "QuantizeReport", "TrtTensor", "TrtllmSpec", "quantize", "rope_fields"]
-
-
-def __getattr__(name: str) -> Any:
-    # The driver pulls in the formats and the quantization math; plugins that only
-    # declare a spec import this package without paying for that.
-    if name in ("quantize", "QuantizeReport"):
-        from nemo_convert.qnemo import driver
-
-        return getattr(driver, name)
-    raise AttributeError(name)

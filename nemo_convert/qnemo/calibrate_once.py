@@ -9,23 +9,22 @@ import os
 import shutil
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from nemo_convert.convert.nemo_to_hf import export_hf
 from nemo_convert.engine import Progress
 from nemo_convert.plugins.manager import Registry
-from nemo_convert.qnemo import calibration as calib
+import nemo_convert.qnemo.calibration as calib
+from nemo_convert.qnemo.job import Job
 from nemo_convert.qnemo.plan import DTYPE_NAME, Item, QuantPlan
 from nemo_convert.qnemo.produce import Producer, check_stats
+from nemo_convert.quant.calibrate import Stats
 from nemo_convert.workers import Workers
 
-if TYPE_CHECKING:
-    from nemo_convert.qnemo.driver import _Job
-    from nemo_convert.quant.calibrate import Stats
 
-
-def sized(job: "_Job", dev: torch.device, calib_size: int | None,
+def sized(job: Job, dev: torch.device, calib_size: int | None,
           calib_seq_len: int | None) -> calib.CalibrationSize:
     """The calibration's rows × tokens for this model on ``dev`` (given, or the default)."""
     cfg = job.plan.model_config
@@ -36,7 +35,7 @@ def sized(job: "_Job", dev: torch.device, calib_size: int | None,
                                   samples=calib_size, seq_len=calib_seq_len)
 
 
-def _calibrate(job: "_Job", src: str, out: str, *, calib_data: str | None, calib_size: int | None,
+def _calibrate(job: Job, src: str, out: str, *, calib_data: str | None, calib_size: int | None,
                calib_seq_len: int | None, calib_batch_size: int, dev: torch.device, reg: Registry,
                trust_pickle: bool, progress: Progress | None = None,
                rope_scaling: bool = True) -> tuple[dict[str, Stats], calib.CalibrationInfo]:
@@ -48,8 +47,6 @@ def _calibrate(job: "_Job", src: str, out: str, *, calib_data: str | None, calib
     folder, tmp = src, None
     try:
         if job.ck.format != "hf":
-            from nemo_convert.convert.nemo_to_hf import export_hf
-
             parent = os.path.dirname(os.path.abspath(out))
             os.makedirs(parent, exist_ok=True)
             tmp = tempfile.mkdtemp(prefix=".nemo-convert-calib-", dir=parent)
@@ -82,7 +79,7 @@ def _stats_on(stats: dict[str, Stats], device: torch.device) -> dict[str, Stats]
             for k, st in stats.items()}
 
 
-def calibrate_once(job: "_Job", workers: Workers, dev: torch.device,
+def calibrate_once(job: Job, workers: Workers, dev: torch.device,
                     **kw: Any) -> tuple[dict[str, Stats], calib.CalibrationInfo | None]:
     """Calibrate if the plan needs it: in process 0 only, its statistics shared with every
     process (so every process quantizes with the very same scales)."""

@@ -33,13 +33,15 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from nemo_convert import __version__
 from nemo_convert.compute import resolve_device
+from nemo_convert.convert.checkpoint import open_checkpoint
 from nemo_convert.convert.common import dir_sink
+from nemo_convert.convert.nemo_to_hf import plan_to_hf
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
 from nemo_convert.errors import OutputExistsError, UnsupportedError
@@ -52,6 +54,8 @@ from nemo_convert.mapping.rules import Parallel
 from nemo_convert.plugins.manager import Registry, get_registry
 from nemo_convert.plugins.records import ModelFamily
 from nemo_convert.qnemo.calibrate_once import calibrate_once, share_awq_search
+from nemo_convert.qnemo.hf_view import PlanSource
+from nemo_convert.qnemo.job import Job
 from nemo_convert.qnemo.plan import (
     ALGOS,
     DTYPE_NAME,
@@ -71,9 +75,6 @@ from nemo_convert.quant.algorithms import DEFAULT_GROUP_SIZE
 from nemo_convert.quant.trtllm_names import QUANT_ALGO, quantization_section
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.workers import SINGLE, Workers, write_together
-
-if TYPE_CHECKING:
-    from nemo_convert.convert.checkpoint import Checkpoint
 
 KV_CACHE_CHOICES = ("none", "fp8")
 _NAMED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -174,23 +175,6 @@ def _write_ranks(sink: MemberSink, plan: QuantPlan, produce: Producer, *, togeth
     return tensors, nbytes
 
 
-@dataclass
-class _Job:
-    """The opened source and the checked plan: what every process knows before writing."""
-
-    ck: Checkpoint
-    fam: ModelFamily
-    spec: TrtllmSpec
-    source: TensorSource
-    plan: QuantPlan
-    tok_section: dict[str, Any] | None
-    tok_files: dict[str, bytes]
-    warnings: list[str] = field(default_factory=list)  # completing a NeMo-native config
-
-    def close(self) -> None:
-        self.ck.close()
-
-
 def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str | torch.device,
                    dtype: str | torch.dtype | None, overwrite: bool) -> tuple[torch.device, torch.dtype | None]:
     """The one-line errors of the options alone; ``(device, dtype)``."""
@@ -208,12 +192,10 @@ def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str 
 
 def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, algo: str, tp: int,
                    pp: int, dtype: torch.dtype | None, group_size: int, kv_cache: str,
-                   rope_scaling: bool = True) -> _Job:
+                   rope_scaling: bool = True) -> Job:
     """Open ``src`` lazily (HF names, through the ``to_hf`` plan for a ``.nemo``, its config
     completed as export completes it: the true vocabulary, token ids, RoPE scaling) and build
     the checked plan; nothing is written."""
-    from nemo_convert.convert.checkpoint import open_checkpoint
-
     ck = open_checkpoint(src, trust_pickle=trust_pickle, accept=("hf", "nemo", "nemo2"),
                          what="a .nemo or a Hugging Face folder")
     try:
@@ -224,9 +206,6 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.tokenizer_files)
             warnings: list[str] = []
         else:
-            from nemo_convert.convert.nemo_to_hf import plan_to_hf
-            from nemo_convert.qnemo.hf_view import PlanSource
-
             fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
             prep, hf_cfg, to_hf = plan_to_hf(ck.handle, fam, rope_scaling=rope_scaling)
             source = PlanSource(to_hf, prep.source)
@@ -240,10 +219,10 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
     except BaseException:
         ck.close()
         raise
-    return _Job(ck, fam, spec, source, plan, tok_section, tok_files, warnings)
+    return Job(ck, fam, spec, source, plan, tok_section, tok_files, warnings)
 
 
-def _write_head(sink: MemberSink, config: dict[str, Any], job: _Job) -> None:
+def _write_head(sink: MemberSink, config: dict[str, Any], job: Job) -> None:
     """``config.json`` and the tokenizer: the members before the rank files."""
     sink.add_bytes("config.json", (json.dumps(config, indent=2) + "\n").encode("utf-8"))
     for name in sorted(job.tok_files):
@@ -252,7 +231,7 @@ def _write_head(sink: MemberSink, config: dict[str, Any], job: _Job) -> None:
         sink.add_bytes(TOKENIZER_CONFIG, dump_yaml(job.tok_section))
 
 
-def _write_output(out: str, config: dict[str, Any], job: _Job, producer: Producer, *, compress: bool,
+def _write_output(out: str, config: dict[str, Any], job: Job, producer: Producer, *, compress: bool,
                   overwrite: bool, progress: Progress, workers: Workers) -> tuple[int, int]:
     """Stage, write and install the output; ``(tensors, bytes)`` of the rank files."""
     plan = job.plan
@@ -311,7 +290,7 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
     progress = progress or NoProgress()
     reg = registry if registry is not None else get_registry()
 
-    def prepare() -> tuple[_Job, torch.device]:
+    def prepare() -> tuple[Job, torch.device]:
         dev, want_dtype = _check_options(src, out, algo=algo, kv_cache=kv_cache, device=device, dtype=dtype,
                                          overwrite=overwrite)
         return _open_and_plan(src, reg, family=family, trust_pickle=trust_pickle, algo=algo, tp=tp, pp=pp,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nemo_convert.errors import ConfigError, ShapeError
-from nemo_convert.quant.algorithms import DEFAULT_GROUP_SIZE, check_linear_weight, resolve_dtype
+from nemo_convert.quant.checks import DEFAULT_GROUP_SIZE, check_linear_weight, resolve_dtype
 from nemo_convert.quant.int4 import (
     check_int4_shape,
     dequantize_groupwise,

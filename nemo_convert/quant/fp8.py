@@ -23,7 +23,7 @@ import math
 import torch
 
 from nemo_convert.errors import ShapeError
-from nemo_convert.quant.algorithms import as_float_tensor, check_linear_weight
+from nemo_convert.quant.checks import as_float_tensor, check_linear_weight
 
 FP8_E4M3_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from nemo_convert.errors import ShapeError, UnsupportedError
-from nemo_convert.quant.algorithms import DEFAULT_GROUP_SIZE, check_linear_weight, resolve_dtype
+from nemo_convert.quant.checks import DEFAULT_GROUP_SIZE, check_linear_weight, resolve_dtype
 
 INT4_MIN = -8
 INT4_MAX = 7

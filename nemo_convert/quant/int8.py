@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from nemo_convert.errors import ShapeError
-from nemo_convert.quant.algorithms import check_linear_weight, resolve_dtype
+from nemo_convert.quant.checks import check_linear_weight, resolve_dtype
 
 INT8_QMAX = 127
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from nemo_convert import ShardingStrategy, hookimpl
+from nemo_convert.sharding.pipeline import PipelineParallel
+from nemo_convert.sharding.tensor import TensorParallel
 
 
 @hookimpl
 def nemo_convert_sharding_strategies() -> list[ShardingStrategy]:
-    from nemo_convert.sharding.pipeline import PipelineParallel
-    from nemo_convert.sharding.tensor import TensorParallel
-
     return [
         ShardingStrategy("tensor", "tp", TensorParallel(), "Megatron tensor parallelism: column/row/vocab/"
                          "grouped-QKV/gated-fc1 splits"),

@@ -13,11 +13,19 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from nemo_convert.errors import InputError, UnsupportedError
-from nemo_convert.formats.nemo_weights import split_layer_name
 from nemo_convert.sharding.pipeline import PipelineParallel
 
 TIED_EMBEDDING = "embedding.word_embeddings.weight"
+LAYER_RE = re.compile(r"^(?P<stack>(?:.*\.)?layers)\.(?P<i>\d+)\.(?P<rest>.+)$")
 _RANK_DIR = re.compile(r"^(?:mp_rank_(?P<mp>\d{2,})|tp_rank_(?P<tp>\d{2,})_pp_rank_(?P<pp>\d{3,}))$")
+
+
+def split_layer_name(name: str) -> tuple[str, int, str] | None:
+    """``("decoder.layers", 3, "mlp.linear_fc1.weight")`` for a per-layer name, else None."""
+    m = LAYER_RE.match(name)
+    if not m:
+        return None
+    return m["stack"], int(m["i"]), m["rest"]
 
 
 def rank_dir(tp_rank: int, pp_rank: int, pp: int) -> str:

@@ -14,6 +14,7 @@ from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 
+from nemo_convert.errors import InputError
 from nemo_convert.tensors.file_map import FileMap  # noqa: F401  (re-exported: part of the contract)
 
 # safetensors dtype strings <-> torch dtypes (also used for our own headers).
@@ -79,8 +80,6 @@ class ByteRegion:
             f.seek(self.offset + start)
             data = f.read(size)
         if len(data) != size:
-            from nemo_convert.errors import InputError
-
             raise InputError(f"{self.path}: file is truncated (wanted {size} bytes at {self.offset + start})")
         return data
 

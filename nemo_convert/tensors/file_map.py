@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nemo_convert.crc import crc32_combine
+from nemo_convert.errors import InputError
 
 _LIVE: "weakref.WeakSet[FileMap]" = weakref.WeakSet()
 _LOCK = threading.Lock()
@@ -82,8 +83,6 @@ class FileMap:
             numel *= s
         nbytes = numel * dtype.itemsize
         if offset < 0 or offset + nbytes > self.size:
-            from nemo_convert.errors import InputError
-
             raise InputError(f"{self.path}: tensor bytes [{offset}, {offset + nbytes}) lie outside the file")
         if numel == 0 or self._mmap is None:
             return torch.empty(shape, dtype=dtype)

@@ -18,6 +18,7 @@ import torch
 
 from nemo_convert.errors import InputError
 from nemo_convert.verify.image import clip_preprocess
+from nemo_convert.verify.report import ClipReport
 
 
 def _features(out: Any) -> torch.Tensor:
@@ -86,3 +87,24 @@ def zero_shot(folder: str, image: str, texts: Sequence[str], *,
         txt = txt / txt.norm(dim=-1, keepdim=True)
         probs = torch.softmax(100.0 * img @ txt.T, dim=-1)[0]
     return [float(p) for p in probs], reader
+
+
+def check_zero_shot_options(options: dict[str, Any]) -> None:
+    """Refuse ``verify`` options the zero-shot check cannot run with, before anything is read."""
+    image, texts = options.get("clip_image"), options.get("texts")
+    if texts and image is None:
+        raise InputError("--texts needs --clip-image")
+    if not texts:
+        raise InputError("the CLIP check needs texts (--texts \"a dog\" \"a cat\" …)")
+    if not os.path.isfile(image):
+        raise InputError(f"{image}: no such image file")
+
+
+def zero_shot_report(folder_a: str, folder_b: str, options: dict[str, Any]) -> ClipReport:
+    """The zero-shot probabilities of ``options["texts"]`` for ``options["clip_image"]``
+    with both CLIP models (each side's texts tokenised with its own tokenizer, the other's
+    as a fallback)."""
+    image, texts = str(options["clip_image"]), list(options["texts"])
+    pa, reader = zero_shot(folder_a, image, texts, tokenizer_folders=[folder_b])
+    pb, _ = zero_shot(folder_b, image, texts, tokenizer_folders=[folder_a])
+    return ClipReport(image, texts, pa, pb, max(abs(x - y) for x, y in zip(pa, pb)), reader)

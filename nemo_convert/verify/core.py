@@ -8,10 +8,11 @@ import fnmatch
 import os
 import tempfile
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
-from nemo_convert.convert.nemo_to_hf import plan_to_hf, tokenizer_files
+from nemo_convert.convert.nemo_to_hf import export_hf, plan_to_hf, tokenizer_files
 from nemo_convert.errors import InputError, PluginError
 from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.hf import HFCheckpoint, open_hf
@@ -19,10 +20,9 @@ from nemo_convert.formats.nemo import NemoCheckpoint
 from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.mapping.rules import Tied, condition_holds
 from nemo_convert.plugins.manager import Registry
-from nemo_convert.plugins.records import ModelFamily
+from nemo_convert.plugins.records import ModelFamily, Verifier
 from nemo_convert.verify.configs import compare_hf_configs, diff_config
 from nemo_convert.verify.report import (
-    ClipReport,
     ConfigDiff,
     SideInfo,
     TensorDiff,
@@ -158,7 +158,6 @@ def _dtype_changes(config: list[ConfigDiff]) -> tuple[list[ConfigDiff], list[Con
 def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool, rope_scaling: bool) -> str:
     if side.info.format == "hf":
         return side.info.path
-    from nemo_convert.convert.nemo_to_hf import export_hf
 
     out = os.path.join(tmp, "b" if os.path.exists(os.path.join(tmp, "a")) else "a")
     export_hf(side.info.path, out, family=side.info.family, registry=registry, trust_pickle=trust_pickle,
@@ -170,7 +169,7 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
            registry: Registry | None = None, trust_pickle: bool = False,
            clip_image: str | None = None, texts: Sequence[str] | None = None,
            probe_texts: Sequence[str] = PROBE_TEXTS, allow_dtype_change: bool = False,
-           rope_scaling: bool = True) -> VerifyReport:
+           rope_scaling: bool = True, options: Mapping[str, Any] | None = None) -> VerifyReport:
     """Compare checkpoints ``a`` and ``b`` (HF folders or ``.nemo`` in any layout).
 
     Both sides are brought to HF tensor names (a ``.nemo`` is streamed through its
@@ -188,18 +187,21 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
         dtypes only). Every change is still listed (in the tensor notes and the report notes).
     :param rope_scaling: False: complete a NeMo-native ``scale_positional_embedding: True``
         without llama3 RoPE scaling, as ``export_hf(rope_scaling=False)`` does.
-    :param clip_image: also compute CLIP zero-shot probabilities of ``texts`` for this
-        image on both sides (informational; needs ``transformers.CLIPModel``).
+    :param options: the options of plugin-provided verifiers (``nemo_convert_verifiers``),
+        by key; each verifier with a given option runs on both sides (as HF folders) after
+        the comparison, its result in ``VerifyReport.extra[name]`` (informational).
+    :param clip_image: with ``texts``, the CLIP plugin's verifier options (``options``
+        ``clip_image`` and ``texts``): CLIP zero-shot probabilities of ``texts`` for this
+        image on both sides (needs ``transformers.CLIPModel``).
     :raises NemoConvertError: bad input (unreadable checkpoint, unknown family, …).
     """
     for label, v in (("atol", atol), ("rtol", rtol)):
         if not v >= 0:
             raise InputError(f"{label} must be a number >= 0, not {v}")
-    if clip_image is not None and not texts:
-        raise InputError("the CLIP check needs texts (--texts \"a dog\" \"a cat\" …)")
-    if clip_image is not None and not os.path.isfile(clip_image):
-        raise InputError(f"{clip_image}: no such image file")
+    given = dict(options or {})
+    given.update({k: v for k, v in (("clip_image", clip_image), ("texts", texts)) if v is not None})
     reg = registry_or_default(registry)
+    verifiers = _verifiers_for(reg, given)
     side_a = _open_side(a, family, reg, trust_pickle, rope_scaling)
     try:
         side_b = _open_side(b, family, reg, trust_pickle, rope_scaling)
@@ -258,14 +260,30 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
         side_a.ckpt.close()
         side_b.ckpt.close()
 
-    if clip_image is not None:
-        from nemo_convert.verify.clip import zero_shot
-
+    if verifiers:
         with tempfile.TemporaryDirectory(prefix="nemo-convert-verify-") as tmp:
             fa = _hf_folder(side_a, tmp, reg, trust_pickle, rope_scaling)
             fb = _hf_folder(side_b, tmp, reg, trust_pickle, rope_scaling)
-            pa, reader = zero_shot(fa, clip_image, list(texts or ()), tokenizer_folders=[fb])
-            pb, _ = zero_shot(fb, clip_image, list(texts or ()), tokenizer_folders=[fa])
-        rep.clip = ClipReport(clip_image, list(texts or ()), pa, pb,
-                              max(abs(x - y) for x, y in zip(pa, pb)), reader)
+            for v, opts in verifiers:
+                rep.extra[v.name] = v.run(fa, fb, opts)
     return rep
+
+
+def _verifiers_for(reg: Registry, given: dict[str, Any]) -> list[tuple[Verifier, dict[str, Any]]]:
+    """The verifiers that read any of the ``given`` options, each with its own options
+    (checked); an option no installed verifier reads is refused."""
+    out: list[tuple[Verifier, dict[str, Any]]] = []
+    claimed: set[str] = set()
+    for p in reg.verifiers.values():
+        keys = {o.key for o in p.record.options}
+        mine = {k: v for k, v in given.items() if k in keys}
+        claimed |= keys
+        if mine:
+            if p.record.check is not None:
+                p.record.check(mine)
+            out.append((p.record, mine))
+    unknown = sorted(set(given) - claimed)
+    if unknown:
+        known = ", ".join(sorted(claimed)) or "none"
+        raise InputError(f"no installed verifier reads the option(s) {', '.join(unknown)} (known: {known})")
+    return out

@@ -131,7 +131,8 @@ class ClipReport:
 class VerifyReport:
     """Everything ``verify`` compared. ``ok`` is true when every tensor matches within
     the tolerance, the HF configs are equal and the tokenizers behave identically. The
-    CLIP probabilities are informational. With ``allow_dtype_change``, tensors of
+    results of plugin-provided verifiers (``extra``, by verifier name; CLIP's zero-shot
+    probabilities are ``extra["clip"]``, also :attr:`clip`) are informational. With ``allow_dtype_change``, tensors of
     different floating dtypes are compared by value and a changed config ``dtype`` /
     ``torch_dtype`` is a note, not a difference."""
 
@@ -143,8 +144,13 @@ class VerifyReport:
     tensors: list[TensorDiff] = field(default_factory=list)
     config: list[ConfigDiff] = field(default_factory=list)
     tokenizer: TokenizerReport = field(default_factory=TokenizerReport)
-    clip: ClipReport | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def clip(self) -> ClipReport | None:
+        """The CLIP plugin's zero-shot probabilities, when ``verify`` ran them."""
+        return self.extra.get("clip")
 
     @property
     def tensors_ok(self) -> bool:
@@ -199,5 +205,6 @@ class VerifyReport:
                 "notes": list(tok.notes),
             },
             "clip": plain(self.clip),
+            "extra": {name: plain(r) if hasattr(r, "__dict__") else r for name, r in self.extra.items()},
             "notes": list(self.notes),
         })

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from nemo_convert import ModelFamily
+from nemo_convert import CommandOption, ModelFamily
 from nemo_convert.mapping import Custom, FuseGated, FuseQKV, Mapping, Rename, Reshape, Tied, cfg_get
 from nemo_convert_clip.family import clip_vision_tower_mapping
 from nemo_convert_llama.family import llama_mapping
@@ -135,6 +135,9 @@ LLAVA = ModelFamily(
     description="LLaVA 1.5 (HF LlavaForConditionalGeneration ⇄ NeVA: Llama + CLIP tower + mlp2x_gelu projector)",
     add_tokens=NEVA_EXTRA_TOKENS,
     import_options=("embed_vision_tower", "hf_key_spelling", "vision_tower_name", "conv_template"),
+    cli_options=(CommandOption("import", "--embed-vision-tower",
+                               "LLaVA: store the vision tower in the .nemo (self-contained; export reproduces the "
+                               "full HF checkpoint). Same as --option embed_vision_tower=true"),),
     # NeVA saves its HF tower through make_sharded_tensors_for_checkpoint: a key per layer.
     source_options=llava_source_options,
     dist_unstacked=("embedding.word_embeddings.vision_encoder.",),

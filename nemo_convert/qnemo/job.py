@@ -1,0 +1,31 @@
+"""What every process of a ``quantize`` run knows before writing: the opened source and
+the checked plan. The driver (:mod:`.driver`) builds it; calibration
+(:mod:`.calibrate_once`) reads it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_convert.convert.checkpoint import Checkpoint
+from nemo_convert.plugins.records import ModelFamily
+from nemo_convert.qnemo.plan import QuantPlan
+from nemo_convert.qnemo.spec import TrtllmSpec
+from nemo_convert.tensors.base import TensorSource
+
+
+@dataclass
+class Job:
+    """The opened source and the checked plan: what every process knows before writing."""
+
+    ck: Checkpoint
+    fam: ModelFamily
+    spec: TrtllmSpec
+    source: TensorSource
+    plan: QuantPlan
+    tok_section: dict[str, Any] | None
+    tok_files: dict[str, bytes]
+    warnings: list[str] = field(default_factory=list)  # completing a NeMo-native config
+
+    def close(self) -> None:
+        self.ck.close()
