@@ -39,7 +39,25 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
               ("embedding.word_embeddings.weight", "!output_layer.weight")),
     "phi3": ("Phi3Config", dict(sliding_window=4, partial_rotary_factor=0.5), {"window_size": [3, 0],
              "rotary_percentage": 0.5}, ("decoder.layers.0.mlp.linear_fc1.weight",)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=4),
+                {"num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 96, "moe_layer_freq": 1,
+                 "moe_router_pre_softmax": False, "window_size": [3, 0]},
+                ("decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight", "decoder.layers.0.mlp.router.weight",
+                 "decoder.layers.0.pre_mlp_layernorm.weight", "!decoder.layers.0.mlp.linear_fc1.weight")),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=32, moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                                         norm_topk_prob=True),
+                  {"num_moe_experts": 4, "moe_ffn_hidden_size": 48, "moe_router_pre_softmax": False,
+                   "qk_layernorm": True, "moe_layer_freq": 1},
+                  ("decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight",
+                   "decoder.layers.1.self_attention.q_layernorm.weight")),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                                         shared_expert_intermediate_size=80),
+                  {"num_moe_experts": 4, "moe_shared_expert_intermediate_size": 80, "moe_shared_expert_gate": True,
+                   "moe_router_pre_softmax": True, "qkv_bias": True},
+                  ("decoder.layers.1.mlp.shared_experts.gate_weight", "decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
+                   "decoder.layers.0.self_attention.linear_qkv.bias")),
 }
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe")
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
 
 
