@@ -331,3 +331,92 @@ def test_cli_names_the_key_and_ignores_it_when_asked(tmp_path, models, cli):
     assert code == 0, err
     with api.open_checkpoint(out) as ck:
         assert ck.config["nemo_convert"]["ignored_config_keys"] == {"sliding_window": 4}
+
+
+# -- mixture of experts: expert parallelism, mixed stacks --------------------------------------
+
+@pytest.mark.parametrize("family", MOE)
+def test_moe_reshard_tp2_pp2_ep2_and_back(tmp_path, models, family):
+    """Dist at TP2×PP2×EP2 holds the same global experts (EP is recorded, not split):
+    export from it gathers every expert, bit-exact."""
+    src = models[family]
+    nemo, ranks, back = str(tmp_path / "m.nemo"), str(tmp_path / "r"), str(tmp_path / "back")
+    api.import_hf(src, nemo, layout="legacy")
+    api.reshard(nemo, ranks, tp=2, pp=2, ep=2, layout="dist", packed=False)
+    cfg = yaml.safe_load(open(os.path.join(ranks, "model_config.yaml")))
+    assert (cfg["expert_model_parallel_size"], cfg["tensor_model_parallel_size"]) == (2, 2)
+    api.export_hf(ranks, back)
+    assert_same(src, back)
+    assert torch.equal(logits(src), logits(back))
+
+
+@pytest.mark.parametrize("ep, layout, words", [
+    (3, "dist", "expert-parallel size 3 does not divide num_moe_experts=4"),
+    (2, "legacy", "the legacy layout has no expert-parallel rank folders"),
+    (0, "dist", "expert-parallel size must be ≥ 1"),
+])
+def test_moe_expert_parallel_geometry_is_refused_before_writing(tmp_path, models, ep, layout, words):
+    out = str(tmp_path / "m.nemo")
+    with pytest.raises(UnsupportedError) as ei:
+        api.import_hf(models["mixtral"], out, layout=layout, parallel=api.Parallelism(1, 1, None, ep))
+    assert words in str(ei.value) and "\n" not in str(ei.value)
+    assert not os.path.exists(out)
+
+
+def test_expert_parallel_on_a_dense_model_is_refused(tmp_path, models):
+    with pytest.raises(UnsupportedError, match="without experts"):
+        api.import_hf(models["llama"], str(tmp_path / "m.nemo"), parallel=api.Parallelism(1, 1, None, 2))
+
+
+def test_cli_ep_flag(tmp_path, models, cli):
+    out = str(tmp_path / "m")
+    code, _, err = cli("import", models["qwen3_moe"], "-o", out, "--ep", "2", "--unpacked")
+    assert code == 0, err
+    assert yaml.safe_load(open(os.path.join(out, "model_config.yaml")))["expert_model_parallel_size"] == 2
+    code, _, err = cli("reshard", out, "-o", str(tmp_path / "r.nemo"), "--ep", "3")
+    assert code != 0 and "does not divide num_moe_experts=4" in err
+
+
+@pytest.mark.parametrize("layout", ["dist", "legacy"])
+def test_qwen3_moe_mixed_stack(tmp_path, layout):
+    """``mlp_only_layers`` makes a mixed dense/MoE stack: ``moe_layer_freq`` a list, the
+    dist keys per layer (Megatron-Core's non-homogeneous layers, experts ``[E, …]``, extra
+    states ``shard_<e>_<E>`` and ``shard_0_1``); the round trip is bit-exact at TP2."""
+    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+
+    src = make_model(str(tmp_path / "hf"), "qwen3_moe", num_hidden_layers=3, mlp_only_layers=[1])
+    nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
+    api.import_hf(src, nemo, layout=layout, packed=False)
+    cfg = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
+    assert cfg["moe_layer_freq"] == [1, 0, 1]
+    if layout == "dist":
+        ck = DistCheckpointSource.from_dir(os.path.join(nemo, "model_weights"))
+        raw = set(ck.raw_keys())
+        assert "model.decoder.layers.1.mlp.linear_fc1.weight" in raw
+        assert ck.info("model.decoder.layers.2.mlp.experts.local_experts.3.linear_fc1.weight").shape == (96, 64)
+        assert ck._raw["model.decoder.layers.2.mlp.experts.experts.linear_fc1.weight"][0] == (4, 96, 64)
+        assert "model.decoder.layers.2.mlp.experts.experts.linear_fc2._extra_state/shard_3_4" in ck.extra_state_keys
+        assert "model.decoder.layers.1.mlp.linear_fc1._extra_state/shard_0_1" in ck.extra_state_keys
+        ck.close()
+    ranks = str(tmp_path / "r.nemo")
+    api.reshard(nemo, ranks, tp=2, layout="legacy")
+    api.export_hf(ranks, back)
+    assert_same(src, back)
+    assert torch.equal(logits(src), logits(back))
+
+
+def test_moe_stacked_dist_keys_and_extra_states(tmp_path, models):
+    """Every layer MoE: experts stacked ``[L, E, …]`` with ``shard_<i>.<e>_<L>.<E>`` extra states."""
+    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+
+    nemo = str(tmp_path / "m")
+    api.import_hf(models["mixtral"], nemo, packed=False)
+    ck = DistCheckpointSource.from_dir(os.path.join(nemo, "model_weights"))
+    assert ck._raw["model.decoder.layers.mlp.experts.experts.linear_fc1.weight"][0] == (2, 4, 192, 64)
+    assert ck._raw["model.decoder.layers.mlp.experts.experts.linear_fc2.weight"][0] == (2, 4, 64, 96)
+    assert ck._raw["model.decoder.layers.mlp.router.weight"][0] == (2, 4, 64)
+    extra = set(ck.extra_state_keys)
+    assert {f"model.decoder.layers.mlp.experts.experts.linear_fc{k}._extra_state/shard_{i}.{e}_2.4"
+            for k in (1, 2) for i in range(2) for e in range(4)} <= extra
+    assert not any("router" in k for k in extra)
+    ck.close()

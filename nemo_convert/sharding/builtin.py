@@ -7,6 +7,7 @@ from nemo_convert import ShardingStrategy, hookimpl
 
 @hookimpl
 def nemo_convert_sharding_strategies() -> list[ShardingStrategy]:
+    from nemo_convert.sharding.expert import ExpertParallel
     from nemo_convert.sharding.pipeline import PipelineParallel
     from nemo_convert.sharding.tensor import TensorParallel
 
@@ -15,4 +16,6 @@ def nemo_convert_sharding_strategies() -> list[ShardingStrategy]:
                          "grouped-QKV/gated-fc1 splits"),
         ShardingStrategy("pipeline", "pp", PipelineParallel(), "Megatron pipeline parallelism: contiguous "
                          "layer stages, embedding first, head last"),
+        ShardingStrategy("expert", "ep", ExpertParallel(), "Megatron expert parallelism: contiguous experts per "
+                         "rank, global experts in dist checkpoints"),
     ]
