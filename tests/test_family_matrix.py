@@ -420,3 +420,46 @@ def test_moe_stacked_dist_keys_and_extra_states(tmp_path, models):
             for k in (1, 2) for i in range(2) for e in range(4)} <= extra
     assert not any("router" in k for k in extra)
     ck.close()
+
+
+def _fused_copy(src: str, dst: str) -> str:
+    """``src`` saved in transformers v5's in-memory layout: every layer's experts fused
+    (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``mlp.experts.down_proj`` ``[E, H, I]``)."""
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    os.makedirs(dst)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"
+             or not model.config.tie_word_embeddings}
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in state)
+    save_file(state, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(src, "config.json"), dst)
+    return dst
+
+
+@pytest.mark.parametrize("family", MOE)
+@pytest.mark.parametrize("layout", ["dist", "legacy"])
+def test_moe_fused_hf_experts_import_alike_and_export_fused(tmp_path, models, family, layout):
+    """A fused-experts HF checkpoint imports to the same NeMo tensors as the per-expert
+    one (verify passes against both) and exports fused again, bit-exact, at TP2 too."""
+    src = models[family]
+    fused = _fused_copy(src, str(tmp_path / "fused"))
+    assert torch.equal(logits(src), logits(fused))
+    a, b = str(tmp_path / "a.nemo"), str(tmp_path / "b.nemo")
+    api.import_hf(src, a, layout=layout)
+    api.import_hf(fused, b, layout=layout)
+    assert api.verify(fused, b).ok
+    with api.open_checkpoint(a) as ca, api.open_checkpoint(b) as cb:  # the same NeMo tensors
+        assert ca.config["nemo_convert"].get("hf_experts") is None
+        assert cb.config["nemo_convert"]["hf_experts"] == "fused"
+        assert sorted(ca.source.keys()) == sorted(cb.source.keys())
+        for k in ca.source.keys():
+            assert torch.equal(ca.source.load(k), cb.source.load(k)), k
+    ranks, back = str(tmp_path / "r.nemo"), str(tmp_path / "back")
+    api.reshard(b, ranks, tp=2, layout="legacy")
+    api.export_hf(ranks, back)
+    assert_same(fused, back)
+    assert torch.equal(logits(src), logits(back))

@@ -15,14 +15,14 @@ writes and the ones NeMo's own converters wrote. The MLP is one block of rules
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from nemo_convert.errors import ConfigError, UnsupportedError
-from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field, Row
+from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field, Row, set_path
 from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
 from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
-                                        Tied, cfg_get, layer_pattern)
+                                        StackedExperts, Tied, cfg_get, layer_pattern)
 from nemo_convert.plugins.records import ModelFamily
 
 NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
@@ -349,6 +349,11 @@ class MoEBlock:
         ``mlp.shared_experts``, with projections named like the dense MLP's; None: none.
     :param shared_gate: the shared expert's sigmoid gate ``[1, H]`` ⇄
         ``mlp.shared_experts.gate_weight``; None: ungated.
+    :param fused_block: the MLP module's name in transformers v5's fused layout
+        (``{fused_block}.experts.gate_up_proj`` ``[E, 2I, H]`` rows ``[gate; up]`` per
+        expert, ``{fused_block}.experts.down_proj`` ``[E, H, I]``, the router beside them);
+        None: ``block``. Which layout a checkpoint has is read from its tensor names on
+        import and recorded, and export writes the same one.
     """
 
     block: str = "mlp"
@@ -359,6 +364,19 @@ class MoEBlock:
     down: str = "down_proj"
     shared: str | None = None
     shared_gate: str | None = None
+    fused_block: str | None = None
+
+
+#: Where a MoE family's import records the source's expert layout (``"fused"``; absent:
+#: one tensor per expert and projection).
+HF_EXPERTS = "nemo_convert.hf_experts"
+HF_EXPERT_LAYOUTS = ("per_expert", "fused")
+
+
+def hf_experts_layout(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The ``hf_experts`` import option read from the source's tensor names."""
+    fused = any(k.endswith(".experts.gate_up_proj") or k.endswith(".experts.down_proj") for k in keys)
+    return {"hf_experts": "fused" if fused else "per_expert"}
 
 
 def _biases(cfg: dict[str, Any]) -> tuple[bool, bool, bool]:
@@ -428,15 +446,21 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
     ``num_moe_experts``), and the optional gated shared expert."""
     moe = features.moe
     assert moe is not None
-    h, n = f"model.layers.{layers}.{moe.block}.", f"decoder.layers.{layers}."
+    fused = cfg_get(cfg, HF_EXPERTS) == "fused"
+    block = (moe.fused_block or moe.block) if fused else moe.block
+    h, n = f"model.layers.{layers}.{block}.", f"decoder.layers.{layers}."
     x, nx = h + moe.experts + ".", n + "mlp.experts.local_experts.{e}."
     rules: list[Rule] = norm_rules(features, f"model.layers.{layers}.post_attention_layernorm.weight",
                                    n + "pre_mlp_layernorm.weight")
-    rules += [Rename(h + moe.router + ".weight", n + "mlp.router.weight", shape=("num_moe_experts", "hidden_size")),
-              FuseGated(x + moe.gate + ".weight", x + moe.up + ".weight", nx + "linear_fc1.weight",
-                        ffn="moe_ffn_hidden_size"),
-              Rename(x + moe.down + ".weight", nx + "linear_fc2.weight", Parallel.ROW,
-                     shape=("hidden_size", "moe_ffn_hidden_size"))]
+    rules.append(Rename(h + moe.router + ".weight", n + "mlp.router.weight", shape=("num_moe_experts", "hidden_size")))
+    if fused:
+        rules += [StackedExperts(h + "experts.gate_up_proj", nx + "linear_fc1.weight", Parallel.GATED_FC1),
+                  StackedExperts(h + "experts.down_proj", nx + "linear_fc2.weight", Parallel.ROW)]
+    else:
+        rules += [FuseGated(x + moe.gate + ".weight", x + moe.up + ".weight", nx + "linear_fc1.weight",
+                            ffn="moe_ffn_hidden_size"),
+                  Rename(x + moe.down + ".weight", nx + "linear_fc2.weight", Parallel.ROW,
+                         shape=("hidden_size", "moe_ffn_hidden_size"))]
     if moe.shared:
         s, ns = h + moe.shared + ".", n + "mlp.shared_experts."
         rules += [FuseGated(s + "gate_proj.weight", s + "up_proj.weight", ns + "linear_fc1.weight",
@@ -486,6 +510,22 @@ def table_translation(table: ConfigTable, family: str) -> tuple[Callable[..., di
     return config_to_nemo, config_to_hf
 
 
+def _with_expert_layout(to_nemo: Callable[..., dict[str, Any]], family: str) -> Callable[..., dict[str, Any]]:
+    """``config_to_nemo`` that records the ``hf_experts`` layout (import option, read from
+    the tensor names by :func:`hf_experts_layout` unless given)."""
+
+    def config_to_nemo(hf: dict[str, Any], hf_experts: str = "per_expert") -> dict[str, Any]:
+        if hf_experts not in HF_EXPERT_LAYOUTS:
+            raise ConfigError(f"hf_experts={hf_experts!r} is not an expert layout of family {family} "
+                              f"(use {' or '.join(HF_EXPERT_LAYOUTS)})")
+        cfg = to_nemo(hf)
+        if hf_experts == "fused":
+            set_path(cfg, HF_EXPERTS, hf_experts)
+        return cfg
+
+    return config_to_nemo
+
+
 def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigTable,
                features: GPTFeatures = GPTFeatures(), nemo2_targets: tuple[str, ...] = (),
                description: str = "", claims: Callable[[dict[str, Any]], bool] | None = None,
@@ -496,6 +536,9 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
     :class:`ModelFamily` fields (``trtllm=``, ``hf_model_class=``)."""
     to_nemo, to_hf = table_translation(config.extend(hf_constants={"architectures": [architecture],
                                                                     "model_type": model_type}), name)
+    if features.moe is not None:
+        to_nemo = _with_expert_layout(to_nemo, name)
+        extra = {"source_options": hf_experts_layout, "import_options": ("hf_experts",), **extra}
     return ModelFamily(
         name=name, hf_architectures=(architecture,), hf_model_types=(model_type,), nemo_target=NEMO_GPT_TARGET,
         mapping=gpt_mapping(features), config_to_nemo=to_nemo, config_to_hf=to_hf, default_layout="dist",

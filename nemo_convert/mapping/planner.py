@@ -18,7 +18,7 @@ import torch
 from nemo_convert.errors import ConfigError, MappingError, ShapeError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename,
-                                        Reshape, Rule, Tied, cfg_get, condition_holds,
+                                        Reshape, Rule, StackedExperts, Tied, cfg_get, condition_holds,
                                         layer_pattern)
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy, materialize
@@ -172,6 +172,19 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: A
             else:
                 fn = (lambda ts, f=ffn: ops.split_gated(ts[0], ffn=f))
                 tasks.append(Task((n,), (g, u), fn, (Parallel.REPLICATED,) * 2, label="split_gated", lazy_fn=fn))
+    elif isinstance(rule, StackedExperts):
+        per_layer: dict[int | None, list[str]] = {}
+        for i, n in _expand(rule.nemo, layers):
+            per_layer.setdefault(i, []).append(n)
+        for (_, h), names in zip(_expand(rule.hf, layers), per_layer.values()):
+            if to_nemo:
+                fn = (lambda ts, k=len(names): ops.unstack_experts(ts[0], experts=k))
+                tasks.append(Task((h,), tuple(names), fn, (rule.parallel,) * len(names), label="unstack_experts",
+                                  lazy_fn=fn))
+            else:
+                tasks.append(Task(tuple(names), (h,), lambda ts: (materialize(ops.stack_experts_lazy(list(ts))),),
+                                  (Parallel.REPLICATED,), label="stack_experts",
+                                  lazy_fn=lambda ts: (ops.stack_experts_lazy(list(ts)),)))
     elif isinstance(rule, Custom):
         par = rule.parallel if isinstance(rule.parallel, tuple) else (rule.parallel,) * len(rule.nemo)
         hf_lists = [[x for _, x in _expand(h, layers)] for h in rule.hf]

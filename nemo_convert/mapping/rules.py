@@ -215,6 +215,21 @@ class Reshape:
         return tuple(int(cfg_get(cfg, s)) if isinstance(s, str) else int(s) for s in shape)
 
 
+@dataclass(frozen=True)
+class StackedExperts:
+    """One HF tensor holding every expert of a layer on dim 0 (transformers v5's fused
+    ``experts.gate_up_proj`` / ``experts.down_proj``) ⇄ one NeMo tensor per expert
+    (``nemo`` has ``{e}``). ``parallel`` is the kind of each expert's NeMo tensor."""
+
+    hf: str
+    nemo: str
+    parallel: Parallel = Parallel.REPLICATED
+    when: str | None = None
+
+    def prefixed(self, hf: str, nemo: str, cfg: str) -> "StackedExperts":
+        return replace(self, hf=_pre(hf, self.hf), nemo=_pre(nemo, self.nemo), when=_pre_cfg(cfg, self.when))
+
+
 TensorFn = Callable[[Sequence[torch.Tensor], dict[str, Any]], Sequence[torch.Tensor]]
 
 
@@ -263,7 +278,7 @@ class Tied:
                        when=_pre_cfg(cfg, self.when))
 
 
-Rule = Union[Rename, Reshape, FuseQKV, PackedQKV, FuseGated, Offset, Custom, Tied]
+Rule = Union[Rename, Reshape, FuseQKV, PackedQKV, FuseGated, Offset, StackedExperts, Custom, Tied]
 
 
 @dataclass(frozen=True)

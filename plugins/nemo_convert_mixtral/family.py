@@ -26,7 +26,7 @@ MIXTRAL = gpt_family(
         Derived(("intermediate_size",), _ffn_to_nemo, _ffn_to_hf), sliding_window(), num_experts("num_local_experts"),
         *MOE_ROWS, harmless=MOE_HARMLESS,
         nemo_constants={**MOE_NEMO_CONSTANTS, "moe_router_pre_softmax": False, "moe_layer_freq": 1}),
-    features=GPTFeatures(moe=MoEBlock(block="block_sparse_moe", gate="w1", up="w3", down="w2")),
+    features=GPTFeatures(moe=MoEBlock(block="block_sparse_moe", gate="w1", up="w3", down="w2", fused_block="mlp")),
     claims=lambda cfg: bool(cfg.get("num_moe_experts")) and not cfg.get("qk_layernorm") and not cfg.get("qkv_bias"),
     nemo2_targets=("nemo.collections.llm.gpt.model.mixtral.MixtralModel",),
     description="Mixtral 8x7B / 8x22B (GQA, top-k softmax-routed experts, sliding window)",
