@@ -167,6 +167,10 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
     ("qwen2", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
      "partial_rotary_factor=0.5"),
+    ("qwen2_moe", dict(qkv_bias=False), "qkv_bias=False"),
+    ("qwen3_moe", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), "use_sliding_window=True"),
+    ("mixtral", dict(num_local_experts=0), "num_local_experts=0"),
+    ("qwen3_moe", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), "'yarn'"),
 ])
 def test_unrepresentable_features_are_refused_by_name(tmp_path, models, family, changes, words):
     src = str(tmp_path / "src")
