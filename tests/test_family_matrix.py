@@ -56,8 +56,19 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
                    "moe_router_pre_softmax": True, "qkv_bias": True},
                   ("decoder.layers.1.mlp.shared_experts.gate_weight", "decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
                    "decoder.layers.0.self_attention.linear_qkv.bias")),
+    "deepseek_v3": ("DeepseekV3Config", dict(num_hidden_layers=4, num_key_value_heads=4, moe_intermediate_size=48,
+                                             q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                                             v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                                             n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+                                             routed_scaling_factor=2.5, rope_scaling=None),
+                    {"multi_latent_attention": True, "moe_layer_freq": [0, 1, 1, 1], "kv_channels": 16,
+                     "moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.5,
+                     "moe_shared_expert_intermediate_size": 48, "q_lora_rank": 32},
+                    ("decoder.layers.1.mlp.router.expert_bias", "decoder.layers.0.mlp.linear_fc1.weight",
+                     "decoder.layers.2.self_attention.linear_kv_up_proj.layer_norm_weight",
+                     "decoder.layers.2.mlp.shared_experts.linear_fc1.weight", "!decoder.layers.0.mlp.router.weight")),
 }
-MOE = ("mixtral", "qwen3_moe", "qwen2_moe")
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
 
 

@@ -322,6 +322,9 @@ class GPTFeatures:
     :param packed_gate_up: HF ``mlp.gate_up_proj`` = ``[gate; up]`` (Phi-3).
     :param qk_norm: per-head RMSNorms of queries and keys (Qwen3): HF ``self_attn.q_norm`` /
         ``k_norm`` ⇄ ``self_attention.q_layernorm`` / ``k_layernorm``.
+    :param mla: multi-latent attention (DeepSeek-V3): low-rank q and kv projections with
+        their RMSNorms (:func:`mla_attention_rules`) instead of the grouped QKV.
+    :param moe: the mixture-of-experts MLP (:class:`MoEBlock`); None: dense.
     :param zero_centred_norms: the HF norms compute ``rmsnorm(x)·(1 + w)`` (Gemma). NeMo
         runs them with ``layernorm_zero_centered_gamma: true`` and stores ``w`` as HF does;
         a ``.nemo`` without that flag (NeMo 1's converter) stores ``1 + w`` and is read so.
@@ -332,6 +335,7 @@ class GPTFeatures:
     qk_norm: bool = False
     zero_centred_norms: bool = False
     moe: "MoEBlock | None" = None
+    mla: bool = False
 
 
 @dataclass(frozen=True)
@@ -349,6 +353,8 @@ class MoEBlock:
         ``mlp.shared_experts``, with projections named like the dense MLP's; None: none.
     :param shared_gate: the shared expert's sigmoid gate ``[1, H]`` ⇄
         ``mlp.shared_experts.gate_weight``; None: ungated.
+    :param expert_bias: the router's per-expert score correction under ``block`` (DeepSeek-V3
+        ``"gate.e_score_correction_bias"``, an HF buffer) ⇄ ``mlp.router.expert_bias``.
     :param fused_block: the MLP module's name in transformers v5's fused layout
         (``{fused_block}.experts.gate_up_proj`` ``[E, 2I, H]`` rows ``[gate; up]`` per
         expert, ``{fused_block}.experts.down_proj`` ``[E, H, I]``, the router beside them);
@@ -365,6 +371,7 @@ class MoEBlock:
     shared: str | None = None
     shared_gate: str | None = None
     fused_block: str | None = None
+    expert_bias: str | None = None
 
 
 #: Where a MoE family's import records the source's expert layout (``"fused"``; absent:
@@ -394,6 +401,32 @@ def norm_rules(features: GPTFeatures, hf: str, nemo: str) -> list[Rule]:
         return [Rename(hf, nemo, shape=("hidden_size",))]
     return [Rename(hf, nemo, shape=("hidden_size",), when="layernorm_zero_centered_gamma"),
             Offset(hf, nemo, 1.0, when="!layernorm_zero_centered_gamma")]
+
+
+def mla_attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
+    """Megatron-Core's multi-latent attention (DeepSeek-V2/V3), every weight as HF stores it
+    (the rope rows need no reordering: both rotate interleaved pairs the same way):
+    ``q_a_proj`` ⇄ ``linear_q_down_proj``, ``q_a_layernorm`` ⇄ ``linear_q_up_proj.layer_norm_weight``,
+    ``q_b_proj`` ⇄ ``linear_q_up_proj`` (no q LoRA: ``q_proj`` ⇄ ``linear_q_proj``),
+    ``kv_a_proj_with_mqa`` ⇄ ``linear_kv_down_proj``, ``kv_a_layernorm`` ⇄
+    ``linear_kv_up_proj.layer_norm_weight``, ``kv_b_proj`` ⇄ ``linear_kv_up_proj``,
+    ``o_proj`` ⇄ ``linear_proj``; the input norm is its own module."""
+    a, n = L + "self_attn.", D + "self_attention."
+    rules: list[Rule] = norm_rules(features, L + "input_layernorm.weight", D + "input_layernorm.weight")
+    if cfg.get("q_lora_rank"):
+        rules += [Rename(a + "q_a_proj.weight", n + "linear_q_down_proj.weight", shape=("q_lora_rank", "hidden_size")),
+                  Rename(a + "q_a_layernorm.weight", n + "linear_q_up_proj.layer_norm_weight", shape=("q_lora_rank",)),
+                  Rename(a + "q_b_proj.weight", n + "linear_q_up_proj.weight", Parallel.COLUMN,
+                         shape=(None, "q_lora_rank"))]
+    else:
+        rules.append(Rename(a + "q_proj.weight", n + "linear_q_proj.weight", Parallel.COLUMN,
+                            shape=(None, "hidden_size")))
+    rules += [Rename(a + "kv_a_proj_with_mqa.weight", n + "linear_kv_down_proj.weight", shape=(None, "hidden_size")),
+              Rename(a + "kv_a_layernorm.weight", n + "linear_kv_up_proj.layer_norm_weight", shape=("kv_lora_rank",)),
+              Rename(a + "kv_b_proj.weight", n + "linear_kv_up_proj.weight", Parallel.COLUMN,
+                     shape=(None, "kv_lora_rank")),
+              Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=("hidden_size", None))]
+    return rules
 
 
 def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
@@ -461,6 +494,8 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
                             ffn="moe_ffn_hidden_size"),
                   Rename(x + moe.down + ".weight", nx + "linear_fc2.weight", Parallel.ROW,
                          shape=("hidden_size", "moe_ffn_hidden_size"))]
+    if moe.expert_bias:
+        rules.append(Rename(h + moe.expert_bias, n + "mlp.router.expert_bias", shape=("num_moe_experts",)))
     if moe.shared:
         s, ns = h + moe.shared + ".", n + "mlp.shared_experts."
         rules += [FuseGated(s + "gate_proj.weight", s + "up_proj.weight", ns + "linear_fc1.weight",
@@ -481,7 +516,7 @@ def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, An
         vocab = ("nemo_convert.vocab_size", "hidden_size")
         rules: list[Rule] = [Rename("model.embed_tokens.weight", "embedding.word_embeddings.weight", Parallel.VOCAB,
                                     shape=vocab)]
-        rules += attention_rules(features, cfg)
+        rules += mla_attention_rules(features, cfg) if features.mla else attention_rules(features, cfg)
         if features.moe is not None and cfg.get("num_moe_experts"):
             rules += dense_mlp_rules(features, cfg, DENSE_LAYERS) + moe_mlp_rules(features, cfg)
         else:
@@ -490,7 +525,11 @@ def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, An
         rules += [Rename("lm_head.weight", "output_layer.weight", Parallel.VOCAB, shape=vocab,
                          when="!share_embeddings_and_output_weights"),
                   Tied("lm_head.weight", "model.embed_tokens.weight", when="share_embeddings_and_output_weights")]
-        return Mapping(tuple(rules), layers="num_layers", drop_hf=(L + "self_attn.rotary_emb.inv_freq",))
+        # Multi-token-prediction layers after the last one (DeepSeek-V3's hub checkpoint):
+        # not part of HF's model (its forward never runs them), dropped and reported.
+        mtp = int(cfg_get(cfg, "nemo_convert.hf_mtp_layers", 0) or 0)
+        extra = tuple(f"model.layers.{int(cfg['num_layers']) + k}.*" for k in range(mtp))
+        return Mapping(tuple(rules), layers="num_layers", drop_hf=(L + "self_attn.rotary_emb.inv_freq", *extra))
 
     return mapping
 
