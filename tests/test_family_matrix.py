@@ -81,6 +81,11 @@ def make_model(folder: str, family: str, **overrides) -> str:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     randomize_(model, seed=sum(map(ord, family)))  # deterministic (str hash is salted per process)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # DeepSeek-V3's router score correction is a buffer: random too, so that it matters
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn(buf.shape, generator=g) * 0.5)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 

@@ -26,7 +26,7 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe", "qwen2_moe")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
 TOLERANCE = 1e-4  # correct layouts measure ~1e-6; a wrong one 0.05 and more (families.md)
 
 
@@ -57,10 +57,12 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import random as tp_random
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer import multi_latent_attention as mla_module
     from megatron.core.transformer.moe import moe_utils
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
     from megatron.core.transformer.utils import openai_gelu
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
@@ -86,8 +88,24 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
         moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="allgather",
         moe_grouped_gemm=False, moe_router_dtype="fp32", expert_model_parallel_size=ep,
         moe_shared_expert_intermediate_size=cfg.get("moe_shared_expert_intermediate_size"),
-        moe_shared_expert_gate=bool(cfg.get("moe_shared_expert_gate")))
-    tc = TransformerConfig(**moe,
+        moe_shared_expert_gate=bool(cfg.get("moe_shared_expert_gate")),
+        moe_router_score_function=cfg["moe_router_score_function"],
+        moe_router_enable_expert_bias=bool(cfg.get("moe_router_enable_expert_bias")),
+        moe_router_topk_scaling_factor=cfg.get("moe_router_topk_scaling_factor"),
+        moe_router_num_groups=cfg.get("moe_router_num_groups"), moe_router_group_topk=cfg.get("moe_router_group_topk"))
+    mla = bool(cfg.get("multi_latent_attention"))
+    if mla:  # shim: MLA passes its head dims to the core attention, which the local one does not take
+        dpa_init = DotProductAttention.__init__
+
+        def init(self: Any, *a: Any, k_channels: Any = None, v_channels: Any = None, **k: Any) -> None:
+            dpa_init(self, *a, **k)  # it reads the shapes off the tensors; kv_channels = v_head_dim
+
+        DotProductAttention.__init__ = init  # type: ignore[method-assign]
+        mla_module.HAVE_TE = False  # shim: it imports Transformer Engine's names as None and believes it has TE
+        moe.update(multi_latent_attention=True, q_lora_rank=cfg["q_lora_rank"], kv_lora_rank=cfg["kv_lora_rank"],
+                   qk_head_dim=cfg["qk_head_dim"], qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"],
+                   v_head_dim=cfg["v_head_dim"], rope_type="rope", rotary_base=cfg["rotary_base"], rotary_percent=1.0)
+    tc = (MLATransformerConfig if mla else TransformerConfig)(**moe,
         num_layers=cfg["num_layers"], hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
         num_query_groups=cfg["num_query_groups"], ffn_hidden_size=cfg["ffn_hidden_size"],
         kv_channels=cfg["kv_channels"], gated_linear_unit=True, activation_func=acts[cfg["activation"]],
@@ -101,14 +119,22 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
     if experts:
         # shim: the local spec saves an MoE layer's norm under the dense key map's
         # ``mlp.linear_fc1.layer_norm_weight``; Transformer Engine's MoE spec (what NeMo and
-        # Megatron-Bridge run) keeps it as ``pre_mlp_layernorm.weight``
+        # Megatron-Bridge run) keeps it as ``pre_mlp_layernorm.weight``. The local MLA spec
+        # has no key map at all: TE's MLA keys are ``linear_q_up_proj.layer_norm_weight``
+        # and ``linear_kv_up_proj.layer_norm_weight`` (and a dense layer's fc1 norm).
         spec = get_gpt_decoder_block_spec(tc, use_transformer_engine=False, normalization="RMSNorm")
         for i, layer in enumerate(spec.layer_specs):
-            if isinstance(layer.submodules.mlp, ModuleSpec) and layer.submodules.mlp.module is MoELayer:
-                keys = {k: v for k, v in layer.submodules.sharded_state_dict_keys_map.items()
-                        if k != "pre_mlp_layernorm."}
-                spec.layer_specs[i] = dataclasses.replace(layer, submodules=dataclasses.replace(
-                    layer.submodules, sharded_state_dict_keys_map=keys))
+            keys = dict(layer.submodules.sharded_state_dict_keys_map)
+            is_moe = isinstance(layer.submodules.mlp, ModuleSpec) and layer.submodules.mlp.module is MoELayer
+            if is_moe:
+                keys.pop("pre_mlp_layernorm.", None)
+            if mla:
+                keys.update({"self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
+                             "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_"})
+                if not is_moe:
+                    keys["pre_mlp_layernorm."] = "mlp.linear_fc1.layer_norm_"
+            spec.layer_specs[i] = dataclasses.replace(layer, submodules=dataclasses.replace(
+                layer.submodules, sharded_state_dict_keys_map=keys))
     else:
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=bool(cfg.get("qk_layernorm")))
     model = GPTModel(tc, transformer_layer_spec=spec,
@@ -224,7 +250,7 @@ def test_the_check_sees_nemos_window_convention(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "deepseek_v3"])
 def test_megatron_core_at_ep2_loads_the_same_checkpoint(tmp_path: Any, family: str) -> None:
     """Expert parallelism: two processes, each building and loading half of the experts
     (global expert ``ep_rank * E/2 + j``) from the one dist checkpoint, give HF's logits."""
@@ -267,7 +293,7 @@ def test_megatron_core_runs_a_mixed_dense_moe_stack(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, ep", [("mixtral", 1), ("qwen3_moe", 2)])
+@pytest.mark.parametrize("family, ep", [("mixtral", 1), ("qwen3_moe", 2), ("deepseek_v3", 1)])
 def test_the_check_sees_two_swapped_experts(tmp_path: Any, family: str, ep: int) -> None:
     """Experts 0 and 1 exchanged in every layer (the router unchanged): the logits part
     from HF's, so these checks would catch a wrong expert order (families.md: 0.26–1.04)."""
@@ -275,6 +301,17 @@ def test_the_check_sees_two_swapped_experts(tmp_path: Any, family: str, ep: int)
     assert proc.returncode != 0 and "MCORE" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     delta = max(float(ln.split("= ")[1].split()[0]) for ln in proc.stdout.splitlines() if "max|dlogit|" in ln)
     print(f"{family} experts 0 <-> 1 at EP={ep}: max|dlogit| = {delta:.3g}")
+    assert delta > 1e-2, delta
+
+
+@pytest.mark.slow
+def test_the_check_sees_deepseeks_router_bias(tmp_path: Any) -> None:
+    """DeepSeek-V3 without the router's score correction (``expert_bias``, an HF buffer,
+    randomised in the tiny model) picks other experts: the check notices."""
+    proc = _run(tmp_path, "deepseek_v3", {"moe_router_enable_expert_bias": False})
+    assert proc.returncode != 0 and "MCORE deepseek_v3" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    delta = float(proc.stdout.split("= ")[1].split()[0])
+    print(f"deepseek_v3 without expert_bias: max|dlogit| = {delta:.3g}")
     assert delta > 1e-2, delta
 
 
