@@ -483,3 +483,57 @@ def test_moe_fused_hf_experts_import_alike_and_export_fused(tmp_path, models, fa
     api.export_hf(ranks, back)
     assert_same(fused, back)
     assert torch.equal(logits(src), logits(back))
+
+
+def test_deepseek_v3_fp8_block_scaled_weights_are_dequantized(tmp_path, models):
+    """DeepSeek-V3's hub layout: linear weights in float8_e4m3fn with float32
+    ``weight_scale_inv`` per 16×16 block here (128×128 on the hub; edge blocks partial) and a
+    ``quantization_config``. The import dequantizes them (fp32 product, cast to the
+    config's bf16) one tensor at a time; export writes the plain bf16 model, equal to the
+    same dequantization done here by hand, block by block."""
+    from safetensors.torch import save_file
+
+    src = models["deepseek_v3"]
+    tensors = hf_tensors(src)
+    cfg = read_json(os.path.join(src, "config.json"))
+    b = 16
+    fp8, plain = {}, {}
+    for k, w in tensors.items():
+        w = w.to(torch.bfloat16)
+        if k.endswith("proj.weight") or k.endswith("proj_with_mqa.weight"):
+            rows, cols = w.shape
+            scale = torch.empty(-(-rows // b), -(-cols // b))
+            q = torch.empty(w.shape, dtype=torch.float8_e4m3fn)
+            ref = torch.empty(w.shape, dtype=torch.bfloat16)
+            for i in range(scale.shape[0]):
+                for j in range(scale.shape[1]):
+                    blk = w[i * b:(i + 1) * b, j * b:(j + 1) * b].float()
+                    scale[i, j] = blk.abs().max().clamp(min=1e-12) / 448.0
+                    q[i * b:(i + 1) * b, j * b:(j + 1) * b] = (blk / scale[i, j]).to(torch.float8_e4m3fn)
+                    ref[i * b:(i + 1) * b, j * b:(j + 1) * b] = (
+                        q[i * b:(i + 1) * b, j * b:(j + 1) * b].float() * scale[i, j]).to(torch.bfloat16)
+            fp8[k], fp8[k + "_scale_inv"], plain[k] = q, scale, ref
+        else:
+            fp8[k] = plain[k] = w.contiguous()
+    quant, ref_dir = str(tmp_path / "fp8"), str(tmp_path / "ref")
+    for folder, weights, extra in ((quant, fp8, {"quantization_config": {
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [b, b]}}),
+                                   (ref_dir, plain, {})):
+        os.makedirs(folder)
+        save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump({**cfg, "dtype": "bfloat16", **extra}, f)
+    nemo, back = str(tmp_path / "m.nemo"), str(tmp_path / "back")
+    rep = api.import_hf(quant, nemo)
+    n = sum(k.endswith("_scale_inv") for k in fp8)
+    assert any(f"dequantized {n} fp8 tensors (16×16 blocks) to torch.bfloat16" in x for x in rep.notes), rep.notes
+    api.export_hf(nemo, back)
+    assert_same(ref_dir, back)
+    assert torch.equal(logits(ref_dir), logits(back))
+    bad = str(tmp_path / "bad")
+    os.makedirs(bad)
+    os.symlink(os.path.join(quant, "model.safetensors"), os.path.join(bad, "model.safetensors"))
+    with open(os.path.join(bad, "config.json"), "w") as f:
+        json.dump({**cfg, "quantization_config": {"quant_method": "mxfp4"}}, f)
+    with pytest.raises(UnsupportedError, match="quant_method='mxfp4'"):
+        api.import_hf(bad, str(tmp_path / "x.nemo"))
