@@ -187,6 +187,10 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("qwen3_moe", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), "use_sliding_window=True"),
     ("mixtral", dict(num_local_experts=0), "num_local_experts=0"),
     ("qwen3_moe", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), "'yarn'"),
+    ("deepseek_v3", dict(norm_topk_prob=False), "norm_topk_prob=False"),
+    ("deepseek_v3", dict(rope_interleave=False), "rope_interleave=False"),
+    ("deepseek_v3", dict(scoring_func="softmax"), "scoring_func='softmax'"),
+    ("deepseek_v3", dict(num_key_value_heads=2), "num_key_value_heads=2"),
 ])
 def test_unrepresentable_features_are_refused_by_name(tmp_path, models, family, changes, words):
     src = str(tmp_path / "src")
