@@ -62,7 +62,8 @@ def hf_shapes(experts: int) -> list[tuple[str, tuple[int, ...]]]:
                 (p + "block_sparse_moe.gate.weight", (experts, HIDDEN))]
         for e in range(experts):
             x = f"{p}block_sparse_moe.experts.{e}."
-            out += [(x + "w1.weight", (FFN, HIDDEN)), (x + "w3.weight", (FFN, HIDDEN)), (x + "w2.weight", (HIDDEN, FFN))]
+            out += [(x + "w1.weight", (FFN, HIDDEN)), (x + "w3.weight", (FFN, HIDDEN)),
+                    (x + "w2.weight", (HIDDEN, FFN))]
     return out + [("model.norm.weight", (HIDDEN,)), ("lm_head.weight", (VOCAB, HIDDEN))]
 
 
@@ -144,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                 times["import"].append(m.result["op_seconds"])
                 ratios.append(m.result["op_seconds"] / c.result["op_seconds"])
                 growth = max(growth, m.memory.peak_private - floor)
-        rows.append(f"| {experts} | {size / MIB:.0f} MiB | {growth / MIB:.1f} MiB | {statistics.median(ratios):.2f}× | "
-                    f"{statistics.median(times['import']):.3f} | {statistics.median(times['copy']):.3f} |")
+        rows.append(f"| {experts} | {size / MIB:.0f} MiB | {growth / MIB:.1f} MiB | "
+                    f"{statistics.median(ratios):.2f}× | {statistics.median(times['import']):.3f} | "
+                    f"{statistics.median(times['copy']):.3f} |")
         shutil.rmtree(src, ignore_errors=True)
     print("\n".join(rows))
     return 0

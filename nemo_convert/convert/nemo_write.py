@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from nemo_convert.compute import CPU, Compute
@@ -43,7 +43,8 @@ class Strategies:
 
     tensor: Any = None
     pipeline: Any = None
-    expert: Any = None
+    #: None where no expert-parallel strategy is installed: then only EP = 1 is written
+    expert: Any = field(default_factory=ExpertParallel)
 
     @classmethod
     def from_registry(cls, registry: Any) -> "Strategies":
@@ -57,9 +58,10 @@ def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], 
                    layout: str = "dist") -> ParallelLayout:
     """Fail with a clear message, before anything is written, when TP/PP/EP cannot split the model."""
     tp, pp = par.tp, par.pp
-    if strategies.expert is None and par.ep != 1 and strategies.tensor is not None:
+    if strategies.expert is not None:
+        strategies.expert.check(cfg.get("num_moe_experts"), par.ep, layout=layout)
+    elif par.ep != 1:
         raise UnsupportedError(f"expert-parallel size {par.ep}: no expert-parallel sharding strategy is installed")
-    (strategies.expert or ExpertParallel()).check(cfg.get("num_moe_experts"), par.ep, layout=layout)
     if tp < 1 or pp < 1:
         raise UnsupportedError(f"tensor- and pipeline-parallel sizes must be at least 1 (got TP={tp}, PP={pp})")
     heads, groups = cfg.get("num_attention_heads"), cfg.get("num_query_groups") or cfg.get("num_attention_heads")

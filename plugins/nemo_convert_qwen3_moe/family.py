@@ -21,7 +21,8 @@ QWEN3_MOE_CONFIG = GPT_CONFIG.extend(
 QWEN3_MOE = gpt_family(
     "qwen3_moe", architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", config=QWEN3_MOE_CONFIG,
     features=GPTFeatures(qk_norm=True, moe=MoEBlock()),
-    claims=lambda cfg: bool(cfg.get("qk_layernorm")) and bool(cfg.get("num_moe_experts")) and not cfg.get("multi_latent_attention"),
+    claims=lambda cfg: (bool(cfg.get("qk_layernorm")) and bool(cfg.get("num_moe_experts"))
+                        and not cfg.get("multi_latent_attention")),
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",),
     description="Qwen3-MoE (q/k RMSNorm, softmax-routed experts, mixed dense/MoE stacks)",
 )
