@@ -406,14 +406,14 @@ def test_cli_ep_flag(tmp_path, models, cli):
 def test_qwen3_moe_mixed_stack(tmp_path, layout):
     """``mlp_only_layers`` makes a mixed dense/MoE stack: ``moe_layer_freq`` a list, the
     dist keys per layer (Megatron-Core's non-homogeneous layers, experts ``[E, …]``, extra
-    states ``shard_<e>_<E>`` and ``shard_0_1``); the round trip is bit-exact at TP2."""
+    states ``shard_<e>_<E>`` and ``shard_0_1``); the round trip is bit-exact at TP2×PP2."""
     from nemo_convert.formats.distckpt_read import DistCheckpointSource
 
-    src = make_model(str(tmp_path / "hf"), "qwen3_moe", num_hidden_layers=3, mlp_only_layers=[1])
+    src = make_model(str(tmp_path / "hf"), "qwen3_moe", num_hidden_layers=4, mlp_only_layers=[1])
     nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
     api.import_hf(src, nemo, layout=layout, packed=False)
     cfg = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
-    assert cfg["moe_layer_freq"] == [1, 0, 1]
+    assert cfg["moe_layer_freq"] == [1, 0, 1, 1]
     if layout == "dist":
         ck = DistCheckpointSource.from_dir(os.path.join(nemo, "model_weights"))
         raw = set(ck.raw_keys())
@@ -424,7 +424,7 @@ def test_qwen3_moe_mixed_stack(tmp_path, layout):
         assert "model.decoder.layers.1.mlp.linear_fc1._extra_state/shard_0_1" in ck.extra_state_keys
         ck.close()
     ranks = str(tmp_path / "r.nemo")
-    api.reshard(nemo, ranks, tp=2, layout="legacy")
+    api.reshard(nemo, ranks, tp=2, pp=2, layout="legacy")
     api.export_hf(ranks, back)
     assert_same(src, back)
     assert torch.equal(logits(src), logits(back))
