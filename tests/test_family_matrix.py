@@ -39,7 +39,37 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
               ("embedding.word_embeddings.weight", "!output_layer.weight")),
     "phi3": ("Phi3Config", dict(sliding_window=4, partial_rotary_factor=0.5), {"window_size": [3, 0],
              "rotary_percentage": 0.5}, ("decoder.layers.0.mlp.linear_fc1.weight",)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=4),
+                {"num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 96, "moe_layer_freq": 1,
+                 "moe_router_pre_softmax": False, "window_size": [3, 0]},
+                ("decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight", "decoder.layers.0.mlp.router.weight",
+                 "decoder.layers.0.pre_mlp_layernorm.weight", "!decoder.layers.0.mlp.linear_fc1.weight")),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=32, moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                                         norm_topk_prob=True),
+                  {"num_moe_experts": 4, "moe_ffn_hidden_size": 48, "moe_router_pre_softmax": False,
+                   "qk_layernorm": True, "moe_layer_freq": 1},
+                  ("decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight",
+                   "decoder.layers.1.self_attention.q_layernorm.weight")),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                                         shared_expert_intermediate_size=80),
+                  {"num_moe_experts": 4, "moe_shared_expert_intermediate_size": 80, "moe_shared_expert_gate": True,
+                   "moe_router_pre_softmax": True, "qkv_bias": True},
+                  ("decoder.layers.1.mlp.shared_experts.gate_weight",
+                   "decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
+                   "decoder.layers.0.self_attention.linear_qkv.bias")),
+    "deepseek_v3": ("DeepseekV3Config", dict(num_hidden_layers=4, num_key_value_heads=4, moe_intermediate_size=48,
+                                             q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                                             v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                                             n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+                                             routed_scaling_factor=2.5, rope_scaling=None),
+                    {"multi_latent_attention": True, "moe_layer_freq": [0, 1, 1, 1], "kv_channels": 16,
+                     "moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.5,
+                     "moe_shared_expert_intermediate_size": 48, "q_lora_rank": 32},
+                    ("decoder.layers.1.mlp.router.expert_bias", "decoder.layers.0.mlp.linear_fc1.weight",
+                     "decoder.layers.2.self_attention.linear_kv_up_proj.layer_norm_weight",
+                     "decoder.layers.2.mlp.shared_experts.linear_fc1.weight", "!decoder.layers.0.mlp.router.weight")),
 }
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
 
 
@@ -52,6 +82,11 @@ def make_model(folder: str, family: str, **overrides) -> str:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     randomize_(model, seed=sum(map(ord, family)))  # deterministic (str hash is salted per process)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # DeepSeek-V3's router score correction is a buffer: random too, so that it matters
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn(buf.shape, generator=g) * 0.5)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 
@@ -149,6 +184,14 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
     ("qwen2", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
      "partial_rotary_factor=0.5"),
+    ("qwen2_moe", dict(qkv_bias=False), "qkv_bias=False"),
+    ("qwen3_moe", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), "use_sliding_window=True"),
+    ("mixtral", dict(num_local_experts=0), "num_local_experts=0"),
+    ("qwen3_moe", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), "'yarn'"),
+    ("deepseek_v3", dict(norm_topk_prob=False), "norm_topk_prob=False"),
+    ("deepseek_v3", dict(rope_interleave=False), "rope_interleave=False"),
+    ("deepseek_v3", dict(scoring_func="softmax"), "scoring_func='softmax'"),
+    ("deepseek_v3", dict(num_key_value_heads=2), "num_key_value_heads=2"),
 ])
 def test_unrepresentable_features_are_refused_by_name(tmp_path, models, family, changes, words):
     src = str(tmp_path / "src")
@@ -313,3 +356,189 @@ def test_cli_names_the_key_and_ignores_it_when_asked(tmp_path, models, cli):
     assert code == 0, err
     with api.open_checkpoint(out) as ck:
         assert ck.config["nemo_convert"]["ignored_config_keys"] == {"sliding_window": 4}
+
+
+# -- mixture of experts: expert parallelism, mixed stacks --------------------------------------
+
+@pytest.mark.parametrize("family", MOE)
+def test_moe_reshard_tp2_pp2_ep2_and_back(tmp_path, models, family):
+    """Dist at TP2×PP2×EP2 holds the same global experts (EP is recorded, not split):
+    export from it gathers every expert, bit-exact."""
+    src = models[family]
+    nemo, ranks, back = str(tmp_path / "m.nemo"), str(tmp_path / "r"), str(tmp_path / "back")
+    api.import_hf(src, nemo, layout="legacy")
+    api.reshard(nemo, ranks, tp=2, pp=2, ep=2, layout="dist", packed=False)
+    cfg = yaml.safe_load(open(os.path.join(ranks, "model_config.yaml")))
+    assert (cfg["expert_model_parallel_size"], cfg["tensor_model_parallel_size"]) == (2, 2)
+    api.export_hf(ranks, back)
+    assert_same(src, back)
+    assert torch.equal(logits(src), logits(back))
+
+
+@pytest.mark.parametrize("ep, layout, words", [
+    (3, "dist", "expert-parallel size 3 does not divide num_moe_experts=4"),
+    (2, "legacy", "the legacy layout has no expert-parallel rank folders"),
+    (0, "dist", "expert-parallel size must be ≥ 1"),
+])
+def test_moe_expert_parallel_geometry_is_refused_before_writing(tmp_path, models, ep, layout, words):
+    out = str(tmp_path / "m.nemo")
+    with pytest.raises(UnsupportedError) as ei:
+        api.import_hf(models["mixtral"], out, layout=layout, parallel=api.Parallelism(1, 1, None, ep))
+    assert words in str(ei.value) and "\n" not in str(ei.value)
+    assert not os.path.exists(out)
+
+
+def test_expert_parallel_on_a_dense_model_is_refused(tmp_path, models):
+    with pytest.raises(UnsupportedError, match="without experts"):
+        api.import_hf(models["llama"], str(tmp_path / "m.nemo"), parallel=api.Parallelism(1, 1, None, 2))
+
+
+def test_cli_ep_flag(tmp_path, models, cli):
+    out = str(tmp_path / "m")
+    code, _, err = cli("import", models["qwen3_moe"], "-o", out, "--ep", "2", "--unpacked")
+    assert code == 0, err
+    assert yaml.safe_load(open(os.path.join(out, "model_config.yaml")))["expert_model_parallel_size"] == 2
+    code, _, err = cli("reshard", out, "-o", str(tmp_path / "r.nemo"), "--ep", "3")
+    assert code != 0 and "does not divide num_moe_experts=4" in err
+
+
+@pytest.mark.parametrize("layout", ["dist", "legacy"])
+def test_qwen3_moe_mixed_stack(tmp_path, layout):
+    """``mlp_only_layers`` makes a mixed dense/MoE stack: ``moe_layer_freq`` a list, the
+    dist keys per layer (Megatron-Core's non-homogeneous layers, experts ``[E, …]``, extra
+    states ``shard_<e>_<E>`` and ``shard_0_1``); the round trip is bit-exact at TP2×PP2."""
+    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+
+    src = make_model(str(tmp_path / "hf"), "qwen3_moe", num_hidden_layers=4, mlp_only_layers=[1])
+    nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
+    api.import_hf(src, nemo, layout=layout, packed=False)
+    cfg = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
+    assert cfg["moe_layer_freq"] == [1, 0, 1, 1]
+    if layout == "dist":
+        ck = DistCheckpointSource.from_dir(os.path.join(nemo, "model_weights"))
+        raw = set(ck.raw_keys())
+        assert "model.decoder.layers.1.mlp.linear_fc1.weight" in raw
+        assert ck.info("model.decoder.layers.2.mlp.experts.local_experts.3.linear_fc1.weight").shape == (96, 64)
+        assert ck._raw["model.decoder.layers.2.mlp.experts.experts.linear_fc1.weight"][0] == (4, 96, 64)
+        assert "model.decoder.layers.2.mlp.experts.experts.linear_fc2._extra_state/shard_3_4" in ck.extra_state_keys
+        assert "model.decoder.layers.1.mlp.linear_fc1._extra_state/shard_0_1" in ck.extra_state_keys
+        ck.close()
+    ranks = str(tmp_path / "r.nemo")
+    api.reshard(nemo, ranks, tp=2, pp=2, layout="legacy")
+    api.export_hf(ranks, back)
+    assert_same(src, back)
+    assert torch.equal(logits(src), logits(back))
+
+
+def test_moe_stacked_dist_keys_and_extra_states(tmp_path, models):
+    """Every layer MoE: experts stacked ``[L, E, …]`` with ``shard_<i>.<e>_<L>.<E>`` extra states."""
+    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+
+    nemo = str(tmp_path / "m")
+    api.import_hf(models["mixtral"], nemo, packed=False)
+    ck = DistCheckpointSource.from_dir(os.path.join(nemo, "model_weights"))
+    assert ck._raw["model.decoder.layers.mlp.experts.experts.linear_fc1.weight"][0] == (2, 4, 192, 64)
+    assert ck._raw["model.decoder.layers.mlp.experts.experts.linear_fc2.weight"][0] == (2, 4, 64, 96)
+    assert ck._raw["model.decoder.layers.mlp.router.weight"][0] == (2, 4, 64)
+    extra = set(ck.extra_state_keys)
+    assert {f"model.decoder.layers.mlp.experts.experts.linear_fc{k}._extra_state/shard_{i}.{e}_2.4"
+            for k in (1, 2) for i in range(2) for e in range(4)} <= extra
+    assert not any("router" in k for k in extra)
+    ck.close()
+
+
+def _fused_copy(src: str, dst: str) -> str:
+    """``src`` saved in transformers v5's in-memory layout: every layer's experts fused
+    (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``mlp.experts.down_proj`` ``[E, H, I]``)."""
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    os.makedirs(dst)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"
+             or not model.config.tie_word_embeddings}
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in state)
+    save_file(state, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(src, "config.json"), dst)
+    return dst
+
+
+@pytest.mark.parametrize("family", MOE)
+@pytest.mark.parametrize("layout", ["dist", "legacy"])
+def test_moe_fused_hf_experts_import_alike_and_export_fused(tmp_path, models, family, layout):
+    """A fused-experts HF checkpoint imports to the same NeMo tensors as the per-expert
+    one (verify passes against both) and exports fused again, bit-exact, at TP2 too."""
+    src = models[family]
+    fused = _fused_copy(src, str(tmp_path / "fused"))
+    assert torch.equal(logits(src), logits(fused))
+    a, b = str(tmp_path / "a.nemo"), str(tmp_path / "b.nemo")
+    api.import_hf(src, a, layout=layout)
+    api.import_hf(fused, b, layout=layout)
+    assert api.verify(fused, b).ok
+    with api.open_checkpoint(a) as ca, api.open_checkpoint(b) as cb:  # the same NeMo tensors
+        assert ca.config["nemo_convert"].get("hf_experts") is None
+        assert cb.config["nemo_convert"]["hf_experts"] == "fused"
+        assert sorted(ca.source.keys()) == sorted(cb.source.keys())
+        for k in ca.source.keys():
+            assert torch.equal(ca.source.load(k), cb.source.load(k)), k
+    ranks, back = str(tmp_path / "r.nemo"), str(tmp_path / "back")
+    api.reshard(b, ranks, tp=2, layout="legacy")
+    api.export_hf(ranks, back)
+    assert_same(fused, back)
+    assert torch.equal(logits(src), logits(back))
+
+
+def test_deepseek_v3_fp8_block_scaled_weights_are_dequantized(tmp_path, models):
+    """DeepSeek-V3's hub layout: linear weights in float8_e4m3fn with float32
+    ``weight_scale_inv`` per 16×16 block here (128×128 on the hub; edge blocks partial) and a
+    ``quantization_config``. The import dequantizes them (fp32 product, cast to the
+    config's bf16) one tensor at a time; export writes the plain bf16 model, equal to the
+    same dequantization done here by hand, block by block."""
+    from safetensors.torch import save_file
+
+    src = models["deepseek_v3"]
+    tensors = hf_tensors(src)
+    cfg = read_json(os.path.join(src, "config.json"))
+    b = 16
+    fp8, plain = {}, {}
+    for k, w in tensors.items():
+        w = w.to(torch.bfloat16)
+        if k.endswith("proj.weight") or k.endswith("proj_with_mqa.weight"):
+            rows, cols = w.shape
+            scale = torch.empty(-(-rows // b), -(-cols // b))
+            q = torch.empty(w.shape, dtype=torch.float8_e4m3fn)
+            ref = torch.empty(w.shape, dtype=torch.bfloat16)
+            for i in range(scale.shape[0]):
+                for j in range(scale.shape[1]):
+                    blk = w[i * b:(i + 1) * b, j * b:(j + 1) * b].float()
+                    scale[i, j] = blk.abs().max().clamp(min=1e-12) / 448.0
+                    q[i * b:(i + 1) * b, j * b:(j + 1) * b] = (blk / scale[i, j]).to(torch.float8_e4m3fn)
+                    ref[i * b:(i + 1) * b, j * b:(j + 1) * b] = (
+                        q[i * b:(i + 1) * b, j * b:(j + 1) * b].float() * scale[i, j]).to(torch.bfloat16)
+            fp8[k], fp8[k + "_scale_inv"], plain[k] = q, scale, ref
+        else:
+            fp8[k] = plain[k] = w.contiguous()
+    quant, ref_dir = str(tmp_path / "fp8"), str(tmp_path / "ref")
+    for folder, weights, extra in ((quant, fp8, {"quantization_config": {
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [b, b]}}),
+                                   (ref_dir, plain, {})):
+        os.makedirs(folder)
+        save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump({**cfg, "dtype": "bfloat16", **extra}, f)
+    nemo, back = str(tmp_path / "m.nemo"), str(tmp_path / "back")
+    rep = api.import_hf(quant, nemo)
+    n = sum(k.endswith("_scale_inv") for k in fp8)
+    assert any(f"dequantized {n} fp8 tensors (16×16 blocks) to torch.bfloat16" in x for x in rep.notes), rep.notes
+    api.export_hf(nemo, back)
+    assert_same(ref_dir, back)
+    assert torch.equal(logits(ref_dir), logits(back))
+    bad = str(tmp_path / "bad")
+    os.makedirs(bad)
+    os.symlink(os.path.join(quant, "model.safetensors"), os.path.join(bad, "model.safetensors"))
+    with open(os.path.join(bad, "config.json"), "w") as f:
+        json.dump({**cfg, "quantization_config": {"quant_method": "mxfp4"}}, f)
+    with pytest.raises(UnsupportedError, match="quant_method='mxfp4'"):
+        api.import_hf(bad, str(tmp_path / "x.nemo"))

@@ -9,6 +9,10 @@ zero-centred RMSNorm and its ``GPTModel`` does not scale embeddings — both are
 features that NeMo's Gemma model (Transformer Engine's norm, NeMo's embedding mixin)
 provides — so for Gemma the loaded norms get ``+1`` in memory and the embedding output is
 multiplied by sqrt(hidden), which is what those modules compute.
+
+Mixture-of-experts families run with the settings families.md measured: SequentialMLP
+(no grouped GEMM), the all-gather token dispatcher, no load balancing, fp32 routing; at
+EP=2 two processes each hold half of the experts and load them from the same checkpoint.
 """
 
 from __future__ import annotations
@@ -22,23 +26,24 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
 TOLERANCE = 1e-4  # correct layouts measure ~1e-6; a wrong one 0.05 and more (families.md)
 
 
-def _worker(family: str, nemo: str, want_path: str, root: str, tp: str = "1") -> None:  # the subprocess
-    if int(tp) == 1:
-        _rank(0, family, nemo, want_path, root, 1)
+def _worker(family: str, nemo: str, want_path: str, root: str, tp: str = "1", ep: str = "1") -> None:  # subprocess
+    if int(tp) * int(ep) == 1:
+        _rank(0, family, nemo, want_path, root, 1, 1)
     else:
         import torch.multiprocessing as mp
 
-        mp.spawn(_rank, args=(family, nemo, want_path, root, int(tp)), nprocs=int(tp))
-        print(f"MCORE {family} TP={tp}: every rank matched")
+        mp.spawn(_rank, args=(family, nemo, want_path, root, int(tp), int(ep)), nprocs=int(tp) * int(ep))
+        print(f"MCORE {family} TP={tp} EP={ep}: every rank matched")
         print("MCORE-PARITY OK")
 
 
-def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int) -> None:
+def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int, ep: int = 1) -> None:
     import contextlib
+    import dataclasses
     import math
     import warnings
 
@@ -50,9 +55,14 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int)
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.fusions import fused_softmax
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import random as tp_random
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer import multi_latent_attention as mla_module
+    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
     from megatron.core.transformer.utils import openai_gelu
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
@@ -63,14 +73,39 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int)
         return ~torch.tril(torch.triu(m, diagonal=skv - sq - window[0]), diagonal=skv - sq + window[1])
 
     fused_softmax.get_sliding_window_causal_mask = cpu_window_mask
-    dist.init_process_group("gloo", init_method=f"file://{root}/pg", rank=rank, world_size=tp)
-    parallel_state.initialize_model_parallel(tp, 1)
+    moe_utils.te_general_gemm = None  # shim: without Transformer Engine the name is unbound (the torch.mm path)
+    dist.init_process_group("gloo", init_method=f"file://{root}/pg", rank=rank, world_size=tp * ep)
+    parallel_state.initialize_model_parallel(tp, 1, expert_model_parallel_size=ep)
 
     with open(os.path.join(nemo, "model_config.yaml")) as f:
         cfg = yaml.safe_load(f)
     acts = {"fast-swiglu": fn.silu, "geglu": openai_gelu if cfg.get("openai_gelu") else fn.gelu}
     window = cfg.get("window_size")
-    tc = TransformerConfig(
+    experts = cfg.get("num_moe_experts")
+    moe: dict[str, Any] = {} if not experts else dict(
+        num_moe_experts=experts, moe_router_topk=cfg["moe_router_topk"], moe_ffn_hidden_size=cfg["moe_ffn_hidden_size"],
+        moe_router_pre_softmax=cfg["moe_router_pre_softmax"], moe_layer_freq=cfg["moe_layer_freq"],
+        moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=False, moe_router_dtype="fp32", expert_model_parallel_size=ep,
+        moe_shared_expert_intermediate_size=cfg.get("moe_shared_expert_intermediate_size"),
+        moe_shared_expert_gate=bool(cfg.get("moe_shared_expert_gate")),
+        moe_router_score_function=cfg["moe_router_score_function"],
+        moe_router_enable_expert_bias=bool(cfg.get("moe_router_enable_expert_bias")),
+        moe_router_topk_scaling_factor=cfg.get("moe_router_topk_scaling_factor"),
+        moe_router_num_groups=cfg.get("moe_router_num_groups"), moe_router_group_topk=cfg.get("moe_router_group_topk"))
+    mla = bool(cfg.get("multi_latent_attention"))
+    if mla:  # shim: MLA passes its head dims to the core attention, which the local one does not take
+        dpa_init = DotProductAttention.__init__
+
+        def init(self: Any, *a: Any, k_channels: Any = None, v_channels: Any = None, **k: Any) -> None:
+            dpa_init(self, *a, **k)  # it reads the shapes off the tensors; kv_channels = v_head_dim
+
+        DotProductAttention.__init__ = init  # type: ignore[method-assign]
+        mla_module.HAVE_TE = False  # shim: it imports Transformer Engine's names as None and believes it has TE
+        moe.update(multi_latent_attention=True, q_lora_rank=cfg["q_lora_rank"], kv_lora_rank=cfg["kv_lora_rank"],
+                   qk_head_dim=cfg["qk_head_dim"], qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"],
+                   v_head_dim=cfg["v_head_dim"], rope_type="rope", rotary_base=cfg["rotary_base"], rotary_percent=1.0)
+    tc = (MLATransformerConfig if mla else TransformerConfig)(**moe,
         num_layers=cfg["num_layers"], hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
         num_query_groups=cfg["num_query_groups"], ffn_hidden_size=cfg["ffn_hidden_size"],
         kv_channels=cfg["kv_channels"], gated_linear_unit=True, activation_func=acts[cfg["activation"]],
@@ -81,8 +116,28 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int)
         masked_softmax_fusion=False, bias_dropout_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, attention_softmax_in_fp32=True)
     vocab = cfg["nemo_convert"]["vocab_size"]
-    model = GPTModel(tc, transformer_layer_spec=get_gpt_layer_local_spec(
-                         normalization="RMSNorm", qk_layernorm=bool(cfg.get("qk_layernorm"))),
+    if experts:
+        # shim: the local spec saves an MoE layer's norm under the dense key map's
+        # ``mlp.linear_fc1.layer_norm_weight``; Transformer Engine's MoE spec (what NeMo and
+        # Megatron-Bridge run) keeps it as ``pre_mlp_layernorm.weight``. The local MLA spec
+        # has no key map at all: TE's MLA keys are ``linear_q_up_proj.layer_norm_weight``
+        # and ``linear_kv_up_proj.layer_norm_weight`` (and a dense layer's fc1 norm).
+        spec = get_gpt_decoder_block_spec(tc, use_transformer_engine=False, normalization="RMSNorm")
+        for i, layer in enumerate(spec.layer_specs):
+            keys = dict(layer.submodules.sharded_state_dict_keys_map)
+            is_moe = isinstance(layer.submodules.mlp, ModuleSpec) and layer.submodules.mlp.module is MoELayer
+            if is_moe:
+                keys.pop("pre_mlp_layernorm.", None)
+            if mla:
+                keys.update({"self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
+                             "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_"})
+                if not is_moe:
+                    keys["pre_mlp_layernorm."] = "mlp.linear_fc1.layer_norm_"
+            spec.layer_specs[i] = dataclasses.replace(layer, submodules=dataclasses.replace(
+                layer.submodules, sharded_state_dict_keys_map=keys))
+    else:
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=bool(cfg.get("qk_layernorm")))
+    model = GPTModel(tc, transformer_layer_spec=spec,
                      vocab_size=vocab, max_sequence_length=cfg["max_position_embeddings"],
                      position_embedding_type="rope", rotary_base=int(cfg["rotary_base"]),
                      rotary_percent=cfg.get("rotary_percentage", 1.0),
@@ -107,24 +162,46 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int)
     with torch.no_grad():
         got = model(ids, torch.arange(n)[None], mask)
     delta = (got.float() - want["logits"].float()).abs().max().item()
-    print(f"MCORE {family} TP={tp} rank {rank} max|dlogit| = {delta:.3g}", flush=True)
+    print(f"MCORE {family} TP={tp} EP={ep} rank {rank} max|dlogit| = {delta:.3g}", flush=True)
+    if os.environ.get("MCORE_SAVE_TO"):  # Megatron-Core writes the model back, as it shards it
+        torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]  # (its async saver, on the CPU)
+        dist_checkpointing.save(model.sharded_state_dict(prefix="model."), os.environ["MCORE_SAVE_TO"])
     dist.destroy_process_group()
     assert delta < TOLERANCE, delta
-    if tp == 1:
+    if tp * ep == 1:
         print("MCORE-PARITY OK")
 
 
-def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None,
-         tp: int = 1) -> subprocess.CompletedProcess[str]:
+def _swap_experts(src: str, dst: str, a: int = 0, b: int = 1) -> str:
+    """A copy of HF model ``src`` with experts ``a`` and ``b`` of every layer exchanged."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "model.safetensors")
+    tensors = load_file(path)
+    tag = {f".experts.{a}.": f".experts.{b}.", f".experts.{b}.": f".experts.{a}."}
+    out = {}
+    for k, v in tensors.items():
+        hit = next((t for t in tag if t in k), None)
+        out[k.replace(hit, tag[hit]) if hit else k] = v
+    save_file(out, path, metadata={"format": "pt"})
+    return dst
+
+
+def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None, tp: int = 1, ep: int = 1,
+         swap: bool = False, save_to: str | None = None, **overrides: Any) -> subprocess.CompletedProcess[str]:
     import torch
     import yaml
     from test_family_matrix import IDS, logits, make_model
 
     from nemo_convert import api
 
-    src = make_model(str(tmp_path / "hf"), family)
+    src = make_model(str(tmp_path / "hf"), family, **overrides)
     nemo = str(tmp_path / "m")
-    api.import_hf(src, nemo, packed=False, layout="dist")
+    imported = _swap_experts(src, str(tmp_path / "swapped")) if swap else src
+    api.import_hf(imported, nemo, packed=False, layout="dist")
     if edit:
         path = os.path.join(nemo, "model_config.yaml")
         with open(path) as f:
@@ -136,8 +213,10 @@ def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None,
     torch.save({"ids": IDS, "logits": logits(src)}, want)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, os.path.abspath(__file__), family, nemo, want, str(tmp_path), str(tp)], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    if save_to:
+        env["MCORE_SAVE_TO"] = save_to
+    return subprocess.run([sys.executable, os.path.abspath(__file__), family, nemo, want, str(tmp_path), str(tp),
+                           str(ep)], env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
 @pytest.mark.slow
@@ -170,5 +249,71 @@ def test_the_check_sees_nemos_window_convention(tmp_path: Any) -> None:
     assert delta > 1e-2, delta
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "deepseek_v3"])
+def test_megatron_core_at_ep2_loads_the_same_checkpoint(tmp_path: Any, family: str) -> None:
+    """Expert parallelism: two processes, each building and loading half of the experts
+    (global expert ``ep_rank * E/2 + j``) from the one dist checkpoint, give HF's logits."""
+    proc = _run(tmp_path, family, ep=2)
+    assert proc.returncode == 0 and "MCORE-PARITY OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print(*[ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE")], sep="\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, tp, ep", [("mixtral", 2, 1), ("qwen3_moe", 1, 2)])
+def test_what_megatron_core_saves_at_tp2_or_ep2_exports_to_hf(tmp_path: Any, family: str, tp: int, ep: int) -> None:
+    """The other way: Megatron-Core saves the loaded model with its own sharding (experts
+    as each EP rank holds them, fc1 gate/up halves per TP rank); our reader gathers it and
+    the export is the HF source, bit-exact."""
+    import shutil
+
+    from test_family_matrix import assert_same
+
+    from nemo_convert import api
+
+    saved = str(tmp_path / "mcore")
+    os.makedirs(saved)
+    proc = _run(tmp_path, family, tp=tp, ep=ep, save_to=saved)
+    assert proc.returncode == 0 and "MCORE-PARITY OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    nemo = str(tmp_path / "m")
+    shutil.rmtree(os.path.join(nemo, "model_weights"))
+    shutil.copytree(saved, os.path.join(nemo, "model_weights"))
+    back = str(tmp_path / "back")
+    api.export_hf(nemo, back)
+    assert_same(str(tmp_path / "hf"), back)
+
+
+@pytest.mark.slow
+def test_megatron_core_runs_a_mixed_dense_moe_stack(tmp_path: Any) -> None:
+    """Qwen3-MoE with a dense layer between MoE layers: Megatron-Core's non-homogeneous
+    per-layer keys (``decoder.layers.<i>.…``, experts ``[E, …]``) load and match HF."""
+    proc = _run(tmp_path, "qwen3_moe", num_hidden_layers=3, mlp_only_layers=[1])
+    assert proc.returncode == 0 and "MCORE-PARITY OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print(proc.stdout.strip().splitlines()[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, ep", [("mixtral", 1), ("qwen3_moe", 2), ("deepseek_v3", 1)])
+def test_the_check_sees_two_swapped_experts(tmp_path: Any, family: str, ep: int) -> None:
+    """Experts 0 and 1 exchanged in every layer (the router unchanged): the logits part
+    from HF's, so these checks would catch a wrong expert order (families.md: 0.26–1.04)."""
+    proc = _run(tmp_path, family, ep=ep, swap=True)
+    assert proc.returncode != 0 and "MCORE" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    delta = max(float(ln.split("= ")[1].split()[0]) for ln in proc.stdout.splitlines() if "max|dlogit|" in ln)
+    print(f"{family} experts 0 <-> 1 at EP={ep}: max|dlogit| = {delta:.3g}")
+    assert delta > 1e-2, delta
+
+
+@pytest.mark.slow
+def test_the_check_sees_deepseeks_router_bias(tmp_path: Any) -> None:
+    """DeepSeek-V3 without the router's score correction (``expert_bias``, an HF buffer,
+    randomised in the tiny model) picks other experts: the check notices."""
+    proc = _run(tmp_path, "deepseek_v3", {"moe_router_enable_expert_bias": False})
+    assert proc.returncode != 0 and "MCORE deepseek_v3" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    delta = float(proc.stdout.split("= ")[1].split()[0])
+    print(f"deepseek_v3 without expert_bias: max|dlogit| = {delta:.3g}")
+    assert delta > 1e-2, delta
+
+
 if __name__ == "__main__":
-    _worker(*sys.argv[1:6])
+    _worker(*sys.argv[1:7])

@@ -75,6 +75,8 @@ def add_iteration_flag(p: argparse.ArgumentParser) -> None:
 def add_parallel_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")
     p.add_argument("--pp", type=int, default=1, metavar="M", help="pipeline-parallel size (default 1)")
+    p.add_argument("--ep", type=int, default=1, metavar="K",
+                   help="expert-parallel size of a mixture-of-experts model (default 1; dist layout)")
     p.add_argument("--stage-layers", metavar="N,N,…",
                    help="explicit layers per pipeline stage (default: an even split)")
 
@@ -87,7 +89,7 @@ def parallelism(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             stages = tuple(int(x) for x in args.stage_layers.split(","))
         except ValueError:
             raise NemoConvertError(f"--stage-layers {args.stage_layers!r}: expected integers like 4,4") from None
-    return Parallelism(args.tp, args.pp, stages)
+    return Parallelism(args.tp, args.pp, stages, args.ep)
 
 
 def parse_options(args: argparse.Namespace) -> dict[str, object]:

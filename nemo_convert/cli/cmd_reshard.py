@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     _warn_trust(args)
     par = parallelism(args)
-    rep = api.reshard(args.src, args.output, tp=par.tp, pp=par.pp, stage_layers=par.stage_layers,
+    rep = api.reshard(args.src, args.output, tp=par.tp, pp=par.pp, ep=par.ep, stage_layers=par.stage_layers,
                       layout=args.layout, overwrite=args.overwrite, packed=not args.unpacked, family=args.family,
                       progress=make_progress(args), trust_pickle=args.trust_pickle,
                       check_finite=args.check_finite, device=args.device, workers=args.workers, to=args.to,

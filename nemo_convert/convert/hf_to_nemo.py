@@ -24,6 +24,7 @@ from nemo_convert.formats.nemo import artifact_name
 from nemo_convert.formats.nemo_weights import LAYOUTS
 from nemo_convert.formats.staging import check_target, refuse_overlap
 from nemo_convert.hf_config import read_config_json
+from nemo_convert.mapping.dequant import BlockDequantSource, fp8_block_size
 from nemo_convert.mapping.planner import Plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.tokenizers import add_tokens_sentencepiece
@@ -97,6 +98,13 @@ def _pop_key(cfg: dict[str, Any], key: str) -> Any:
     if not isinstance(cur, dict) or last not in cur:
         raise ConfigError(f"--ignore-config-key {key}: config.json has no key {key!r}")
     return cur.pop(last)
+
+
+def _config_dtype(hf_cfg: dict[str, Any]) -> torch.dtype:
+    """The dtype ``config.json`` names (``dtype`` / ``torch_dtype``), bfloat16 by default."""
+    name = str(hf_cfg.get("dtype") or hf_cfg.get("torch_dtype") or "bfloat16").removeprefix("torch.")
+    dtype = getattr(torch, name, None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.bfloat16
 
 
 def translatable_config(hf_cfg: dict[str, Any], ignore_config_keys: Sequence[str]) -> dict[str, Any]:
@@ -181,8 +189,18 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     ckpt = open_hf(src, tokenizer_files=fam.tokenizer_files, trust_pickle=trust_pickle)
     notes: list[str] = []
     try:
+        quantized = ckpt.config.get("quantization_config")
+        if quantized is not None:  # block-scaled fp8: dequantized, and the config says so no more
+            block = fp8_block_size(quantized)
+            ckpt.config = {k: v for k, v in ckpt.config.items() if k != "quantization_config"}
+            deq = BlockDequantSource(ckpt.source, block, _config_dtype(ckpt.config))
+            ckpt.source = deq
+            notes.append(f"dequantized {deq.dequantized} fp8 tensors ({block[0]}×{block[1]} blocks) "
+                         f"to {_config_dtype(ckpt.config)}; quantization_config is not kept")
         cfg, plan = plan_import(fam, ckpt.config, ckpt.source, allow_unmapped=allow_unmapped, options=options,
                                 ignore_config_keys=ignore_config_keys)
+        if quantized is not None:
+            cfg[SECTION]["hf_dequantized"] = copy.deepcopy(quantized)
         plan.check_finite = check_finite
         warnings = apply_dtype(plan, want)
         plan.pool.enabled = True  # the writers consume each fused tensor before the next task

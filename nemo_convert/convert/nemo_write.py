@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from nemo_convert.compute import CPU, Compute
@@ -19,6 +19,7 @@ from nemo_convert.formats.tar_writer import TarWriter
 from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
+from nemo_convert.sharding.expert import ExpertParallel
 from nemo_convert.sharding.layout import ParallelLayout, rank_dir
 from nemo_convert.sharding.tensor import TensorParallel
 from nemo_convert.tensors.base import TensorSource
@@ -45,11 +46,12 @@ def write_rank_file(sink: MemberSink, plan: Plan, source: TensorSource, layout: 
 
 @dataclass(frozen=True)
 class Parallelism:
-    """The target TP×PP (and optional explicit pipeline stage sizes)."""
+    """The target TP×PP×EP (and optional explicit pipeline stage sizes)."""
 
     tp: int = 1
     pp: int = 1
     stage_layers: tuple[int, ...] | None = None
+    ep: int = 1
 
 
 @dataclass(frozen=True)
@@ -59,16 +61,25 @@ class Strategies:
 
     tensor: Any = None
     pipeline: Any = None
+    #: None where no expert-parallel strategy is installed: then only EP = 1 is written
+    expert: Any = field(default_factory=ExpertParallel)
 
     @classmethod
     def from_registry(cls, registry: Any) -> "Strategies":
-        return cls(registry.sharding("tp").implementation, registry.sharding("pp").implementation)
+        has_ep = any(p.record.axis == "ep" for p in registry.sharding_strategies.values())
+        return cls(registry.sharding("tp").implementation, registry.sharding("pp").implementation,
+                   registry.sharding("ep").implementation if has_ep else None)
 
 
 def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], par: Parallelism,
-                   padded_vocab: int | None, strategies: Strategies = Strategies()) -> ParallelLayout:
-    """Fail with a clear message, before anything is written, when TP/PP cannot split the model."""
+                   padded_vocab: int | None, strategies: Strategies = Strategies(),
+                   layout: str = "dist") -> ParallelLayout:
+    """Fail with a clear message, before anything is written, when TP/PP/EP cannot split the model."""
     tp, pp = par.tp, par.pp
+    if strategies.expert is not None:
+        strategies.expert.check(cfg.get("num_moe_experts"), par.ep, layout=layout)
+    elif par.ep != 1:
+        raise UnsupportedError(f"expert-parallel size {par.ep}: no expert-parallel sharding strategy is installed")
     if tp < 1 or pp < 1:
         raise UnsupportedError(f"tensor- and pipeline-parallel sizes must be at least 1 (got TP={tp}, PP={pp})")
     heads, groups = cfg.get("num_attention_heads"), cfg.get("num_query_groups") or cfg.get("num_attention_heads")
@@ -211,9 +222,11 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
     of ``plan`` must be final.
     """
     vocab, padded = vocab_sizes(cfg, plan, kinds, par.tp)
-    playout = check_geometry(cfg, plan, kinds, par, padded, strategies)
+    playout = check_geometry(cfg, plan, kinds, par, padded, strategies, layout)
     cfg["tensor_model_parallel_size"] = par.tp
     cfg["pipeline_model_parallel_size"] = par.pp
+    if cfg.get("num_moe_experts"):
+        cfg["expert_model_parallel_size"] = par.ep
     ours = cfg.setdefault(SECTION, {})
     if vocab is not None and padded is not None:
         ours["vocab_size"] = vocab

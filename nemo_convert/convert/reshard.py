@@ -51,7 +51,7 @@ def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]
     return out
 
 
-def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None = None,
+def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, ep: int = 1, layout: str | None = None,
             stage_layers: tuple[int, ...] | None = None, overwrite: bool = False, packed: bool = True,
             family: str | None = None, progress: Progress | None = None, registry: Registry | None = None,
             trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
@@ -86,18 +86,18 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, layout: str | None 
         kinds = nemo_parallel_kinds(mapping, cfg)
         plan = identity_plan(source, kinds)
         plan.check_finite = check_finite
-        notes = [f"TP={tp} PP={pp}"] + list(getattr(ckpt, "notes", []))
+        notes = [f"TP={tp} PP={pp}" + (f" EP={ep}" if ep != 1 else "")] + list(getattr(ckpt, "notes", []))
         warnings = list(getattr(ckpt, "warnings", [])) + prep.warnings
         if to == TARGET:
             stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
-                                          par=Parallelism(tp, pp, stage_layers), overwrite=overwrite,
+                                          par=Parallelism(tp, pp, stage_layers, ep), overwrite=overwrite,
                                           progress=progress, tokenizer=tokenizer_files(ckpt),
                                           strategies=Strategies.from_registry(reg), notes=notes)
             layout = TARGET
         else:
             artifacts = carried_artifacts(ckpt, cfg)
             stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
-                               par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
+                               par=Parallelism(tp, pp, stage_layers, ep), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
                                workers=workers, strategies=Strategies.from_registry(reg), compute=compute)
         notes += compute.notes(plan, source)

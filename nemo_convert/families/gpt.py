@@ -15,14 +15,14 @@ writes and the ones NeMo's own converters wrote. The MLP is one block of rules
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from nemo_convert.errors import UnsupportedError
-from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field
+from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field, Row, set_path
 from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
 from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
-                                        Tied, cfg_get)
+                                        StackedExperts, Tied, cfg_get, layer_pattern)
 from nemo_convert.plugins.records import ModelFamily
 
 NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
@@ -52,6 +52,9 @@ def _head_dim_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _head_dim_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    source = cfg_get(cfg, "nemo_convert.hf_config") or {}
+    if cfg.get("kv_channels") is None and "head_dim" in source and source["head_dim"] is None:
+        return {"head_dim": None}  # the source's null (hidden / heads), as it was (Mixtral)
     return {"head_dim": int(cfg.get("kv_channels") or _nemo_head_dim(cfg))}
 
 
@@ -239,6 +242,76 @@ GPT_CONFIG = ConfigTable(
 )
 
 
+# -- mixture of experts: config ------------------------------------------------------------
+
+#: NeMo fields every MoE family writes with a fixed value (what Megatron-Core runs the HF
+#: routing with: softmax scores, no grouped GEMM needed to read the weights).
+MOE_NEMO_CONSTANTS: dict[str, Any] = {
+    "moe_router_score_function": "softmax",
+    "moe_router_load_balancing_type": "aux_loss",
+    "moe_token_dispatcher_type": "alltoall",
+    "moe_grouped_gemm": False,
+    "expert_model_parallel_size": 1,
+}
+
+
+def num_experts(*keys: str) -> Derived:
+    """The expert count, spelled ``num_local_experts`` (Mixtral; Qwen3-MoE in
+    transformers v5) or ``num_experts`` (Qwen2/3-MoE in v4) ⇄ ``num_moe_experts``; a
+    synthesised config uses the first spelling."""
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        value = next((hf[k] for k in keys if hf.get(k) is not None), None)
+        if value is None:
+            raise ConfigError(f"config.json lacks required field(s): {' or '.join(keys)}")
+        if int(value) < 1:
+            raise UnsupportedError(f"{keys[0]}={value} (a mixture-of-experts family needs experts)")
+        return {"num_moe_experts": int(value)}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        return {keys[0]: int(cfg["num_moe_experts"])}
+
+    return Derived(keys, to_nemo, to_hf)
+
+
+def moe_layers(sparse_step: str = "decoder_sparse_step", dense_layers: str = "mlp_only_layers") -> Derived:
+    """Which layers are MoE (Qwen2/3-MoE: layer i is, unless it is in ``mlp_only_layers``,
+    when ``(i + 1) % decoder_sparse_step == 0``) ⇄ Megatron's ``moe_layer_freq``: 1 when
+    every layer is, else the per-layer list (a mixed stack)."""
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        layers = int(hf["num_hidden_layers"])
+        step = int(hf.get(sparse_step) or 1)
+        dense = {int(i) for i in hf.get(dense_layers) or ()}
+        pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
+        return {"moe_layer_freq": 1 if all(pattern) else pattern}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        pattern = layer_pattern(cfg.get("moe_layer_freq", 1), int(cfg["num_layers"]))
+        return {sparse_step: 1, dense_layers: [i for i, on in enumerate(pattern) if not on]}
+
+    return Derived((sparse_step, dense_layers), to_nemo, to_hf)
+
+
+def _negate(v: Any) -> bool:
+    return not bool(v)
+
+
+#: ``norm_topk_prob`` (renormalise the top-k softmax probabilities) ⇄ Megatron's
+#: ``moe_router_pre_softmax`` = its negation: top-k of the logits then softmax over k (=
+#: softmax, top-k, renormalise) or softmax over all experts then top-k.
+NORM_TOPK_PROB = Field("norm_topk_prob", "moe_router_pre_softmax", False, to_nemo=_negate, to_hf=_negate)
+
+#: The rows every MoE family shares: top-k, the auxiliary loss and the router jitter
+#: (training-only in both), the ``output_router_logits`` switch (harmless).
+MOE_ROWS: tuple[Row, ...] = (
+    Field("num_experts_per_tok", "moe_router_topk", to_nemo=int, to_hf=int),
+    Field("router_aux_loss_coef", "moe_aux_loss_coeff", 0.001, to_nemo=float, to_hf=float),
+    Field("router_jitter_noise", "moe_input_jitter_eps", 0.0, to_nemo=lambda v: float(v) or None, to_hf=float),
+)
+MOE_HARMLESS = ("output_router_logits",)
+
+
 # -- mapping -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -249,6 +322,9 @@ class GPTFeatures:
     :param packed_gate_up: HF ``mlp.gate_up_proj`` = ``[gate; up]`` (Phi-3).
     :param qk_norm: per-head RMSNorms of queries and keys (Qwen3): HF ``self_attn.q_norm`` /
         ``k_norm`` ⇄ ``self_attention.q_layernorm`` / ``k_layernorm``.
+    :param mla: multi-latent attention (DeepSeek-V3): low-rank q and kv projections with
+        their RMSNorms (:func:`mla_attention_rules`) instead of the grouped QKV.
+    :param moe: the mixture-of-experts MLP (:class:`MoEBlock`); None: dense.
     :param zero_centred_norms: the HF norms compute ``rmsnorm(x)·(1 + w)`` (Gemma). NeMo
         runs them with ``layernorm_zero_centered_gamma: true`` and stores ``w`` as HF does;
         a ``.nemo`` without that flag (NeMo 1's converter) stores ``1 + w`` and is read so.
@@ -258,6 +334,56 @@ class GPTFeatures:
     packed_gate_up: bool = False
     qk_norm: bool = False
     zero_centred_norms: bool = False
+    moe: "MoEBlock | None" = None
+    mla: bool = False
+
+
+@dataclass(frozen=True)
+class MoEBlock:
+    """A mixture-of-experts MLP as its HF checkpoint names it (under ``model.layers.{i}.``).
+
+    :param block: the MLP module (``"mlp"``; Mixtral ``"block_sparse_moe"``).
+    :param router: the router linear under ``block`` (``"gate"``) ⇄ ``mlp.router``.
+    :param experts: one expert's module under ``block``, ``{e}`` its index.
+    :param gate, up, down: the expert's projections (Mixtral ``w1``, ``w3``, ``w2``) ⇄
+        ``linear_fc1`` = ``[gate; up]`` and ``linear_fc2`` of
+        ``mlp.experts.local_experts.{e}`` (stored by Megatron-Core under one
+        ``mlp.experts.experts.*`` key with an expert axis).
+    :param shared: the shared expert's module (Qwen2-MoE ``"shared_expert"``) ⇄
+        ``mlp.shared_experts``, with projections named like the dense MLP's; None: none.
+    :param shared_gate: the shared expert's sigmoid gate ``[1, H]`` ⇄
+        ``mlp.shared_experts.gate_weight``; None: ungated.
+    :param expert_bias: the router's per-expert score correction under ``block`` (DeepSeek-V3
+        ``"gate.e_score_correction_bias"``, an HF buffer) ⇄ ``mlp.router.expert_bias``.
+    :param fused_block: the MLP module's name in transformers v5's fused layout
+        (``{fused_block}.experts.gate_up_proj`` ``[E, 2I, H]`` rows ``[gate; up]`` per
+        expert, ``{fused_block}.experts.down_proj`` ``[E, H, I]``, the router beside them);
+        None: ``block``. Which layout a checkpoint has is read from its tensor names on
+        import and recorded, and export writes the same one.
+    """
+
+    block: str = "mlp"
+    router: str = "gate"
+    experts: str = "experts.{e}"
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+    shared: str | None = None
+    shared_gate: str | None = None
+    fused_block: str | None = None
+    expert_bias: str | None = None
+
+
+#: Where a MoE family's import records the source's expert layout (``"fused"``; absent:
+#: one tensor per expert and projection).
+HF_EXPERTS = "nemo_convert.hf_experts"
+HF_EXPERT_LAYOUTS = ("per_expert", "fused")
+
+
+def hf_experts_layout(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The ``hf_experts`` import option read from the source's tensor names."""
+    fused = any(k.endswith(".experts.gate_up_proj") or k.endswith(".experts.down_proj") for k in keys)
+    return {"hf_experts": "fused" if fused else "per_expert"}
 
 
 def _biases(cfg: dict[str, Any]) -> tuple[bool, bool, bool]:
@@ -275,6 +401,32 @@ def norm_rules(features: GPTFeatures, hf: str, nemo: str) -> list[Rule]:
         return [Rename(hf, nemo, shape=("hidden_size",))]
     return [Rename(hf, nemo, shape=("hidden_size",), when="layernorm_zero_centered_gamma"),
             Offset(hf, nemo, 1.0, when="!layernorm_zero_centered_gamma")]
+
+
+def mla_attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
+    """Megatron-Core's multi-latent attention (DeepSeek-V2/V3), every weight as HF stores it
+    (the rope rows need no reordering: both rotate interleaved pairs the same way):
+    ``q_a_proj`` ⇄ ``linear_q_down_proj``, ``q_a_layernorm`` ⇄ ``linear_q_up_proj.layer_norm_weight``,
+    ``q_b_proj`` ⇄ ``linear_q_up_proj`` (no q LoRA: ``q_proj`` ⇄ ``linear_q_proj``),
+    ``kv_a_proj_with_mqa`` ⇄ ``linear_kv_down_proj``, ``kv_a_layernorm`` ⇄
+    ``linear_kv_up_proj.layer_norm_weight``, ``kv_b_proj`` ⇄ ``linear_kv_up_proj``,
+    ``o_proj`` ⇄ ``linear_proj``; the input norm is its own module."""
+    a, n = L + "self_attn.", D + "self_attention."
+    rules: list[Rule] = norm_rules(features, L + "input_layernorm.weight", D + "input_layernorm.weight")
+    if cfg.get("q_lora_rank"):
+        rules += [Rename(a + "q_a_proj.weight", n + "linear_q_down_proj.weight", shape=("q_lora_rank", "hidden_size")),
+                  Rename(a + "q_a_layernorm.weight", n + "linear_q_up_proj.layer_norm_weight", shape=("q_lora_rank",)),
+                  Rename(a + "q_b_proj.weight", n + "linear_q_up_proj.weight", Parallel.COLUMN,
+                         shape=(None, "q_lora_rank"))]
+    else:
+        rules.append(Rename(a + "q_proj.weight", n + "linear_q_proj.weight", Parallel.COLUMN,
+                            shape=(None, "hidden_size")))
+    rules += [Rename(a + "kv_a_proj_with_mqa.weight", n + "linear_kv_down_proj.weight", shape=(None, "hidden_size")),
+              Rename(a + "kv_a_layernorm.weight", n + "linear_kv_up_proj.layer_norm_weight", shape=("kv_lora_rank",)),
+              Rename(a + "kv_b_proj.weight", n + "linear_kv_up_proj.weight", Parallel.COLUMN,
+                     shape=(None, "kv_lora_rank")),
+              Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=("hidden_size", None))]
+    return rules
 
 
 def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
@@ -297,11 +449,17 @@ def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
     return rules
 
 
-def dense_mlp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
-    """The gated MLP: ``linear_fc1`` = ``[gate; up]``, ``linear_fc2`` = ``down_proj``."""
+#: The MoE layers of a stack (Megatron's ``moe_layer_freq`` pattern) and the others.
+MOE_LAYERS, DENSE_LAYERS = "{i:moe_layer_freq}", "{i:!moe_layer_freq}"
+
+
+def dense_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = "{i}") -> list[Rule]:
+    """The gated MLP: ``linear_fc1`` = ``[gate; up]``, ``linear_fc2`` = ``down_proj``
+    (on the layers of the ``layers`` template: all of them, or a mixed stack's dense ones)."""
     _, _, bias = _biases(cfg)
-    m, n = L + "mlp.", D + "mlp."
-    rules: list[Rule] = norm_rules(features, L + "post_attention_layernorm.weight", n + "linear_fc1.layer_norm_weight")
+    m, n = f"model.layers.{layers}.mlp.", f"decoder.layers.{layers}.mlp."
+    rules: list[Rule] = norm_rules(features, f"model.layers.{layers}.post_attention_layernorm.weight",
+                                   n + "linear_fc1.layer_norm_weight")
     suffixes = ("weight", "bias") if bias else ("weight",)
     for s in suffixes:
         if features.packed_gate_up:
@@ -315,6 +473,41 @@ def dense_mlp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
     return rules
 
 
+def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_LAYERS) -> list[Rule]:
+    """The mixture-of-experts MLP (:class:`MoEBlock`) on the MoE layers: the pre-MLP norm,
+    the router ``[E, H]``, every expert's gated fc1 and fc2 (``{e}`` over
+    ``num_moe_experts``), and the optional gated shared expert."""
+    moe = features.moe
+    assert moe is not None
+    fused = cfg_get(cfg, HF_EXPERTS) == "fused"
+    block = (moe.fused_block or moe.block) if fused else moe.block
+    h, n = f"model.layers.{layers}.{block}.", f"decoder.layers.{layers}."
+    x, nx = h + moe.experts + ".", n + "mlp.experts.local_experts.{e}."
+    rules: list[Rule] = norm_rules(features, f"model.layers.{layers}.post_attention_layernorm.weight",
+                                   n + "pre_mlp_layernorm.weight")
+    rules.append(Rename(h + moe.router + ".weight", n + "mlp.router.weight", shape=("num_moe_experts", "hidden_size")))
+    if fused:
+        rules += [StackedExperts(h + "experts.gate_up_proj", nx + "linear_fc1.weight", Parallel.GATED_FC1),
+                  StackedExperts(h + "experts.down_proj", nx + "linear_fc2.weight", Parallel.ROW)]
+    else:
+        rules += [FuseGated(x + moe.gate + ".weight", x + moe.up + ".weight", nx + "linear_fc1.weight",
+                            ffn="moe_ffn_hidden_size"),
+                  Rename(x + moe.down + ".weight", nx + "linear_fc2.weight", Parallel.ROW,
+                         shape=("hidden_size", "moe_ffn_hidden_size"))]
+    if moe.expert_bias:
+        rules.append(Rename(h + moe.expert_bias, n + "mlp.router.expert_bias", shape=("num_moe_experts",)))
+    if moe.shared:
+        s, ns = h + moe.shared + ".", n + "mlp.shared_experts."
+        rules += [FuseGated(s + "gate_proj.weight", s + "up_proj.weight", ns + "linear_fc1.weight",
+                            ffn="moe_shared_expert_intermediate_size"),
+                  Rename(s + "down_proj.weight", ns + "linear_fc2.weight", Parallel.ROW,
+                         shape=("hidden_size", "moe_shared_expert_intermediate_size"))]
+    if moe.shared_gate:
+        rules.append(Rename(h + moe.shared_gate + ".weight", n + "mlp.shared_experts.gate_weight",
+                            shape=(1, "hidden_size"), when="moe_shared_expert_gate"))
+    return rules
+
+
 def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, Any]], Mapping]:
     """The family's ``mapping(cfg)``: HF decoder names ⇄ NeMo mcore GPT names (logical,
     per layer, without the ``model.`` prefix)."""
@@ -323,13 +516,20 @@ def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, An
         vocab = ("nemo_convert.vocab_size", "hidden_size")
         rules: list[Rule] = [Rename("model.embed_tokens.weight", "embedding.word_embeddings.weight", Parallel.VOCAB,
                                     shape=vocab)]
-        rules += attention_rules(features, cfg)
-        rules += dense_mlp_rules(features, cfg)
+        rules += mla_attention_rules(features, cfg) if features.mla else attention_rules(features, cfg)
+        if features.moe is not None and cfg.get("num_moe_experts"):
+            rules += dense_mlp_rules(features, cfg, DENSE_LAYERS) + moe_mlp_rules(features, cfg)
+        else:
+            rules += dense_mlp_rules(features, cfg)
         rules += norm_rules(features, "model.norm.weight", "decoder.final_layernorm.weight")
         rules += [Rename("lm_head.weight", "output_layer.weight", Parallel.VOCAB, shape=vocab,
                          when="!share_embeddings_and_output_weights"),
                   Tied("lm_head.weight", "model.embed_tokens.weight", when="share_embeddings_and_output_weights")]
-        return Mapping(tuple(rules), layers="num_layers", drop_hf=(L + "self_attn.rotary_emb.inv_freq",))
+        # Multi-token-prediction layers after the last one (DeepSeek-V3's hub checkpoint):
+        # not part of HF's model (its forward never runs them), dropped and reported.
+        mtp = int(cfg_get(cfg, "nemo_convert.hf_mtp_layers", 0) or 0)
+        extra = tuple(f"model.layers.{int(cfg['num_layers']) + k}.*" for k in range(mtp))
+        return Mapping(tuple(rules), layers="num_layers", drop_hf=(L + "self_attn.rotary_emb.inv_freq", *extra))
 
     return mapping
 
@@ -349,6 +549,22 @@ def table_translation(table: ConfigTable, family: str) -> tuple[Callable[..., di
     return config_to_nemo, config_to_hf
 
 
+def _with_expert_layout(to_nemo: Callable[..., dict[str, Any]], family: str) -> Callable[..., dict[str, Any]]:
+    """``config_to_nemo`` that records the ``hf_experts`` layout (import option, read from
+    the tensor names by :func:`hf_experts_layout` unless given)."""
+
+    def config_to_nemo(hf: dict[str, Any], hf_experts: str = "per_expert") -> dict[str, Any]:
+        if hf_experts not in HF_EXPERT_LAYOUTS:
+            raise ConfigError(f"hf_experts={hf_experts!r} is not an expert layout of family {family} "
+                              f"(use {' or '.join(HF_EXPERT_LAYOUTS)})")
+        cfg = to_nemo(hf)
+        if hf_experts == "fused":
+            set_path(cfg, HF_EXPERTS, hf_experts)
+        return cfg
+
+    return config_to_nemo
+
+
 def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigTable,
                features: GPTFeatures = GPTFeatures(), nemo2_targets: tuple[str, ...] = (),
                description: str = "", claims: Callable[[dict[str, Any]], bool] | None = None,
@@ -359,6 +575,9 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
     :class:`ModelFamily` fields (``trtllm=``, ``hf_model_class=``)."""
     to_nemo, to_hf = table_translation(config.extend(hf_constants={"architectures": [architecture],
                                                                     "model_type": model_type}), name)
+    if features.moe is not None:
+        to_nemo = _with_expert_layout(to_nemo, name)
+        extra = {"source_options": hf_experts_layout, "import_options": ("hf_experts",), **extra}
     return ModelFamily(
         name=name, hf_architectures=(architecture,), hf_model_types=(model_type,), nemo_target=NEMO_GPT_TARGET,
         mapping=gpt_mapping(features), config_to_nemo=to_nemo, config_to_hf=to_hf, default_layout="dist",

@@ -3,7 +3,9 @@
 Works on any member accessor (a folder, or the members of an uncompressed ``.nemo`` tar
 read in place). Stacked keys (``…decoder.layers.<module>…`` with a leading ``[L]`` axis)
 are presented per layer (``…decoder.layers.<i>.<module>…``) and each layer reads only the
-chunks that overlap it. Megatron ≥ 0.15's per-layer layout passes through, with its gated
+chunks that overlap it; an expert axis (``…mlp.experts.experts.<module>…``, ``[L, E, …]`` or
+one layer's ``[E, …]``) is presented per expert (``…mlp.experts.local_experts.<e>.<module>…``,
+Megatron's module names). Megatron ≥ 0.15's per-layer layout passes through, with its gated
 ``weight_w``/``weight_v`` halves presented as one ``weight`` (``cat([w, v], 0)``).
 
 A chunk's bytes are the ``torch.save`` of one tensor, read by
@@ -36,6 +38,7 @@ from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo
 from nemo_convert.tensors.pieces import Lazy, rows
 
 _STACKED = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")
+_EXPERTS = re.compile(r"(^|\.)experts\.experts\.(?!\d+(\.|$))")  # Megatron's [E, …] expert key
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class _Chunk:
 @dataclass(frozen=True)
 class _Part:
     raw: str
-    layer: int | None  # None: the whole raw tensor
+    index: tuple[int, ...] = ()  # fixed indices on the leading stacked axes; (): the whole raw tensor
 
 
 @dataclass(frozen=True)
@@ -214,11 +217,17 @@ class DistCheckpointSource:
         for raw, (shape, dtype, _) in self._raw.items():
             name = raw[len(strip_prefix):] if strip_prefix and raw.startswith(strip_prefix) else raw
             m = _STACKED.search(name)
-            if unstack and m is not None and shape:
-                for i in range(shape[0]):
-                    put(f"{name[:m.end()]}{i}.{name[m.end():]}", _View((_Part(raw, i),), shape[1:], dtype))
-            else:
-                put(name, _View((_Part(raw, None),), shape, dtype))
+            layers = [(f"{name[:m.end()]}{i}.{name[m.end():]}", (i,)) for i in range(shape[0])] if (
+                unstack and m is not None and shape) else [(name, ())]
+            for lname, index in layers:
+                x = _EXPERTS.search(lname)
+                k = len(index)
+                if unstack and x is not None and len(shape) > k:
+                    for e in range(shape[k]):
+                        put(f"{lname[:x.start()]}{x[1]}experts.local_experts.{e}.{lname[x.end():]}",
+                            _View((_Part(raw, index + (e,)),), shape[k + 1:], dtype))
+                else:
+                    put(lname, _View((_Part(raw, index),), shape[k:], dtype))
         return self._fuse_gated(views)
 
     def _fuse_gated(self, views: dict[str, _View]) -> dict[str, _View]:
@@ -241,9 +250,8 @@ class DistCheckpointSource:
 
     def _box(self, part: _Part) -> tuple[tuple[int, ...], tuple[int, ...]]:
         shape = self._raw[part.raw][0]
-        if part.layer is None:
-            return (0,) * len(shape), shape
-        return (part.layer,) + (0,) * (len(shape) - 1), (1,) + shape[1:]
+        k = len(part.index)
+        return part.index + (0,) * (len(shape) - k), (1,) * k + shape[k:]
 
     def _overlapping(self, part: _Part) -> list[_Chunk]:
         starts, sizes = self._box(part)
@@ -253,7 +261,8 @@ class DistCheckpointSource:
     def _lazy_part(self, part: _Part) -> Lazy:
         shape = self._raw[part.raw][0]
         starts, sizes = self._box(part)
-        rd = 0 if part.layer is None else 1  # the raw dim that is the part's rows
+        k = len(part.index)
+        rd = k  # the raw dim that is the part's rows
         chunks = self._overlapping(part)
         if len(chunks) < 2 or len(shape) <= rd or not all(
                 c.offsets[d] == 0 and c.sizes[d] == shape[d] for c in chunks for d in range(rd + 1, len(shape))):
@@ -268,9 +277,11 @@ class DistCheckpointSource:
             return self._load_part(part)
         pieces = []
         for c in chunks:
-            lo = starts[0] - c.offsets[0] if part.layer is not None else 0
-            t = self._chunk_rows(part.raw, c, lo, lo + sizes[0] if part.layer is not None else c.sizes[0])
-            pieces.append(t[0] if part.layer is not None else t)
+            lo = starts[0] - c.offsets[0] if k else 0
+            t = self._chunk_rows(part.raw, c, lo, lo + sizes[0] if k else c.sizes[0])
+            for d in range(1, k):
+                t = t.narrow(d, starts[d] - c.offsets[d], 1)
+            pieces.append(t[(0,) * k] if k else t)
         return rows(pieces)
 
     def _load_part(self, part: _Part) -> torch.Tensor:
@@ -304,8 +315,8 @@ class DistCheckpointSource:
                 covered += dst.numel()
             if covered != out.numel():
                 raise InputError(f"{self._where}: the chunks of {part.raw} do not cover "
-                                 f"{'layer ' + str(part.layer) if part.layer is not None else 'it'} exactly")
-        return out[0] if part.layer is not None else out
+                                 f"{'entry ' + str(list(part.index)) if part.index else 'it'} exactly")
+        return out[(0,) * len(part.index)] if part.index else out
 
     def _region(self, rel: str) -> ByteRegion:
         region = self._regions.get(rel)

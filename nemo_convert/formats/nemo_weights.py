@@ -10,6 +10,9 @@ Logical names are per layer and unprefixed (``decoder.layers.3.mlp.linear_fc1.we
 
 from __future__ import annotations
 
+import itertools
+import re
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -21,6 +24,8 @@ from nemo_convert.formats.torch_save import TorchSaveWriter
 from nemo_convert.sharding.layout import split_layer_name
 from nemo_convert.tensors.base import TensorInfo
 
+EXPERT_RE = re.compile(r"^(?P<head>(?:.*\.)?experts)\.local_experts\.(?P<e>\d+)\.(?P<rest>.+)$")
+_STACKED_KEY = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")
 LAYOUTS = ("dist", "legacy")
 
 
@@ -40,12 +45,102 @@ def extra_state_modules(rests: Sequence[str]) -> list[str]:
     return sorted(mods)
 
 
+@dataclass(frozen=True)
+class DistPlace:
+    """Where one logical tensor goes in a ``torch_dist`` checkpoint: its key (without
+    prefix) and its fixed indices on the key's leading stacked axes (layer, expert)."""
+
+    key: str
+    index: tuple[int, ...]
+
+
+def split_expert_name(name: str) -> tuple[str, int] | None:
+    """``("mlp.experts.experts.linear_fc1.weight", 3)`` for the logical name of one
+    expert's tensor (``mlp.experts.local_experts.3.linear_fc1.weight``, Megatron's module
+    name), else None. Megatron-Core stores every expert of a layer under one key with an
+    expert axis (``SequentialMLP.sharded_state_dict``)."""
+    m = EXPERT_RE.match(name)
+    if not m:
+        return None
+    return f"{m['head']}.experts.{m['rest']}", int(m["e"])
+
+
+def dist_places(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) -> dict[str, DistPlace]:
+    """The dist key and stacked indices of every logical tensor, as Megatron-Core's
+    ``sharded_state_dict`` lays them out: per-layer tensors stacked on a leading layer axis
+    (``decoder.layers.<rest>`` ``[L, …]``), experts on a further expert axis
+    (``[L, E, …]``). A stack whose layers hold different tensors (a mixed dense/MoE stack)
+    is *non-homogeneous*: every key keeps its layer index (``decoder.layers.<i>.<rest>``,
+    experts ``[E, …]``), as it is for the stacks of ``unstacked`` name prefixes."""
+    per_layer: dict[str, dict[int, set[str]]] = {}
+    for info in infos:
+        parts = None if info.name.startswith(unstacked) else split_layer_name(info.name)
+        if parts:
+            per_layer.setdefault(parts[0], {}).setdefault(parts[1], set()).add(parts[2])
+    mixed = {stack for stack, layers in per_layer.items() if len({frozenset(r) for r in layers.values()}) > 1}
+    places: dict[str, DistPlace] = {}
+    for info in infos:
+        parts = None if info.name.startswith(unstacked) else split_layer_name(info.name)
+        if parts and parts[0] not in mixed:
+            stack, i, rest = parts
+            expert = split_expert_name(rest)
+            places[info.name] = (DistPlace(f"{stack}.{expert[0]}", (i, expert[1])) if expert
+                                 else DistPlace(f"{stack}.{rest}", (i,)))
+        else:
+            expert = split_expert_name(info.name)
+            places[info.name] = DistPlace(expert[0], (expert[1],)) if expert else DistPlace(info.name, ())
+    return places
+
+
+def dist_layout(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) -> tuple[
+        dict[str, DistPlace], dict[str, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]]:
+    """:func:`dist_places` and, per dist key, (counts of its stacked axes, the per-entry
+    shape, dtype), checked equal across the entries it stacks."""
+    places = dist_places(infos, unstacked)
+    keys: dict[str, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = {}
+    for info in infos:
+        place = places[info.name]
+        prev = keys.get(place.key)
+        if prev is not None and (prev[1], prev[2]) != (info.shape, info.dtype):
+            raise ShapeError(f"the entries of {place.key} differ in shape or dtype "
+                             f"({list(prev[1])} {prev[2]} vs {list(info.shape)} {info.dtype})")
+        counts = tuple(max(a, b + 1) for a, b in zip(prev[0], place.index)) if prev else tuple(
+            j + 1 for j in place.index)
+        keys[place.key] = (counts, info.shape, info.dtype)
+    return places, keys
+
+
+def extra_state_items(keys: dict[str, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]) -> list[str]:
+    """The ``_extra_state`` items Megatron-Core requires (without prefix): one per
+    Transformer-Engine module of each layer (:func:`extra_state_modules`) and expert,
+    ``<module>._extra_state/shard_<i>_<L>`` for a layer stack, ``shard_<i>.<e>_<L>.<E>``
+    for a stack of experts, ``shard_<e>_<E>`` for the experts of one layer's key,
+    ``shard_0_1`` for one layer's key."""
+    items: list[str] = []
+    by_module: dict[str, tuple[int, ...]] = {}
+    for key, (counts, _, _) in keys.items():
+        head = key.rsplit(".", 1)[0] if key.endswith(".weight") else None
+        per_layer = split_layer_name(key) is not None or _STACKED_KEY.search(key) is not None
+        if head is None or not per_layer:
+            continue
+        for mod in extra_state_modules([key]):
+            by_module.setdefault(mod, counts)
+    for mod, counts in sorted(by_module.items()):
+        if not counts:
+            items.append(f"{mod}._extra_state/shard_0_1")
+            continue
+        for idx in itertools.product(*(range(n) for n in counts)):
+            items.append(f"{mod}._extra_state/shard_{'.'.join(map(str, idx))}_{'.'.join(map(str, counts))}")
+    return items
+
+
 class DistWeightsWriter:
-    """Streams logical tensors into a stacked ``torch_dist`` checkpoint.
+    """Streams logical tensors into a stacked ``torch_dist`` checkpoint (:func:`dist_places`).
 
     ``infos`` are *all* the checkpoint's tensors (they define the stacked global shapes);
     one writer may write only some of them into its data file (a *part*), with
-    ``finalize=False``: the parts' records are merged by :func:`finish_dist`.
+    ``finalize=False``: the parts' records are merged by :func:`finish_dist`. Each
+    logical tensor — one layer's, one expert's — is one chunk: nothing is stacked in memory.
     """
 
     def __init__(self, sink: MemberSink, infos: Sequence[TensorInfo], *, prefix: str = "model.",
@@ -53,35 +148,20 @@ class DistWeightsWriter:
                  unstacked: tuple[str, ...] = ()) -> None:
         self._w = DistCheckpointWriter(sink, folder, data_file=data_file)
         self._prefix = prefix
-        self._unstacked = tuple(unstacked)
-        self._layers, self._stacks = stacked_layout([i for i in infos if self._layer(i.name)])
-        for info in infos:
-            if self._layer(info.name) is None:
-                self._w.declare(prefix + info.name, info.shape, info.dtype)
-        for stack, rests in self._stacks.items():
-            n = self._layers[stack]
-            for rest, info in rests.items():
-                self._w.declare(f"{prefix}{stack}.{rest}", (n, *info.shape), info.dtype)
-
-    def _layer(self, name: str) -> tuple[str, int, str] | None:
-        """The stacking of ``name``: None for a tensor stored under its own key."""
-        return None if name.startswith(self._unstacked) else split_layer_name(name)
+        self._places, self._keys = dist_layout(infos, tuple(unstacked))
+        for key, (counts, shape, dtype) in self._keys.items():
+            self._w.declare(prefix + key, (*counts, *shape), dtype)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        parts = self._layer(name) if self._unstacked else split_layer_name(name)
-        if parts:
-            stack, i, rest = parts
-            self._w.write_chunk(f"{self._prefix}{stack}.{rest}", (i,) + (0,) * tensor.dim(), tensor.unsqueeze(0))
-        else:
-            self._w.write_chunk(self._prefix + name, (0,) * tensor.dim(), tensor)
+        place = self._places[name]
+        lead = len(place.index)
+        chunk = tensor.reshape(*((1,) * lead), *tensor.shape) if lead else tensor
+        self._w.write_chunk(self._prefix + place.key, place.index + (0,) * tensor.dim(), chunk)
 
     def add_extra_states(self) -> None:
-        """One ``_extra_state`` object per Transformer-Engine module per layer."""
-        for stack, rests in self._stacks.items():
-            n = self._layers[stack]
-            for mod in extra_state_modules(list(rests)):
-                for i in range(n):
-                    self._w.add_extra_state(f"{self._prefix}{stack}.{mod}._extra_state", i, n)
+        """The ``_extra_state`` objects Megatron-Core requires (:func:`extra_state_items`)."""
+        for item in extra_state_items(self._keys):
+            self._w.add_object(self._prefix + item, [None])
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Close the open data member without metadata (the run failed)."""
@@ -93,24 +173,6 @@ class DistWeightsWriter:
         if finalize:
             self.add_extra_states()
         return self._w.close(finalize=finalize)
-
-
-def stacked_layout(infos: Sequence[TensorInfo]) -> tuple[dict[str, int], dict[str, dict[str, TensorInfo]]]:
-    """Layer count per stack and the per-layer tensor of each stacked name (checked equal
-    across layers)."""
-    layers: dict[str, int] = {}
-    per_stack: dict[str, dict[str, TensorInfo]] = {}
-    for info in infos:
-        parts = split_layer_name(info.name)
-        if parts:
-            stack, i, rest = parts
-            layers[stack] = max(layers.get(stack, 0), i + 1)
-            prev = per_stack.setdefault(stack, {}).get(rest)
-            if prev is not None and (prev.shape, prev.dtype) != (info.shape, info.dtype):
-                raise ShapeError(f"layers of {stack}.*.{rest} differ in shape or dtype "
-                                 f"({list(prev.shape)} {prev.dtype} vs {list(info.shape)} {info.dtype})")
-            per_stack[stack][rest] = info
-    return layers, per_stack
 
 
 def finish_dist(sink: MemberSink, records: Sequence[Any], folder: str = "model_weights") -> None:

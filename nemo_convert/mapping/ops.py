@@ -167,6 +167,29 @@ def split_gated(fc1: Lazy, *, ffn: int | None = None) -> tuple[Lazy, Lazy]:
     return fc1.narrow(0, 0, half), fc1.narrow(0, half, half)
 
 
+def unstack_experts(fused: Lazy, *, experts: int) -> tuple[Lazy, ...]:
+    """One tensor holding every expert on dim 0 (transformers v5's fused
+    ``experts.gate_up_proj`` ``[E, 2I, H]``, ``experts.down_proj`` ``[E, H, I]``) → the
+    experts' own tensors, in order (views)."""
+    if fused.dim() < 2 or fused.shape[0] != experts:
+        raise ShapeError(f"fused experts tensor has shape {list(fused.shape)}, but the config implies "
+                         f"{experts} experts on dim 0")
+    rest = tuple(fused.shape[1:])
+    return tuple(fused.narrow(0, e, 1).reshape(rest) for e in range(experts))
+
+
+def stack_experts_lazy(parts: list[Lazy]) -> Lazy:
+    """Inverse of :func:`unstack_experts`: the experts' tensors stacked on a new dim 0.
+    Deferred: one piece per expert, so a writer copies them one at a time."""
+    if not parts:
+        raise ShapeError("no experts to stack")
+    shape = tuple(parts[0].shape)
+    for p in parts[1:]:
+        if tuple(p.shape) != shape:
+            raise ShapeError(f"experts differ in shape: {list(shape)} vs {list(p.shape)}")
+    return rows([p.reshape(1, *shape) for p in parts])
+
+
 def padded_vocab_size(vocab: int, divisible_by: int, tp: int = 1) -> int:
     """Megatron's padded vocabulary: the next multiple of ``divisible_by × tp``."""
     m = max(1, divisible_by) * max(1, tp)

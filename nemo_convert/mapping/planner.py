@@ -9,6 +9,7 @@ config). Only then does the engine stream.
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
@@ -17,7 +18,8 @@ import torch
 from nemo_convert.errors import ConfigError, MappingError, ShapeError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename,
-                                        Reshape, Rule, Tied, cfg_get, condition_holds)
+                                        Reshape, Rule, StackedExperts, Tied, cfg_get, condition_holds,
+                                        layer_pattern)
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy, materialize
 
@@ -79,13 +81,43 @@ def _layer_count(cfg: dict[str, Any], path: str) -> int:
         raise ConfigError(f"config field {path} = {value!r} is not a layer count") from None
 
 
-def _expand(name: str, layers: int) -> list[tuple[int | None, str]]:
-    if "{i}" in name:
-        return [(i, name.replace("{i}", str(i))) for i in range(layers)]
-    return [(None, name)]
+@dataclass(frozen=True)
+class Axes:
+    """What a name template's indices range over: ``{i}`` the layers (``{i:PATH}`` only the
+    layers a Megatron layer pattern at config ``PATH`` selects, ``{i:!PATH}`` the others)
+    and ``{e}`` the experts of a mixture-of-experts layer."""
+
+    layers: int
+    experts: int
+    cfg: dict[str, Any]
+
+    @classmethod
+    def of(cls, cfg: dict[str, Any], part: Mapping) -> "Axes":
+        return cls(_layer_count(cfg, part.layers), _layer_count(cfg, part.experts), cfg)
+
+    def layer_indices(self, selector: str | None) -> list[int]:
+        if not selector:
+            return list(range(self.layers))
+        negate = selector.startswith("!")
+        chosen = layer_pattern(cfg_get(self.cfg, selector.lstrip("!")), self.layers)
+        return [i for i, on in enumerate(chosen) if on != negate]
 
 
-def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: int,
+_LAYER = re.compile(r"\{i(?::(!?[\w.]+))?\}")
+
+
+def _expand(name: str, axes: Axes) -> list[tuple[int | None, str]]:
+    """Every concrete name of a template, layer-major then expert (the same order for
+    every template of a rule, so that a rule's names pair up by position)."""
+    m = _LAYER.search(name)
+    names: list[tuple[int | None, str]] = ([(i, name[:m.start()] + str(i) + name[m.end():])
+                                             for i in axes.layer_indices(m[1])] if m else [(None, name)])
+    if "{e}" in name:
+        return [(i, n.replace("{e}", str(e))) for i, n in names for e in range(axes.experts)]
+    return names
+
+
+def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: Axes,
                 pool: ops.BufferPool) -> list[Task]:
     """The tasks one rule expands to, for one direction."""
     to_nemo = direction == "to_nemo"
@@ -140,6 +172,19 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: i
             else:
                 fn = (lambda ts, f=ffn: ops.split_gated(ts[0], ffn=f))
                 tasks.append(Task((n,), (g, u), fn, (Parallel.REPLICATED,) * 2, label="split_gated", lazy_fn=fn))
+    elif isinstance(rule, StackedExperts):
+        per_layer: dict[int | None, list[str]] = {}
+        for i, n in _expand(rule.nemo, layers):
+            per_layer.setdefault(i, []).append(n)
+        for (_, h), names in zip(_expand(rule.hf, layers), per_layer.values()):
+            if to_nemo:
+                fn = (lambda ts, k=len(names): ops.unstack_experts(ts[0], experts=k))
+                tasks.append(Task((h,), tuple(names), fn, (rule.parallel,) * len(names), label="unstack_experts",
+                                  lazy_fn=fn))
+            else:
+                tasks.append(Task(tuple(names), (h,), lambda ts: (materialize(ops.stack_experts_lazy(list(ts))),),
+                                  (Parallel.REPLICATED,), label="stack_experts",
+                                  lazy_fn=lambda ts: (ops.stack_experts_lazy(list(ts)),)))
     elif isinstance(rule, Custom):
         par = rule.parallel if isinstance(rule.parallel, tuple) else (rule.parallel,) * len(rule.nemo)
         hf_lists = [[x for _, x in _expand(h, layers)] for h in rule.hf]
@@ -191,7 +236,7 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
     drops: list[str] = []
     rule_of: dict[int, Rule] = {}
     for part in mapping.parts():
-        layers = _layer_count(cfg, part.layers)
+        layers = Axes.of(cfg, part)
         for rule in part.rules:
             if not condition_holds(cfg, rule.when):
                 continue
@@ -265,7 +310,7 @@ def nemo_parallel_kinds(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Para
     """The tensor-parallel kind of every NeMo tensor the mapping can produce (no I/O)."""
     kinds: dict[str, Parallel] = {}
     for part in mapping.parts():
-        layers = _layer_count(cfg, part.layers)
+        layers = Axes.of(cfg, part)
         for rule in part.rules:
             if isinstance(rule, Tied) or not condition_holds(cfg, rule.when):
                 continue

@@ -1,7 +1,10 @@
 """Mapping rules: what a family plugin declares, as data.
 
 Names are templates: ``{i}`` stands for a layer index and is expanded over
-``range(cfg[layers])``. NeMo names here are *logical*: per layer, without the ``model.``
+``range(cfg[layers])`` (``{i:PATH}`` over the layers that the Megatron layer pattern at
+config ``PATH`` selects — ``moe_layer_freq``: the mixture-of-experts layers of a mixed
+stack — and ``{i:!PATH}`` over the others); ``{e}`` stands for an expert and is expanded
+over ``range(cfg[experts])`` (``num_moe_experts``). NeMo names here are *logical*: per layer, without the ``model.``
 prefix (``decoder.layers.{i}.self_attention.linear_qkv.weight``); the format writers
 decide stacking and prefixes. Config references (``heads="num_attention_heads"``) are
 dotted paths into the NeMo config, so a rule set can be reused under a prefix
@@ -17,6 +20,8 @@ from enum import Enum
 from typing import Any, Callable, Sequence, Union
 
 import torch
+
+from nemo_convert.errors import ConfigError
 
 
 class Parallel(str, Enum):
@@ -41,6 +46,22 @@ def cfg_get(cfg: dict[str, Any], path: str | None, default: Any = None) -> Any:
             return default
         cur = cur[part]
     return cur
+
+
+def layer_pattern(value: Any, layers: int) -> list[bool]:
+    """Megatron's per-layer pattern (``moe_layer_freq``): an int ``N`` selects every N-th
+    layer from 0 (1: all), a list gives one 0/1 per layer; None selects none."""
+    if value is None:
+        return [False] * layers
+    if isinstance(value, bool) or not isinstance(value, (int, list, tuple)):
+        raise ConfigError(f"layer pattern {value!r} is neither an int nor a list")
+    if isinstance(value, int):
+        if value < 1:
+            raise ConfigError(f"layer pattern {value} is not a positive frequency")
+        return [i % value == 0 for i in range(layers)]
+    if len(value) != layers:
+        raise ConfigError(f"layer pattern {list(value)} has {len(value)} entries for {layers} layers")
+    return [bool(v) for v in value]
 
 
 def condition_holds(cfg: dict[str, Any], when: str | None) -> bool:
@@ -194,6 +215,21 @@ class Reshape:
         return tuple(int(cfg_get(cfg, s)) if isinstance(s, str) else int(s) for s in shape)
 
 
+@dataclass(frozen=True)
+class StackedExperts:
+    """One HF tensor holding every expert of a layer on dim 0 (transformers v5's fused
+    ``experts.gate_up_proj`` / ``experts.down_proj``) ⇄ one NeMo tensor per expert
+    (``nemo`` has ``{e}``). ``parallel`` is the kind of each expert's NeMo tensor."""
+
+    hf: str
+    nemo: str
+    parallel: Parallel = Parallel.REPLICATED
+    when: str | None = None
+
+    def prefixed(self, hf: str, nemo: str, cfg: str) -> "StackedExperts":
+        return replace(self, hf=_pre(hf, self.hf), nemo=_pre(nemo, self.nemo), when=_pre_cfg(cfg, self.when))
+
+
 TensorFn = Callable[[Sequence[torch.Tensor], dict[str, Any]], Sequence[torch.Tensor]]
 
 
@@ -242,7 +278,7 @@ class Tied:
                        when=_pre_cfg(cfg, self.when))
 
 
-Rule = Union[Rename, Reshape, FuseQKV, PackedQKV, FuseGated, Offset, Custom, Tied]
+Rule = Union[Rename, Reshape, FuseQKV, PackedQKV, FuseGated, Offset, StackedExperts, Custom, Tied]
 
 
 @dataclass(frozen=True)
@@ -251,6 +287,7 @@ class Mapping:
 
     :param rules: the rules, in the order tensors should be written.
     :param layers: config path of the layer count that ``{i}`` ranges over.
+    :param experts: config path of the expert count that ``{e}`` ranges over.
     :param drop_hf: HF names (templates, ``*`` globs allowed) that are not weights of the
         model (e.g. ``rotary_emb.inv_freq``): consumed without output on import.
     :param drop_nemo: likewise on the NeMo side for export.
@@ -261,12 +298,14 @@ class Mapping:
     drop_hf: tuple[str, ...] = ()
     drop_nemo: tuple[str, ...] = ()
     sections: tuple["Mapping", ...] = field(default=())
+    experts: str = "num_moe_experts"
 
     def nested(self, *, hf_prefix: str = "", nemo_prefix: str = "", cfg_prefix: str = "") -> "Mapping":
         """This mapping under prefixes: for composing multimodal families."""
         return Mapping(
             rules=tuple(r.prefixed(hf_prefix, nemo_prefix, cfg_prefix) for r in self.rules),
             layers=_pre_cfg(cfg_prefix, self.layers) or self.layers,
+            experts=_pre_cfg(cfg_prefix, self.experts) or self.experts,
             drop_hf=tuple(_pre(hf_prefix, d) for d in self.drop_hf),
             drop_nemo=tuple(_pre(nemo_prefix, d) for d in self.drop_nemo),
             sections=tuple(s.nested(hf_prefix=hf_prefix, nemo_prefix=nemo_prefix, cfg_prefix=cfg_prefix)
@@ -281,7 +320,7 @@ class Mapping:
         """The flat list of (rules, layers, drops) sections, this one first."""
         out: list[Mapping] = []
         if self.rules or self.drop_hf or self.drop_nemo:
-            out.append(Mapping(self.rules, self.layers, self.drop_hf, self.drop_nemo))
+            out.append(Mapping(self.rules, self.layers, self.drop_hf, self.drop_nemo, experts=self.experts))
         for s in self.sections:
             out.extend(s.parts())
         return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nemo_convert import ShardingStrategy, hookimpl
+from nemo_convert.sharding.expert import ExpertParallel
 from nemo_convert.sharding.pipeline import PipelineParallel
 from nemo_convert.sharding.tensor import TensorParallel
 
@@ -14,4 +15,6 @@ def nemo_convert_sharding_strategies() -> list[ShardingStrategy]:
                          "grouped-QKV/gated-fc1 splits"),
         ShardingStrategy("pipeline", "pp", PipelineParallel(), "Megatron pipeline parallelism: contiguous "
                          "layer stages, embedding first, head last"),
+        ShardingStrategy("expert", "ep", ExpertParallel(), "Megatron expert parallelism: contiguous experts per "
+                         "rank, global experts in dist checkpoints"),
     ]

@@ -15,7 +15,7 @@ QWEN2_CONFIG = GPT_CONFIG.extend(
 
 QWEN2 = gpt_family(
     "qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", config=QWEN2_CONFIG,
-    claims=lambda cfg: bool(cfg.get("qkv_bias")) and not cfg.get("bias"),  # q/k/v biases only
+    claims=lambda cfg: bool(cfg.get("qkv_bias")) and not cfg.get("bias") and not cfg.get("num_moe_experts"),
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
     description="Qwen2 / Qwen2.5 (GQA, q/k/v biases, tied or not)",
 )

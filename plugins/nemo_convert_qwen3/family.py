@@ -13,7 +13,7 @@ QWEN3 = gpt_family(
         Check(("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"), no_per_layer_windows),
         nemo_constants={"qk_layernorm": True}),
     features=GPTFeatures(qk_norm=True),
-    claims=lambda cfg: bool(cfg.get("qk_layernorm")),
+    claims=lambda cfg: bool(cfg.get("qk_layernorm")) and not cfg.get("num_moe_experts"),
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",),
     description="Qwen3 dense (GQA, q/k RMSNorm, head_dim of its own)",
 )

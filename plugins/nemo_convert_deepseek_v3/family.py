@@ -1,0 +1,90 @@
+"""DeepSeek-V3: multi-latent attention, dense first layers, sigmoid-routed experts with a
+score-correction bias, and always-on shared experts.
+
+MLA weights are copied as HF stores them (:func:`mla_attention_rules`); ``mlp.gate`` ⇄
+``mlp.router`` and its ``e_score_correction_bias`` ⇄ ``mlp.router.expert_bias``;
+``mlp.shared_experts`` ⇄ ``mlp.shared_experts`` (ungated). Megatron's sigmoid router
+(top-k of score + bias, the unbiased scores renormalised, times ``routed_scaling_factor``)
+is HF's with ``norm_topk_prob: true``; without it, or with ``rope_interleave: false``,
+the import is refused. The first ``first_k_dense_replace`` layers are dense: a mixed stack.
+"""
+
+from typing import Any
+
+from nemo_convert.families import (GPT_CONFIG, MOE_NEMO_CONSTANTS, Check, Derived, Field, GPTFeatures, MoEBlock,
+                                   gpt_family, never)
+
+
+def _mla_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    return {"q_lora_rank": hf.get("q_lora_rank"), "kv_lora_rank": int(hf["kv_lora_rank"]),
+            "qk_head_dim": int(hf["qk_nope_head_dim"]), "qk_pos_emb_head_dim": int(hf["qk_rope_head_dim"]),
+            "v_head_dim": int(hf["v_head_dim"]), "kv_channels": int(hf["v_head_dim"])}
+
+
+def _mla_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"q_lora_rank": cfg.get("q_lora_rank"), "kv_lora_rank": cfg["kv_lora_rank"],
+            "qk_nope_head_dim": cfg["qk_head_dim"], "qk_rope_head_dim": cfg["qk_pos_emb_head_dim"],
+            "v_head_dim": cfg["v_head_dim"], "head_dim": cfg["qk_pos_emb_head_dim"],
+            "qk_head_dim": cfg["qk_head_dim"] + cfg["qk_pos_emb_head_dim"]}
+
+
+def _mla_derived(hf: dict[str, Any]) -> str | None:
+    rope, qk = int(hf["qk_rope_head_dim"]), int(hf["qk_nope_head_dim"]) + int(hf["qk_rope_head_dim"])
+    if hf.get("head_dim") not in (None, rope) or hf.get("qk_head_dim") not in (None, qk):
+        return f"head_dim={hf.get('head_dim')} / qk_head_dim={hf.get('qk_head_dim')} (MLA derives {rope} / {qk})"
+    if int(hf.get("num_key_value_heads") or hf["num_attention_heads"]) != int(hf["num_attention_heads"]):
+        return f"num_key_value_heads={hf['num_key_value_heads']} (MLA has one key and value per head)"
+    return None
+
+
+def _experts_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    fe, layers, dense = int(hf["moe_intermediate_size"]), int(hf["num_hidden_layers"]), int(hf["first_k_dense_replace"])
+    groups = int(hf.get("n_group") or 1)
+    return {"num_moe_experts": int(hf["n_routed_experts"]), "moe_ffn_hidden_size": fe,
+            "moe_shared_expert_intermediate_size": fe * int(hf["n_shared_experts"]) or None,
+            "moe_layer_freq": [0] * dense + [1] * (layers - dense) if dense else 1,
+            "moe_router_num_groups": groups if groups > 1 else None,
+            "moe_router_group_topk": int(hf["topk_group"]) if groups > 1 else None,
+            "nemo_convert.hf_mtp_layers": int(hf.get("num_nextn_predict_layers") or 0)}
+
+
+def _experts_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    freq = cfg.get("moe_layer_freq", 1)
+    fe = int(cfg["moe_ffn_hidden_size"])
+    return {"n_routed_experts": cfg["num_moe_experts"], "moe_intermediate_size": fe,
+            "n_shared_experts": int(cfg.get("moe_shared_expert_intermediate_size") or 0) // fe,
+            "first_k_dense_replace": freq.index(1) if isinstance(freq, list) else 0,
+            "n_group": cfg.get("moe_router_num_groups") or 1, "topk_group": cfg.get("moe_router_group_topk") or 1,
+            "num_nextn_predict_layers": 0}
+
+
+def _hub_routing(hf: dict[str, Any]) -> str | None:
+    for key, ok in (("scoring_func", ("sigmoid",)), ("topk_method", ("noaux_tc",)), ("moe_layer_freq", (1,))):
+        if hf.get(key) is not None and hf[key] not in ok:
+            return f"{key}={hf[key]!r} (DeepSeek-V3 routes with {ok[0]!r})"
+    return None
+
+
+DEEPSEEK_V3 = gpt_family(
+    "deepseek_v3", architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3",
+    config=GPT_CONFIG.extend(
+        Derived(("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+                _mla_to_nemo, _mla_to_hf),
+        Check(("head_dim", "qk_head_dim"), _mla_derived),
+        Derived(("n_routed_experts", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+                 "n_group", "topk_group", "num_nextn_predict_layers"), _experts_to_nemo, _experts_to_hf),
+        Field("num_experts_per_tok", "moe_router_topk", to_nemo=int, to_hf=int),
+        Field("routed_scaling_factor", "moe_router_topk_scaling_factor", 1.0, to_nemo=float, to_hf=float),
+        Field("norm_topk_prob", "nemo_convert.norm_topk_prob", True, accept=lambda v: v is True),
+        Field("rope_interleave", "nemo_convert.rope_interleave", True, accept=lambda v: v is True),
+        Field("attention_bias", "bias", False, accept=lambda v: v is False),
+        Check(("scoring_func", "topk_method", "moe_layer_freq"), _hub_routing),
+        harmless=("output_router_logits", "aux_loss_alpha", "seq_aux", "ep_size"), drop=("head_dim",),
+        nemo_constants={**MOE_NEMO_CONSTANTS, "multi_latent_attention": True, "qk_layernorm": True,
+                        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                        "moe_router_pre_softmax": False, "moe_shared_expert_gate": False}),
+    features=GPTFeatures(mla=True, moe=MoEBlock(shared="shared_experts", expert_bias="gate.e_score_correction_bias")),
+    claims=lambda cfg: bool(cfg.get("multi_latent_attention")),
+    nemo2_targets=("nemo.collections.llm.gpt.model.deepseek.DeepSeekModel",),
+    description="DeepSeek-V3 (MLA, dense first layers, sigmoid-routed experts with bias, shared experts)",
+)

@@ -1,0 +1,33 @@
+"""Mixtral: Mistral's attention with a mixture-of-experts MLP on every layer.
+
+``block_sparse_moe.gate`` ⇄ ``mlp.router``; expert e's ``w1`` (gate), ``w3`` (up) and
+``w2`` (down) ⇄ ``linear_fc1`` = ``[w1; w3]`` and ``linear_fc2`` of expert e. HF takes
+softmax, top-k, then renormalises = Megatron's top-k then softmax
+(``moe_router_pre_softmax: false``). ``intermediate_size`` is the experts' ffn.
+"""
+
+from typing import Any
+
+from nemo_convert.families import (GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, Derived, GPTFeatures,
+                                   MoEBlock, gpt_family, num_experts, sliding_window)
+
+
+def _ffn_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    return {"ffn_hidden_size": int(hf["intermediate_size"]), "moe_ffn_hidden_size": int(hf["intermediate_size"])}
+
+
+def _ffn_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"intermediate_size": int(cfg.get("moe_ffn_hidden_size") or cfg["ffn_hidden_size"])}
+
+
+MIXTRAL = gpt_family(
+    "mixtral", architecture="MixtralForCausalLM", model_type="mixtral",
+    config=GPT_CONFIG.extend(
+        Derived(("intermediate_size",), _ffn_to_nemo, _ffn_to_hf), sliding_window(), num_experts("num_local_experts"),
+        *MOE_ROWS, harmless=MOE_HARMLESS,
+        nemo_constants={**MOE_NEMO_CONSTANTS, "moe_router_pre_softmax": False, "moe_layer_freq": 1}),
+    features=GPTFeatures(moe=MoEBlock(block="block_sparse_moe", gate="w1", up="w3", down="w2", fused_block="mlp")),
+    claims=lambda cfg: bool(cfg.get("num_moe_experts")) and not cfg.get("qk_layernorm") and not cfg.get("qkv_bias"),
+    nemo2_targets=("nemo.collections.llm.gpt.model.mixtral.MixtralModel",),
+    description="Mixtral 8x7B / 8x22B (GQA, top-k softmax-routed experts, sliding window)",
+)

@@ -1,0 +1,28 @@
+"""Qwen3-MoE: Qwen3's attention (q/k RMSNorms) with a mixture-of-experts MLP.
+
+``mlp.gate`` ⇄ ``mlp.router``; expert e's ``gate_proj``/``up_proj``/``down_proj`` ⇄
+``linear_fc1`` = ``[gate; up]`` and ``linear_fc2`` of expert e. ``norm_topk_prob`` ⇄
+``moe_router_pre_softmax`` (negated). Layers in ``mlp_only_layers`` or off the
+``decoder_sparse_step`` are dense: ``moe_layer_freq`` becomes a list, and the dist layout
+stores every layer under its own keys (Megatron-Core's non-homogeneous layers).
+"""
+
+from nemo_convert.families import (GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, NORM_TOPK_PROB, Check,
+                                   Field, GPTFeatures, MoEBlock, gpt_family, linear_biases, moe_layers,
+                                   no_per_layer_windows, num_experts)
+
+QWEN3_MOE_CONFIG = GPT_CONFIG.extend(
+    linear_biases("attention_bias", None),
+    Check(("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"), no_per_layer_windows),
+    num_experts("num_local_experts", "num_experts"), moe_layers(), NORM_TOPK_PROB,
+    Field("moe_intermediate_size", "moe_ffn_hidden_size", to_nemo=int, to_hf=int),
+    *MOE_ROWS, harmless=MOE_HARMLESS, nemo_constants={**MOE_NEMO_CONSTANTS, "qk_layernorm": True})
+
+QWEN3_MOE = gpt_family(
+    "qwen3_moe", architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", config=QWEN3_MOE_CONFIG,
+    features=GPTFeatures(qk_norm=True, moe=MoEBlock()),
+    claims=lambda cfg: (bool(cfg.get("qk_layernorm")) and bool(cfg.get("num_moe_experts"))
+                        and not cfg.get("multi_latent_attention")),
+    nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",),
+    description="Qwen3-MoE (q/k RMSNorm, softmax-routed experts, mixed dense/MoE stacks)",
+)
