@@ -1,7 +1,7 @@
-"""Key mappings as data (rules with inverses) and the planner that checks them."""
+"""Key mappings as data (rules with inverses, each planning itself) and the planner that checks them."""
 
-from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename,
-                                        Reshape, Tied, cfg_get)
+from nemo_convert.mapping.rules import (Custom, FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, PlanContext,
+                                        Rename, Reshape, Rule, StackedExperts, Task, Tied, cfg_get)
 
-__all__ = ["Custom", "FuseGated", "FuseQKV", "Mapping", "Offset", "PackedQKV", "Parallel", "Rename", "Reshape", "Tied",
-           "cfg_get"]
+__all__ = ["Custom", "FuseGated", "FuseQKV", "Mapping", "Offset", "PackedQKV", "Parallel", "PlanContext", "Rename",
+           "Reshape", "Rule", "StackedExperts", "Task", "Tied", "cfg_get"]

@@ -18,7 +18,7 @@ from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.hf import HFCheckpoint, open_hf
 from nemo_convert.formats.nemo import NemoCheckpoint
 from nemo_convert.formats.open_any import open_model_checkpoint
-from nemo_convert.mapping.rules import Tied, condition_holds
+from nemo_convert.mapping.rules import PlanContext
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import ModelFamily, Verifier
 from nemo_convert.verify.configs import compare_hf_configs, diff_config
@@ -56,9 +56,10 @@ def _mapping_facts(fam: ModelFamily, nemo_cfg: dict[str, Any]) -> tuple[dict[str
     tied: dict[str, str] = {}
     drops: list[str] = []
     for part in fam.mapping(nemo_cfg).parts():
+        ctx = PlanContext(nemo_cfg, part.axes(nemo_cfg))
         for rule in part.rules:
-            if isinstance(rule, Tied) and condition_holds(nemo_cfg, rule.when) and "{i}" not in rule.hf:
-                tied[rule.hf] = rule.same_as
+            if rule.applies(nemo_cfg):
+                tied.update(rule.aliases(ctx))
         drops.extend(p.replace("{i}", "*") for p in part.drop_hf)
     return tied, drops
 

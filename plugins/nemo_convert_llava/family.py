@@ -16,12 +16,11 @@ is built for the spelling recorded in the config, so export writes the source's 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from nemo_convert import CommandOption, ModelFamily
-from nemo_convert.mapping import Custom, FuseGated, FuseQKV, Mapping, Rename, Reshape, Tied, cfg_get
+from nemo_convert.mapping import Mapping, Rename, cfg_get
 from nemo_convert_clip.family import clip_vision_tower_mapping
 from nemo_convert_llama.family import llama_mapping
 from nemo_convert_llava.config import (HUB_SPELLING, NEVA_EXTRA_TOKENS, NEVA_TARGET, llava_config_to_hf,
@@ -35,39 +34,15 @@ VISION_CFG = "mm_cfg.vision_encoder."
 
 
 # -- composition helpers (candidates for nemo_convert.mapping) ---------------------------
-_HF_FIELDS: dict[type, tuple[str, ...]] = {Rename: ("hf",), Reshape: ("hf",), FuseQKV: ("q", "k", "v"),
-                                           FuseGated: ("gate", "up"), Tied: ("hf", "same_as"), Custom: ("hf",)}
-
-
-def _hf_fields(rule: Any) -> tuple[str, ...]:
-    try:
-        return _HF_FIELDS[type(rule)]
-    except KeyError:
-        raise TypeError(f"unknown mapping rule {type(rule).__name__}") from None
-
-
 def hf_names(mapping: Mapping) -> list[str]:
     """Every HF name template the mapping's rules read (in rule order)."""
-    out: list[str] = []
-    for part in mapping.parts():
-        for rule in part.rules:
-            for f in _hf_fields(rule):
-                v = getattr(rule, f)
-                out.extend(v if isinstance(v, tuple) else (v,))
-    return out
+    return [n for part in mapping.parts() for rule in part.rules for n in rule.hf_names()]
 
 
 def respell_hf(mapping: Mapping, fn: Callable[[str], str]) -> Mapping:
     """``mapping`` with every HF name (rules and drops) passed through ``fn``."""
-    def rule(r: Any) -> Any:
-        new = {}
-        for f in _hf_fields(r):
-            v = getattr(r, f)
-            new[f] = tuple(fn(x) for x in v) if isinstance(v, tuple) else fn(v)
-        return dataclasses.replace(r, **new)
-
-    return Mapping(tuple(rule(r) for r in mapping.rules), mapping.layers, tuple(fn(d) for d in mapping.drop_hf),
-                   mapping.drop_nemo, tuple(respell_hf(s, fn) for s in mapping.sections))
+    return Mapping(tuple(r.renamed(hf=fn) for r in mapping.rules), mapping.layers,
+                   tuple(fn(d) for d in mapping.drop_hf), mapping.drop_nemo, tuple(respell_hf(s, fn) for s in mapping.sections))
 
 
 def _prefix_swap(pairs: dict[str, str]) -> Callable[[str], str]:

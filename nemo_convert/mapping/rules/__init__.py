@@ -1,0 +1,25 @@
+"""Mapping rules: what a family plugin declares, as data — and how each plans itself.
+
+Names are templates (``{i}`` a layer, ``{e}`` an expert: :mod:`.base`). NeMo names here
+are *logical*: per layer, without the ``model.`` prefix
+(``decoder.layers.{i}.self_attention.linear_qkv.weight``); the format writers decide
+stacking and prefixes. Config references (``heads="num_attention_heads"``) are dotted
+paths into the NeMo config, so a rule set can be reused under a prefix
+(:meth:`Mapping.nested`) — e.g. LLaVA reuses the Llama rules for its language model.
+
+Each rule has an inverse; export is derived from import and never written twice. Each
+rule type is a :class:`Rule` (:mod:`.protocol`) that expands itself into tasks; the
+planner knows none by name. By kind: :mod:`.plain` (one tensor is one tensor),
+:mod:`.fused` (QKV, gated fc1, experts), :mod:`.special` (``Custom``, ``Tied``).
+"""
+
+from nemo_convert.mapping.rules.base import Axes, Parallel, cfg_get, condition_holds, layer_pattern
+from nemo_convert.mapping.rules.fused import FuseGated, FuseQKV, PackedQKV, StackedExperts
+from nemo_convert.mapping.rules.mapping import Mapping
+from nemo_convert.mapping.rules.plain import Offset, Rename, Reshape
+from nemo_convert.mapping.rules.protocol import Direction, LazyFn, PlanContext, Rule, Task, TaskFn, same
+from nemo_convert.mapping.rules.special import Custom, TensorFn, Tied
+
+__all__ = ["Axes", "Custom", "Direction", "FuseGated", "FuseQKV", "LazyFn", "Mapping", "Offset", "PackedQKV",
+           "Parallel", "PlanContext", "Rename", "Reshape", "Rule", "StackedExperts", "Task", "TaskFn", "TensorFn",
+           "Tied", "cfg_get", "condition_holds", "layer_pattern", "same"]

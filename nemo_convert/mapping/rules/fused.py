@@ -1,0 +1,147 @@
+"""Rules where Megatron fuses what Hugging Face keeps apart, or the reverse: the grouped
+QKV (from q, k, v or from a packed ``[q; k; v]``), the gated fc1, fused experts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from nemo_convert.mapping import ops
+from nemo_convert.mapping.rules.base import Parallel, cfg_get
+from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task
+from nemo_convert.tensors.pieces import materialize
+
+_GEOMETRY = ("heads", "groups", "head_dim", "hidden")
+
+
+def qkv_geometry(cfg: dict[str, Any], heads: str, groups: str, head_dim: str, hidden: str) -> dict[str, int]:
+    """Heads, query groups (default: heads) and head size (default: hidden / heads) at
+    those config paths."""
+    n_heads = int(cfg_get(cfg, heads))
+    n_groups = int(cfg_get(cfg, groups, n_heads))
+    dim = cfg_get(cfg, head_dim)
+    if dim is None:
+        dim = int(cfg_get(cfg, hidden)) // n_heads
+    return {"heads": n_heads, "groups": n_groups, "head_dim": int(dim)}
+
+
+@dataclass(frozen=True)
+class FuseQKV(Rule):
+    """HF q, k, v projections (weights or biases) ⇄ Megatron's grouped ``linear_qkv``."""
+
+    hf_fields: ClassVar[tuple[str, ...]] = ("q", "k", "v")
+    cfg_fields: ClassVar[tuple[str, ...]] = _GEOMETRY
+
+    q: str
+    k: str
+    v: str
+    nemo: str
+    heads: str = "num_attention_heads"
+    groups: str = "num_query_groups"
+    head_dim: str = "kv_channels"
+    hidden: str = "hidden_size"
+    parallel: Parallel = Parallel.QKV
+    when: str | None = None
+
+    def geometry(self, cfg: dict[str, Any]) -> dict[str, int]:
+        return qkv_geometry(cfg, self.heads, self.groups, self.head_dim, self.hidden)
+
+    def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
+        geo, pool = self.geometry(ctx.cfg), ctx.pool
+        out = []
+        for q, k, v, n in zip(*(ctx.names(x) for x in (self.q, self.k, self.v, self.nemo))):
+            if direction == "to_nemo":
+                out.append(Task((q, k, v), (n,), lambda ts, g=geo: (ops.fuse_qkv(*ts, **g, pool=pool),),
+                                (self.parallel,), label="fuse_qkv",
+                                lazy_fn=lambda ts, g=geo: (ops.fuse_qkv_lazy(*ts, **g),)))
+            else:
+                out.append(Task((n,), (q, k, v), lambda ts, g=geo: ops.split_qkv(ts[0], **g),
+                                (Parallel.REPLICATED,) * 3, label="split_qkv",
+                                lazy_fn=lambda ts, g=geo: ops.split_qkv_lazy(ts[0], **g)))
+        return out
+
+
+@dataclass(frozen=True)
+class PackedQKV(Rule):
+    """One HF tensor holding ``[q; k; v]`` one after another (Phi-3's ``qkv_proj``) ⇄
+    Megatron's grouped ``linear_qkv`` (interleaved per query group, like :class:`FuseQKV`)."""
+
+    cfg_fields: ClassVar[tuple[str, ...]] = _GEOMETRY
+
+    hf: str
+    nemo: str
+    heads: str = "num_attention_heads"
+    groups: str = "num_query_groups"
+    head_dim: str = "kv_channels"
+    hidden: str = "hidden_size"
+    parallel: Parallel = Parallel.QKV
+    when: str | None = None
+
+    def geometry(self, cfg: dict[str, Any]) -> dict[str, int]:
+        return qkv_geometry(cfg, self.heads, self.groups, self.head_dim, self.hidden)
+
+    def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
+        geo = self.geometry(ctx.cfg)
+        op = ops.regroup_qkv_lazy if direction == "to_nemo" else ops.ungroup_qkv_lazy
+        kind = self.parallel if direction == "to_nemo" else Parallel.REPLICATED
+        return [Task((src,), (dst,), lambda ts, f=op, g=geo: (materialize(f(ts[0], **g)),), (kind,),
+                     label="packed_qkv", lazy_fn=lambda ts, f=op, g=geo: (f(ts[0], **g),))
+                for src, dst in ctx.pairs(self.hf, self.nemo, direction)]
+
+
+@dataclass(frozen=True)
+class FuseGated(Rule):
+    """HF gate and up projections ⇄ Megatron's gated ``linear_fc1`` = ``[gate; up]``."""
+
+    hf_fields: ClassVar[tuple[str, ...]] = ("gate", "up")
+    cfg_fields: ClassVar[tuple[str, ...]] = ("ffn",)
+
+    gate: str
+    up: str
+    nemo: str
+    ffn: str | None = "ffn_hidden_size"
+    parallel: Parallel = Parallel.GATED_FC1
+    when: str | None = None
+
+    def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
+        ffn = cfg_get(ctx.cfg, self.ffn)
+        ffn = int(ffn) if ffn is not None else None
+        pool = ctx.pool
+        out = []
+        for g, u, n in zip(*(ctx.names(x) for x in (self.gate, self.up, self.nemo))):
+            if direction == "to_nemo":
+                out.append(Task((g, u), (n,), lambda ts, f=ffn: (ops.fuse_gated(ts[0], ts[1], ffn=f, pool=pool),),
+                                (self.parallel,), label="fuse_gated",
+                                lazy_fn=lambda ts, f=ffn: (ops.fuse_gated_lazy(ts[0], ts[1], ffn=f),)))
+            else:
+                fn = (lambda ts, f=ffn: ops.split_gated(ts[0], ffn=f))
+                out.append(Task((n,), (g, u), fn, (Parallel.REPLICATED,) * 2, label="split_gated", lazy_fn=fn))
+        return out
+
+
+@dataclass(frozen=True)
+class StackedExperts(Rule):
+    """One HF tensor holding every expert of a layer on dim 0 (transformers v5's fused
+    ``experts.gate_up_proj`` / ``experts.down_proj``) ⇄ one NeMo tensor per expert
+    (``nemo`` has ``{e}``). ``parallel`` is the kind of each expert's NeMo tensor."""
+
+    hf: str
+    nemo: str
+    parallel: Parallel = Parallel.REPLICATED
+    when: str | None = None
+
+    def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
+        per_layer: dict[int | None, list[str]] = {}
+        for i, n in ctx.expand(self.nemo):
+            per_layer.setdefault(i, []).append(n)
+        out = []
+        for h, names in zip(ctx.names(self.hf), per_layer.values()):
+            if direction == "to_nemo":
+                fn = (lambda ts, k=len(names): ops.unstack_experts(ts[0], experts=k))
+                out.append(Task((h,), tuple(names), fn, (self.parallel,) * len(names), label="unstack_experts",
+                                lazy_fn=fn))
+            else:
+                out.append(Task(tuple(names), (h,), lambda ts: (materialize(ops.stack_experts_lazy(list(ts))),),
+                                (Parallel.REPLICATED,), label="stack_experts",
+                                lazy_fn=lambda ts: (ops.stack_experts_lazy(list(ts)),)))
+        return out
