@@ -3,7 +3,8 @@
 Order of work (nothing is written until every check passed):
 
 1. open the source lazily (an HF folder, or a ``.nemo`` seen under HF names through the
-   family's ``to_hf`` plan), find the family and its TensorRT-LLM mapping;
+   family's ``to_hf`` plan), find the family and derive its TensorRT-LLM mapping from its
+   NeMo config, its HF ⇄ NeMo mapping and its TensorRT-LLM table (:mod:`.spec`);
 2. build and check the plan (:mod:`.plan`): every rank file's header, every split;
 3. calibrate if the algorithm or the KV cache needs it (:mod:`.calibration`) and check
    that every quantized linear has all of its scale inputs (:func:`.produce.check_stats`);
@@ -43,6 +44,7 @@ from nemo_convert.convert.common import dir_sink
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
 from nemo_convert.errors import OutputExistsError, UnsupportedError
+from nemo_convert.families.trtllm import TrtllmTable
 from nemo_convert.formats.nemo import dump_yaml
 from nemo_convert.formats.sink import MemberSink
 from nemo_convert.formats.staging import refuse_overlap, staged_output
@@ -60,7 +62,7 @@ from nemo_convert.qnemo.plan import (
     slice_for_rank,
 )
 from nemo_convert.qnemo.produce import Producer
-from nemo_convert.qnemo.spec import TrtllmSpec
+from nemo_convert.qnemo.spec import TrtllmSpec, derive_spec
 from nemo_convert.qnemo.tokenizer import (
     TOKENIZER_CONFIG,
     tokenizer_from_hf,
@@ -105,16 +107,17 @@ class QuantizeReport:
         return dict(self.__dict__)
 
 
-def _trtllm_spec(fam: ModelFamily, reg: Registry) -> TrtllmSpec:
-    spec = fam.trtllm
-    if spec is None:
+def _trtllm_spec(fam: ModelFamily, reg: Registry, nemo_cfg: dict[str, Any]) -> TrtllmSpec:
+    """The family's TensorRT-LLM mapping for this config: its table joined with its mapping."""
+    table = fam.trtllm
+    if table is None:
         have = sorted(p.record.name for p in reg.families.values() if p.record.trtllm is not None)
         raise UnsupportedError(f"model family {fam.name!r} declares no TensorRT-LLM mapping, so it cannot be "
                                f"quantized to a .qnemo (families that can: {', '.join(have) or 'none'})")
-    if not isinstance(spec, TrtllmSpec):
-        raise UnsupportedError(f"model family {fam.name!r}: its trtllm field is a {type(spec).__name__}, "
-                               "not a nemo_convert.qnemo.TrtllmSpec")
-    return spec
+    if not isinstance(table, TrtllmTable):
+        raise UnsupportedError(f"model family {fam.name!r}: its trtllm field is a {type(table).__name__}, "
+                               "not a nemo_convert.families.trtllm.TrtllmTable")
+    return derive_spec(table, fam.mapping(nemo_cfg), nemo_cfg)
 
 
 def _model_dtype(hf_cfg: dict[str, Any], infos: Any, want: torch.dtype | None) -> torch.dtype:
@@ -223,6 +226,7 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             source: TensorSource = ck.source
             tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.tokenizer_files)
             warnings: list[str] = []
+            nemo_cfg = fam.config_to_nemo(copy.deepcopy(hf_cfg))
         else:
             from nemo_convert.convert.nemo_to_hf import plan_to_hf
             from nemo_convert.qnemo.hf_view import PlanSource
@@ -232,10 +236,11 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             source = PlanSource(to_hf, prep.source)
             tok_section, tok_files = tokenizer_from_nemo(ck.handle, ck.config)
             warnings = prep.warnings
-        spec = _trtllm_spec(fam, reg)
+            nemo_cfg = prep.cfg
+        spec = _trtllm_spec(fam, reg, nemo_cfg)
         infos = {k: source.info(k) for k in list(source.keys())}
         mdtype = _model_dtype(hf_cfg, infos, dtype)
-        plan = build_plan(spec, spec.config(copy.deepcopy(hf_cfg)), infos, algo=algo, tp=tp, pp=pp,
+        plan = build_plan(spec, spec.config(copy.deepcopy(nemo_cfg)), infos, algo=algo, tp=tp, pp=pp,
                           dtype=mdtype, group_size=group_size, kv_cache_fp8=kv_cache == "fp8")
     except BaseException:
         ck.close()
