@@ -141,3 +141,21 @@ def test_unconfirmed_targets_are_refused_by_name(tmp_path, family, overrides, me
     with pytest.raises(UnsupportedError, match=message) as ei:
         quantize(src, out, algo="none")
     assert "\n" not in str(ei.value) and not os.path.exists(out)
+
+
+def test_config_keys_are_translated_as_import_translates_them(tmp_path):
+    """The TensorRT-LLM config comes from the NeMo config import would write: a key the
+    family does not understand is refused by name, and --ignore-config-key drops it
+    knowingly (HF sources only)."""
+    from nemo_convert.errors import ConfigError
+
+    src = make_model(str(tmp_path / "mistral"), "mistral")     # sliding_window=4
+    with pytest.raises(ConfigError, match="sliding_window=4 is not understood by family llama"):
+        quantize(src, str(tmp_path / "a"), algo="none", family="llama")
+    rep = quantize(src, str(tmp_path / "b"), algo="none", family="llama", ignore_config_keys=("sliding_window",))
+    assert rep.family == "llama"
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(src, nemo, family="llama", ignore_config_keys=("sliding_window",))
+    with pytest.raises(UnsupportedError, match="--ignore-config-key applies to a Hugging Face source"):
+        quantize(nemo, str(tmp_path / "c"), algo="none", ignore_config_keys=("sliding_window",))
+    assert not os.path.exists(str(tmp_path / "a")) and not os.path.exists(str(tmp_path / "c"))

@@ -211,7 +211,7 @@ def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str 
 
 def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, algo: str, tp: int,
                    pp: int, dtype: torch.dtype | None, group_size: int, kv_cache: str,
-                   rope_scaling: bool = True) -> _Job:
+                   rope_scaling: bool = True, ignore_config_keys: tuple[str, ...] = ()) -> _Job:
     """Open ``src`` lazily (HF names, through the ``to_hf`` plan for a ``.nemo``, its config
     completed as export completes it: the true vocabulary, token ids, RoPE scaling) and build
     the checked plan; nothing is written."""
@@ -226,11 +226,16 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             source: TensorSource = ck.source
             tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.tokenizer_files)
             warnings: list[str] = []
-            nemo_cfg = fam.config_to_nemo(copy.deepcopy(hf_cfg))
+            from nemo_convert.convert.hf_to_nemo import nemo_config_of
+
+            nemo_cfg = nemo_config_of(fam, hf_cfg, ignore_config_keys)
         else:
             from nemo_convert.convert.nemo_to_hf import plan_to_hf
             from nemo_convert.qnemo.hf_view import PlanSource
 
+            if ignore_config_keys:
+                raise UnsupportedError("--ignore-config-key applies to a Hugging Face source; a .nemo's config "
+                                       "was translated when it was imported")
             fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
             prep, hf_cfg, to_hf = plan_to_hf(ck.handle, fam, rope_scaling=rope_scaling)
             source = PlanSource(to_hf, prep.source)
@@ -289,7 +294,8 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
              group_size: int = DEFAULT_GROUP_SIZE, dtype: str | torch.dtype | None = None,
              family: str | None = None, awq_grid: int = 20, progress: Progress | None = None,
              registry: Registry | None = None, trust_pickle: bool = False,
-             workers: Workers = SINGLE, rope_scaling: bool = True) -> QuantizeReport:
+             workers: Workers = SINGLE, rope_scaling: bool = True,
+             ignore_config_keys: tuple[str, ...] = ()) -> QuantizeReport:
     """Write a TensorRT-LLM checkpoint (``.qnemo``) of ``src`` (a ``.nemo`` or an HF folder).
 
     :param algo: ``none`` (plain checkpoint in the model dtype), ``int8_wo``, ``int4_wo``,
@@ -308,6 +314,9 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
     :param rope_scaling: for a ``.nemo`` that NeMo wrote, False reads ``scale_positional_embedding:
         True`` as no RoPE scaling (as ``export_hf(rope_scaling=False)``); its config is completed
         as export completes it (:mod:`nemo_convert.convert.export_config`).
+    :param ignore_config_keys: for an HF source, ``config.json`` keys translated as if absent,
+        as ``import_hf(ignore_config_keys=...)``: the TensorRT-LLM config is computed from
+        the NeMo config ``import`` would write.
     :param workers: the processes sharing the work (torchrun): rank file ``i`` is written
         by process ``i mod world``, calibration runs in process 0 and its statistics are
         shared, process 0 writes the rest; the output is byte-identical to one process's.
@@ -321,7 +330,7 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
                                          overwrite=overwrite)
         return _open_and_plan(src, reg, family=family, trust_pickle=trust_pickle, algo=algo, tp=tp, pp=pp,
                               dtype=want_dtype, group_size=group_size, kv_cache=kv_cache,
-                              rope_scaling=rope_scaling), dev
+                              rope_scaling=rope_scaling, ignore_config_keys=tuple(ignore_config_keys)), dev
 
     job, dev = workers.run_all(prepare, undo=lambda r: r[0].close())
     try:
