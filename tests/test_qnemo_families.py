@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from test_family_matrix import make_model
-from tiny_models import hf_tensors
+from tiny_models import hf_tensors, write_sentencepiece
 
 from nemo_convert import api
 from nemo_convert.errors import UnsupportedError
@@ -159,3 +159,25 @@ def test_config_keys_are_translated_as_import_translates_them(tmp_path):
     with pytest.raises(UnsupportedError, match="--ignore-config-key applies to a Hugging Face source"):
         quantize(nemo, str(tmp_path / "c"), algo="none", ignore_config_keys=("sliding_window",))
     assert not os.path.exists(str(tmp_path / "a")) and not os.path.exists(str(tmp_path / "c"))
+
+
+def test_qwen3_fp8_with_kv_cache_calibrates_through_its_own_modules(tmp_path):
+    """fp8 and --kv-cache fp8 calibrate with the family's transformers class; the scales sit
+    under the derived names, the q/k norms stay exact."""
+    src, out = make_model(str(tmp_path / "qwen3"), "qwen3"), str(tmp_path / "q")
+    write_sentencepiece(os.path.join(src, "tokenizer.model"), vocab_size=128)
+    rep = quantize(src, out, algo="fp8", kv_cache="fp8", tp=2, dtype="bf16",
+                   calib_size=2, calib_seq_len=16, calib_batch_size=2)
+    assert rep.quant_algo == "FP8" and rep.kv_cache_quant_algo == "FP8"
+    hf = hf_tensors(src)
+    for r in range(2):
+        t = read_rank(out, r)
+        for i in range(2):
+            p = f"transformer.layers.{i}."
+            assert t[p + "attention.kv_cache_scaling_factor"].shape == (1,)
+            for lin in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj"):
+                assert t[p + lin + ".weight"].dtype == torch.float8_e4m3fn
+                assert float(t[p + lin + ".activation_scaling_factor"]) > 0
+            for x in "qk":
+                assert torch.equal(t[p + f"attention.{x}_layernorm.weight"],
+                                   hf[f"model.layers.{i}.self_attn.{x}_norm.weight"].to(torch.bfloat16))
