@@ -181,3 +181,16 @@ def test_qwen3_fp8_with_kv_cache_calibrates_through_its_own_modules(tmp_path):
             for x in "qk":
                 assert torch.equal(t[p + f"attention.{x}_layernorm.weight"],
                                    hf[f"model.layers.{i}.self_attn.{x}_norm.weight"].to(torch.bfloat16))
+
+
+def test_rules_tensorrt_llm_cannot_take_apart_are_refused():
+    """The GPT table over Phi-3's mapping: a packed HF qkv_proj has no per-name source."""
+    from nemo_convert_phi3.family import PHI3
+
+    from nemo_convert.families.trtllm import gpt_trtllm
+    from nemo_convert.qnemo import derive_spec
+
+    table = gpt_trtllm("LlamaForCausalLM")
+    assert table is not None and gpt_trtllm("Phi3ForCausalLM") is None
+    with pytest.raises(UnsupportedError, match="linear_qkv.weight: the family makes it with PackedQKV"):
+        derive_spec(table, PHI3.mapping({}), {})

@@ -111,18 +111,20 @@ _SPLIT_OF = {Parallel.REPLICATED: Parallel.REPLICATED, Parallel.COLUMN: Parallel
              Parallel.VOCAB: Parallel.VOCAB, Parallel.QKV: Parallel.COLUMN, Parallel.GATED_FC1: Parallel.COLUMN}
 
 
-def _producers(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Rule]:
-    """NeMo name → the rule making it: the one whose condition holds, else any (so that a
-    tied ``lm_head`` still names its own HF tensor first, as the HF file may hold it)."""
-    out: dict[str, Rule] = {}
+def _producers(mapping: Mapping, cfg: dict[str, Any]) -> tuple[dict[str, Rule], dict[str, Rule]]:
+    """NeMo name → the rule making it: ``(active, declared)``, the rules whose condition
+    holds for ``cfg`` and every rule of the mapping."""
+    active: dict[str, Rule] = {}
+    declared: dict[str, Rule] = {}
     for part in mapping.parts():
         for rule in part.rules:
             name = getattr(rule, "nemo", None)  # Tied has none, Custom a tuple: neither is a target here
             if not isinstance(name, str):
                 continue
-            if name not in out or (condition_holds(cfg, rule.when) and not condition_holds(cfg, out[name].when)):
-                out[name] = rule
-    return out
+            declared.setdefault(name, rule)
+            if condition_holds(cfg, rule.when):
+                active.setdefault(name, rule)
+    return active, declared
 
 
 def _sources(rule: Rule, parts: int, what: str) -> list[tuple[str, ...]]:
@@ -147,24 +149,30 @@ def derive_spec(table: TrtllmTable, mapping: Mapping, cfg: dict[str, Any]) -> Tr
     way TensorRT-LLM does not (an ``Offset``, a packed HF tensor split into parts) is
     refused by name.
     """
-    rules = _producers(mapping, cfg)
+    active, declared = _producers(mapping, cfg)
     tensors: list[TrtTensor] = []
     for row in table.names:
-        rule = rules.get(row.nemo)
+        rule = active.get(row.nemo)
         fallback: tuple[str, ...] = ()
-        if row.fallback is not None and row.fallback in rules:
-            fallback = _sources(rules[row.fallback], 1, row.fallback)[0]
+        if row.fallback is not None:
+            # The tied case: the own tensor first (the HF file may hold it), then the fallback's.
+            rule = rule or declared.get(row.nemo)
+            other = active.get(row.fallback)
+            if other is not None:
+                fallback = _sources(other, 1, row.fallback)[0]
+                if rule is None:
+                    rule, fallback = other, ()
         if rule is None:
-            if not fallback:
-                continue
-            rule, fallback = rules[row.fallback or ""], ()  # the tied tensor is the fallback's
+            continue  # this config has no such tensor (a bias, a q/k norm)
+        kind = getattr(rule, "parallel", Parallel.REPLICATED)
+        if kind not in _SPLIT_OF:
+            raise UnsupportedError(f"{row.nemo}: parallel kind {kind.value!r} has no TensorRT-LLM split")
         for name, hf in zip(row.trtllm, _sources(rule, len(row.trtllm), row.nemo)):
-            parallel = _SPLIT_OF[getattr(rule, "parallel", Parallel.REPLICATED)]
-            tensors.append(TrtTensor(name, hf, parallel, quantize=row.quantize,
+            tensors.append(TrtTensor(name, hf, _SPLIT_OF[kind], quantize=row.quantize,
                                      units=HEADS if isinstance(rule, FuseQKV) else (), fallback=fallback,
                                      stage=row.stage))
     kv = None
-    qkv = rules.get(table.kv_of or "")
+    qkv = active.get(table.kv_of or "")
     if table.kv_cache is not None and isinstance(qkv, FuseQKV):
         kv = KvCacheScale(table.kv_cache, k=qkv.k.removesuffix(".weight"), v=qkv.v.removesuffix(".weight"))
     drop = tuple(d for part in mapping.parts() for d in part.drop_hf)
