@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="read a NeMo-written .nemo's scale_positional_embedding: True as no RoPE scaling "
                         "(as export --no-rope-scaling does) instead of llama3 scaling as NeMo runs it")
     p.add_argument("--family", help="model family (default: detected)")
+    p.add_argument("--ignore-config-key", action="append", default=[], metavar="KEY",
+                   help="HF source: translate config.json as if it had no KEY, knowingly dropping what KEY "
+                        "says (repeatable; as import)")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
@@ -66,7 +69,8 @@ def run_quantize(args: argparse.Namespace) -> int:
                    calib_batch_size=args.calib_batch_size, kv_cache=args.kv_cache, compress=args.compress,
                    device=args.device, overwrite=args.overwrite, group_size=args.group_size, dtype=args.dtype,
                    family=args.family, progress=make_progress(args), trust_pickle=args.trust_pickle,
-                   workers=workers, rope_scaling=args.rope_scaling)
+                   workers=workers, rope_scaling=args.rope_scaling,
+                   ignore_config_keys=tuple(args.ignore_config_key))
     if not workers.is_main:
         return 0  # process 0 reports for all
     for w in rep.warnings:

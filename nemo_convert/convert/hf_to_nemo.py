@@ -116,6 +116,15 @@ def translatable_config(hf_cfg: dict[str, Any], ignore_config_keys: Sequence[str
     return out
 
 
+def nemo_config_of(family: ModelFamily, hf_cfg: dict[str, Any], ignore_config_keys: Sequence[str] = (),
+                   options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The family's NeMo config for ``config.json`` (strict; ``ignore_config_keys`` left out)."""
+    try:
+        return family.config_to_nemo(translatable_config(hf_cfg, ignore_config_keys), **(options or {}))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"config.json does not describe a {family.name} model: {type(exc).__name__}: {exc}") from None
+
+
 def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSource, *,
                 allow_unmapped: tuple[str, ...] = (), options: dict[str, Any] | None = None,
                 ignore_config_keys: Sequence[str] = ()) -> tuple[dict[str, Any], Plan]:
@@ -125,10 +134,7 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
     opts = dict(options or {})
     if family.source_options is not None:
         opts = {**family.source_options(copy.deepcopy(hf_cfg), list(source.keys())), **opts}
-    try:
-        cfg = family.config_to_nemo(translatable_config(hf_cfg, ignore_config_keys), **opts)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"config.json does not describe a {family.name} model: {type(exc).__name__}: {exc}") from None
+    cfg = nemo_config_of(family, hf_cfg, ignore_config_keys, opts)
     ours = cfg.setdefault(SECTION, {})
     ours.update({"version": __version__, "family": family.name, "source_format": "hf",
                  "hf_config": copy.deepcopy(hf_cfg)})

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field, Row, set_path
+from nemo_convert.families.trtllm import gpt_trtllm
 from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
 from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
@@ -571,7 +572,9 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
                **extra: Any) -> ModelFamily:
     """A dense decoder family: the GPT block with ``features``, translated by ``config``
     (``GPT_CONFIG.extend(...)``). ``claims`` recognises a NeMo-written ``MegatronGPTModel``
-    config as this family's (``None``: the default family, Llama). ``extra`` passes other
+    config as this family's (``None``: the default family, Llama). The TensorRT-LLM target
+    of ``quantize`` is the GPT base's table where TensorRT-LLM's model for ``architecture``
+    is confirmed (:func:`~nemo_convert.families.trtllm.gpt_trtllm`). ``extra`` passes other
     :class:`ModelFamily` fields (``trtllm=``, ``hf_model_class=``)."""
     to_nemo, to_hf = table_translation(config.extend(hf_constants={"architectures": [architecture],
                                                                     "model_type": model_type}), name)
@@ -582,7 +585,7 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
         name=name, hf_architectures=(architecture,), hf_model_types=(model_type,), nemo_target=NEMO_GPT_TARGET,
         mapping=gpt_mapping(features), config_to_nemo=to_nemo, config_to_hf=to_hf, default_layout="dist",
         nemo2_targets=nemo2_targets, description=description, claims_nemo_config=claims,
-        **{"hf_model_class": architecture, **extra})
+        **{"hf_model_class": architecture, "trtllm": gpt_trtllm(architecture), **extra})
 
 
 def never(cfg: dict[str, Any]) -> bool:

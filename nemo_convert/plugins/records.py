@@ -32,7 +32,9 @@ class ModelFamily:
     :param hf_model_class: the name of the ``transformers`` model class that loads the
         family's HF checkpoints (default ``AutoModelForCausalLM``); ``quantize`` runs it to
         calibrate.
-    :param trtllm: optional TensorRT-LLM description for ``quantize`` (family specific).
+    :param trtllm: optional :class:`~nemo_convert.families.trtllm.TrtllmTable` for
+        ``quantize``: NeMo logical names → TensorRT-LLM names and config fields (the GPT
+        base's for a confirmed GPT-base family; the HF side comes from ``mapping``).
     :param add_tokens: tokens added to the SentencePiece tokenizer on import (NeVA adds
         ``<extra_id_0>`` …); the vocabulary change is reported, embeddings are not resized.
     :param source_options: ``source_options(hf_config, source_tensor_names) -> options``:

@@ -3,7 +3,8 @@
 Order of work (nothing is written until every check passed):
 
 1. open the source lazily (an HF folder, or a ``.nemo`` seen under HF names through the
-   family's ``to_hf`` plan), find the family and its TensorRT-LLM mapping;
+   family's ``to_hf`` plan), find the family and derive its TensorRT-LLM mapping from its
+   NeMo config, its HF ⇄ NeMo mapping and its TensorRT-LLM table (:mod:`.spec`);
 2. build and check the plan (:mod:`.plan`): every rank file's header, every split;
 3. calibrate if the algorithm or the KV cache needs it (:mod:`.calibration`) and check
    that every quantized linear has all of its scale inputs (:func:`.produce.check_stats`);
@@ -41,10 +42,12 @@ from nemo_convert import __version__
 from nemo_convert.compute import resolve_device
 from nemo_convert.convert.checkpoint import open_checkpoint
 from nemo_convert.convert.common import dir_sink
+from nemo_convert.convert.hf_to_nemo import nemo_config_of
 from nemo_convert.convert.nemo_to_hf import plan_to_hf
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
 from nemo_convert.errors import OutputExistsError, UnsupportedError
+from nemo_convert.families.trtllm import TrtllmTable
 from nemo_convert.formats.nemo import dump_yaml
 from nemo_convert.formats.sink import MemberSink
 from nemo_convert.formats.staging import refuse_overlap, staged_output
@@ -64,7 +67,7 @@ from nemo_convert.qnemo.plan import (
     slice_for_rank,
 )
 from nemo_convert.qnemo.produce import Producer
-from nemo_convert.qnemo.spec import TrtllmSpec
+from nemo_convert.qnemo.spec import TrtllmSpec, derive_spec
 from nemo_convert.qnemo.tokenizer import (
     TOKENIZER_CONFIG,
     tokenizer_from_hf,
@@ -106,16 +109,17 @@ class QuantizeReport:
         return dict(self.__dict__)
 
 
-def _trtllm_spec(fam: ModelFamily, reg: Registry) -> TrtllmSpec:
-    spec = fam.trtllm
-    if spec is None:
+def _trtllm_spec(fam: ModelFamily, reg: Registry, nemo_cfg: dict[str, Any]) -> TrtllmSpec:
+    """The family's TensorRT-LLM mapping for this config: its table joined with its mapping."""
+    table = fam.trtllm
+    if table is None:
         have = sorted(p.record.name for p in reg.families.values() if p.record.trtllm is not None)
         raise UnsupportedError(f"model family {fam.name!r} declares no TensorRT-LLM mapping, so it cannot be "
                                f"quantized to a .qnemo (families that can: {', '.join(have) or 'none'})")
-    if not isinstance(spec, TrtllmSpec):
-        raise UnsupportedError(f"model family {fam.name!r}: its trtllm field is a {type(spec).__name__}, "
-                               "not a nemo_convert.qnemo.TrtllmSpec")
-    return spec
+    if not isinstance(table, TrtllmTable):
+        raise UnsupportedError(f"model family {fam.name!r}: its trtllm field is a {type(table).__name__}, "
+                               "not a nemo_convert.families.trtllm.TrtllmTable")
+    return derive_spec(table, fam.mapping(nemo_cfg), nemo_cfg)
 
 
 def _model_dtype(hf_cfg: dict[str, Any], infos: Any, want: torch.dtype | None) -> torch.dtype:
@@ -192,7 +196,7 @@ def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str 
 
 def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, algo: str, tp: int,
                    pp: int, dtype: torch.dtype | None, group_size: int, kv_cache: str,
-                   rope_scaling: bool = True) -> Job:
+                   rope_scaling: bool = True, ignore_config_keys: tuple[str, ...] = ()) -> Job:
     """Open ``src`` lazily (HF names, through the ``to_hf`` plan for a ``.nemo``, its config
     completed as export completes it: the true vocabulary, token ids, RoPE scaling) and build
     the checked plan; nothing is written."""
@@ -205,16 +209,21 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             source: TensorSource = ck.source
             tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.tokenizer_files)
             warnings: list[str] = []
+            nemo_cfg = nemo_config_of(fam, hf_cfg, ignore_config_keys)
         else:
+            if ignore_config_keys:
+                raise UnsupportedError("--ignore-config-key applies to a Hugging Face source; a .nemo's config "
+                                       "was translated when it was imported")
             fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
             prep, hf_cfg, to_hf = plan_to_hf(ck.handle, fam, rope_scaling=rope_scaling)
             source = PlanSource(to_hf, prep.source)
             tok_section, tok_files = tokenizer_from_nemo(ck.handle, ck.config)
             warnings = prep.warnings
-        spec = _trtllm_spec(fam, reg)
+            nemo_cfg = prep.cfg
+        spec = _trtllm_spec(fam, reg, nemo_cfg)
         infos = {k: source.info(k) for k in list(source.keys())}
         mdtype = _model_dtype(hf_cfg, infos, dtype)
-        plan = build_plan(spec, spec.config(copy.deepcopy(hf_cfg)), infos, algo=algo, tp=tp, pp=pp,
+        plan = build_plan(spec, spec.config(copy.deepcopy(nemo_cfg)), infos, algo=algo, tp=tp, pp=pp,
                           dtype=mdtype, group_size=group_size, kv_cache_fp8=kv_cache == "fp8")
     except BaseException:
         ck.close()
@@ -263,7 +272,8 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
              group_size: int = DEFAULT_GROUP_SIZE, dtype: str | torch.dtype | None = None,
              family: str | None = None, awq_grid: int = 20, progress: Progress | None = None,
              registry: Registry | None = None, trust_pickle: bool = False,
-             workers: Workers = SINGLE, rope_scaling: bool = True) -> QuantizeReport:
+             workers: Workers = SINGLE, rope_scaling: bool = True,
+             ignore_config_keys: tuple[str, ...] = ()) -> QuantizeReport:
     """Write a TensorRT-LLM checkpoint (``.qnemo``) of ``src`` (a ``.nemo`` or an HF folder).
 
     :param algo: ``none`` (plain checkpoint in the model dtype), ``int8_wo``, ``int4_wo``,
@@ -282,6 +292,9 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
     :param rope_scaling: for a ``.nemo`` that NeMo wrote, False reads ``scale_positional_embedding:
         True`` as no RoPE scaling (as ``export_hf(rope_scaling=False)``); its config is completed
         as export completes it (:mod:`nemo_convert.convert.export_config`).
+    :param ignore_config_keys: for an HF source, ``config.json`` keys translated as if absent,
+        as ``import_hf(ignore_config_keys=...)``: the TensorRT-LLM config is computed from
+        the NeMo config ``import`` would write.
     :param workers: the processes sharing the work (torchrun): rank file ``i`` is written
         by process ``i mod world``, calibration runs in process 0 and its statistics are
         shared, process 0 writes the rest; the output is byte-identical to one process's.
@@ -295,7 +308,7 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
                                          overwrite=overwrite)
         return _open_and_plan(src, reg, family=family, trust_pickle=trust_pickle, algo=algo, tp=tp, pp=pp,
                               dtype=want_dtype, group_size=group_size, kv_cache=kv_cache,
-                              rope_scaling=rope_scaling), dev
+                              rope_scaling=rope_scaling, ignore_config_keys=tuple(ignore_config_keys)), dev
 
     job, dev = workers.run_all(prepare, undo=lambda r: r[0].close())
     try:

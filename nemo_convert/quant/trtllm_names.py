@@ -1,4 +1,7 @@
-"""TensorRT-LLM checkpoint names and the ``quantization`` config section, as data.
+"""TensorRT-LLM's per-algorithm tensors, their TP split and the ``quantization`` config section.
+
+The names of the model's own tensors are not here: they come from the family's mapping and
+its TensorRT-LLM table (:mod:`nemo_convert.families.trtllm`).
 
 Sources (cited below by key):
 
@@ -27,13 +30,10 @@ Sources (cited below by key):
   ``process_layer_quant_config``: ``int4_awq`` → ``W4A16_AWQ`` with ``group_size``,
   ``has_zero_point: false``, ``pre_quant_scale: true``; ``fp8`` → ``FP8``;
   ``int8_wo`` → ``W8A16``.
-* Llama MLP naming (HF ``gate_proj`` → ``mlp.fc``, ``up_proj`` → ``mlp.gate``,
-  ``down_proj`` → ``mlp.proj``): /work/shared/reference/nemo-formats.md §8.4.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from nemo_convert.errors import UnsupportedError
@@ -41,33 +41,6 @@ from nemo_convert.quant.algorithms import ALGORITHMS, DEFAULT_GROUP_SIZE
 
 Parallel = Literal["column", "row"]
 
-
-@dataclass(frozen=True)
-class LinearSpec:
-    """One TensorRT-LLM Llama linear: its name, HF sources and tensor-parallel style."""
-
-    trtllm: str                  # suffix after ``transformer.layers.{i}.`` (or full name)
-    hf: tuple[str, ...]          # HF module(s) fused into it, after ``model.layers.{i}.``
-    parallel: Parallel           # column: output dim split; row: input dim split
-
-
-#: Per-layer linears of a Llama decoder layer [T "Rank Weights"; nemo-formats.md §8.4].
-LLAMA_LAYER_LINEARS: tuple[LinearSpec, ...] = (
-    LinearSpec("attention.qkv", ("self_attn.q_proj", "self_attn.k_proj",
-                                 "self_attn.v_proj"), "column"),
-    LinearSpec("attention.dense", ("self_attn.o_proj",), "row"),
-    LinearSpec("mlp.fc", ("mlp.gate_proj",), "column"),     # activated branch
-    LinearSpec("mlp.gate", ("mlp.up_proj",), "column"),
-    LinearSpec("mlp.proj", ("mlp.down_proj",), "row"),
-)
-#: The LM head; excluded from quantization by default [Q, O].
-LM_HEAD = LinearSpec("lm_head", ("lm_head",), "column")
-
-LLAMA_LAYER_NORMS: tuple[str, ...] = ("input_layernorm", "post_layernorm")
-VOCAB_EMBEDDING = "transformer.vocab_embedding.weight"
-FINAL_NORM = "transformer.ln_f.weight"
-LM_HEAD_WEIGHT = "lm_head.weight"
-KV_CACHE_SCALE = "kv_cache_scaling_factor"   # on ``transformer.layers.{i}.attention``
 
 #: nemo-convert algorithm → TensorRT-LLM ``quant_algo`` [T "Config"; O; M].
 #: Group-wise int4 weight-only is ``W4A16_AWQ`` without a pre-quant scale: TensorRT-LLM's
@@ -113,62 +86,6 @@ def _check_algo(algo: str) -> None:
     if algo not in ALGORITHMS:
         raise UnsupportedError(f"unknown quantization algorithm {algo!r}; "
                                f"expected one of {', '.join(ALGORITHMS)}")
-
-
-def layer_prefix(i: int) -> str:
-    """``transformer.layers.{i}``."""
-    return f"transformer.layers.{i}"
-
-
-def llama_layer_weight_names(i: int) -> list[str]:
-    """Unquantized tensor names of decoder layer ``i`` (no biases: Llama has none)."""
-    p = layer_prefix(i)
-    names = [f"{p}.input_layernorm.weight"]
-    names += [f"{p}.{spec.trtllm}.weight" for spec in LLAMA_LAYER_LINEARS[:2]]
-    names.append(f"{p}.post_layernorm.weight")
-    names += [f"{p}.{spec.trtllm}.weight" for spec in LLAMA_LAYER_LINEARS[2:]]
-    return names
-
-
-def llama_weight_names(num_layers: int, *, lm_head: bool = True) -> list[str]:
-    """Every tensor name of an unquantized TensorRT-LLM Llama rank file.
-
-    Each rank file holds the same names (its shard of each tensor). With tied
-    embeddings and ``lm_head=False`` TensorRT-LLM reuses ``vocab_embedding`` [P].
-    """
-    names = [VOCAB_EMBEDDING]
-    for i in range(num_layers):
-        names += llama_layer_weight_names(i)
-    names.append(FINAL_NORM)
-    if lm_head:
-        names.append(LM_HEAD_WEIGHT)
-    return names
-
-
-def linear_tensor_names(algo: str, linear: str) -> list[str]:
-    """Tensor names of one quantized linear, e.g. ``linear="transformer.layers.0.mlp.fc"``."""
-    _check_algo(algo)
-    return [f"{linear}.{suffix}" for suffix in LINEAR_TENSORS[algo]]
-
-
-def quantized_llama_weight_names(algo: str, num_layers: int, *, kv_cache_fp8: bool = False,
-                                 lm_head: bool = True) -> list[str]:
-    """Every tensor name of a quantized Llama rank file (the LM head stays unquantized)."""
-    _check_algo(algo)
-    names = [VOCAB_EMBEDDING]
-    for i in range(num_layers):
-        p = layer_prefix(i)
-        names.append(f"{p}.input_layernorm.weight")
-        for spec in LLAMA_LAYER_LINEARS:
-            names += linear_tensor_names(algo, f"{p}.{spec.trtllm}")
-            if spec.trtllm == "attention.dense":
-                names.append(f"{p}.post_layernorm.weight")
-        if kv_cache_fp8:
-            names.append(f"{p}.attention.{KV_CACHE_SCALE}")
-    names.append(FINAL_NORM)
-    if lm_head:
-        names.append(LM_HEAD_WEIGHT)
-    return names
 
 
 def tp_split_dim(algo: str, suffix: str, parallel: Parallel) -> int | None:

@@ -7,7 +7,6 @@ from typing import Any
 from nemo_convert.families import gpt_family, gpt_mapping
 from nemo_convert.mapping import Mapping
 from nemo_convert_llama.config import LLAMA_CONFIG
-from nemo_convert_llama.trtllm import LLAMA_TRTLLM
 
 _MAPPING = gpt_mapping()
 
@@ -20,6 +19,5 @@ def llama_mapping(cfg: dict[str, Any]) -> Mapping:
 LLAMA = gpt_family(
     "llama", architecture="LlamaForCausalLM", model_type="llama", config=LLAMA_CONFIG,
     nemo2_targets=("nemo.collections.llm.gpt.model.llama.LlamaModel",),
-    trtllm=LLAMA_TRTLLM,
     description="Llama 2/3/3.1/3.2 (MHA, GQA, tied embeddings, llama3/linear RoPE scaling)",
 )
