@@ -284,6 +284,16 @@ def test_what_megatron_core_saves_at_tp2_or_ep2_exports_to_hf(tmp_path: Any, fam
 
 
 @pytest.mark.slow
+def test_megatron_core_at_tp2_ep2_loads_the_same_checkpoint(tmp_path: Any) -> None:
+    """Four processes: experts split over two EP ranks and, within each, tensor-parallel
+    over two (expert TP = TP): each rank's gate/up halves of its experts' fc1 come from
+    the one global ``[L, E, 2Fe, H]`` key."""
+    proc = _run(tmp_path, "mixtral", tp=2, ep=2)
+    assert proc.returncode == 0 and "MCORE-PARITY OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print(*[ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE")], sep="\n")
+
+
+@pytest.mark.slow
 def test_megatron_core_runs_a_mixed_dense_moe_stack(tmp_path: Any) -> None:
     """Qwen3-MoE with a dense layer between MoE layers: Megatron-Core's non-homogeneous
     per-layer keys (``decoder.layers.<i>.…``, experts ``[E, …]``) load and match HF."""
