@@ -177,14 +177,16 @@ def _rule_tasks(rule: Rule, cfg: dict[str, Any], direction: Direction, layers: A
         for i, n in _expand(rule.nemo, layers):
             per_layer.setdefault(i, []).append(n)
         for (_, h), names in zip(_expand(rule.hf, layers), per_layer.values()):
+            how = {"transpose": rule.transpose, "interleaved": rule.interleaved}
             if to_nemo:
-                fn = (lambda ts, k=len(names): ops.unstack_experts(ts[0], experts=k))
-                tasks.append(Task((h,), tuple(names), fn, (rule.parallel,) * len(names), label="unstack_experts",
-                                  lazy_fn=fn))
+                lazy = (lambda ts, k=len(names), w=how: ops.unstack_experts(ts[0], experts=k, **w))
+                tasks.append(Task((h,), tuple(names), lambda ts, f=lazy: tuple(materialize(t) for t in f(ts)),
+                                  (rule.parallel,) * len(names), label="unstack_experts", lazy_fn=lazy))
             else:
-                tasks.append(Task(tuple(names), (h,), lambda ts: (materialize(ops.stack_experts_lazy(list(ts))),),
+                tasks.append(Task(tuple(names), (h,),
+                                  lambda ts, w=how: (materialize(ops.stack_experts_lazy(list(ts), **w)),),
                                   (Parallel.REPLICATED,), label="stack_experts",
-                                  lazy_fn=lambda ts: (ops.stack_experts_lazy(list(ts)),)))
+                                  lazy_fn=lambda ts, w=how: (ops.stack_experts_lazy(list(ts), **w),)))
     elif isinstance(rule, Custom):
         par = rule.parallel if isinstance(rule.parallel, tuple) else (rule.parallel,) * len(rule.nemo)
         hf_lists = [[x for _, x in _expand(h, layers)] for h in rule.hf]

@@ -225,6 +225,8 @@ class StackedExperts:
     nemo: str
     parallel: Parallel = Parallel.REPLICATED
     when: str | None = None
+    transpose: bool = False  # HF stores each expert as ``x @ W`` (GPT-OSS)
+    interleaved: bool = False  # HF's gate/up rows alternate (GPT-OSS)
 
     def prefixed(self, hf: str, nemo: str, cfg: str) -> "StackedExperts":
         return replace(self, hf=_pre(hf, self.hf), nemo=_pre(nemo, self.nemo), when=_pre_cfg(cfg, self.when))
