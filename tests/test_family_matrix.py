@@ -68,8 +68,18 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
                     ("decoder.layers.1.mlp.router.expert_bias", "decoder.layers.0.mlp.linear_fc1.weight",
                      "decoder.layers.2.self_attention.linear_kv_up_proj.layer_norm_weight",
                      "decoder.layers.2.mlp.shared_experts.linear_fc1.weight", "!decoder.layers.0.mlp.router.weight")),
+    "gpt_oss": ("GptOssConfig", dict(head_dim=16, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+                                     sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                                     swiglu_limit=0.5,
+                                     rope_parameters={"rope_type": "default", "rope_theta": 150000.0}),
+                {"softmax_type": "learnable", "window_size": [7, 0], "window_attn_skip_freq": [1, 0], "bias": True,
+                 "activation_func_clamp_value": 0.5, "glu_linear_offset": 1.0, "expert_tensor_parallel_size": 1},
+                ("decoder.layers.0.self_attention.core_attention.softmax_offset", "decoder.layers.1.mlp.router.bias",
+                 "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.bias",
+                 "decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.bias",
+                 "decoder.layers.0.self_attention.linear_proj.bias")),
 }
-MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss")
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
 
 
@@ -192,6 +202,10 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("deepseek_v3", dict(rope_interleave=False), "rope_interleave=False"),
     ("deepseek_v3", dict(scoring_func="softmax"), "scoring_func='softmax'"),
     ("deepseek_v3", dict(num_key_value_heads=2), "num_key_value_heads=2"),
+    ("gpt_oss", dict(swiglu_alpha=1.5), "swiglu_alpha=1.5"),
+    ("gpt_oss", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0}), "'yarn'"),
+    ("gpt_oss", dict(attention_bias=False), "attention_bias=False"),
+    ("gpt_oss", dict(quantization_config={"quant_method": "mxfp4"}), "quant_method='mxfp4'"),
 ])
 def test_unrepresentable_features_are_refused_by_name(tmp_path, models, family, changes, words):
     src = str(tmp_path / "src")
@@ -465,7 +479,7 @@ def _fused_copy(src: str, dst: str) -> str:
     return dst
 
 
-@pytest.mark.parametrize("family", MOE)
+@pytest.mark.parametrize("family", [f for f in MOE if f != "gpt_oss"])  # GPT-OSS has only the fused layout
 @pytest.mark.parametrize("layout", ["dist", "legacy"])
 def test_moe_fused_hf_experts_import_alike_and_export_fused(tmp_path, models, family, layout):
     """A fused-experts HF checkpoint imports to the same NeMo tensors as the per-expert

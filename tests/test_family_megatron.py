@@ -26,7 +26,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3",
+            "gpt_oss")
 TOLERANCE = 1e-4  # correct layouts measure ~1e-6; a wrong one 0.05 and more (families.md)
 
 
@@ -63,6 +64,7 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+    from megatron.core.activations import quick_gelu
     from megatron.core.transformer.utils import openai_gelu
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
@@ -79,7 +81,8 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
 
     with open(os.path.join(nemo, "model_config.yaml")) as f:
         cfg = yaml.safe_load(f)
-    acts = {"fast-swiglu": fn.silu, "geglu": openai_gelu if cfg.get("openai_gelu") else fn.gelu}
+    acts = {"fast-swiglu": fn.silu, "geglu": openai_gelu if cfg.get("openai_gelu") else fn.gelu,
+            "quick-geglu": quick_gelu}
     window = cfg.get("window_size")
     experts = cfg.get("num_moe_experts")
     moe: dict[str, Any] = {} if not experts else dict(
@@ -93,6 +96,12 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
         moe_router_enable_expert_bias=bool(cfg.get("moe_router_enable_expert_bias")),
         moe_router_topk_scaling_factor=cfg.get("moe_router_topk_scaling_factor"),
         moe_router_num_groups=cfg.get("moe_router_num_groups"), moe_router_group_topk=cfg.get("moe_router_group_topk"))
+    if cfg.get("softmax_type"):  # GPT-OSS: sinks, alternating windows, the clamped (up + 1) GLU, ETP 1
+        moe.update(softmax_type=cfg["softmax_type"], window_attn_skip_freq=cfg.get("window_attn_skip_freq"),
+                   glu_linear_offset=cfg["glu_linear_offset"],
+                   activation_func_clamp_value=cfg["activation_func_clamp_value"])
+    if experts and cfg.get("expert_tensor_parallel_size"):
+        moe["expert_tensor_parallel_size"] = cfg["expert_tensor_parallel_size"]
     mla = bool(cfg.get("multi_latent_attention"))
     if mla:  # shim: MLA passes its head dims to the core attention, which the local one does not take
         dpa_init = DotProductAttention.__init__
@@ -185,6 +194,10 @@ def _swap_experts(src: str, dst: str, a: int = 0, b: int = 1) -> str:
     out = {}
     for k, v in tensors.items():
         hit = next((t for t in tag if t in k), None)
+        if ".experts." in k and hit is None:  # a fused [E, …] tensor (GPT-OSS): exchange on dim 0
+            order = list(range(v.shape[0]))
+            order[a], order[b] = b, a
+            v = v[order].contiguous()
         out[k.replace(hit, tag[hit]) if hit else k] = v
     save_file(out, path, metadata={"format": "pt"})
     return dst
@@ -250,7 +263,7 @@ def test_the_check_sees_nemos_window_convention(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"])
 def test_megatron_core_at_ep2_loads_the_same_checkpoint(tmp_path: Any, family: str) -> None:
     """Expert parallelism: two processes, each building and loading half of the experts
     (global expert ``ep_rank * E/2 + j``) from the one dist checkpoint, give HF's logits."""
@@ -284,6 +297,16 @@ def test_what_megatron_core_saves_at_tp2_or_ep2_exports_to_hf(tmp_path: Any, fam
 
 
 @pytest.mark.slow
+def test_megatron_core_at_tp2_ep2_loads_the_same_checkpoint(tmp_path: Any) -> None:
+    """Four processes: experts split over two EP ranks and, within each, tensor-parallel
+    over two (expert TP = TP): each rank's gate/up halves of its experts' fc1 come from
+    the one global ``[L, E, 2Fe, H]`` key."""
+    proc = _run(tmp_path, "mixtral", tp=2, ep=2)
+    assert proc.returncode == 0 and "MCORE-PARITY OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print(*[ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE")], sep="\n")
+
+
+@pytest.mark.slow
 def test_megatron_core_runs_a_mixed_dense_moe_stack(tmp_path: Any) -> None:
     """Qwen3-MoE with a dense layer between MoE layers: Megatron-Core's non-homogeneous
     per-layer keys (``decoder.layers.<i>.…``, experts ``[E, …]``) load and match HF."""
@@ -293,7 +316,7 @@ def test_megatron_core_runs_a_mixed_dense_moe_stack(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, ep", [("mixtral", 1), ("qwen3_moe", 2), ("deepseek_v3", 1)])
+@pytest.mark.parametrize("family, ep", [("mixtral", 1), ("qwen3_moe", 2), ("deepseek_v3", 1), ("gpt_oss", 1)])
 def test_the_check_sees_two_swapped_experts(tmp_path: Any, family: str, ep: int) -> None:
     """Experts 0 and 1 exchanged in every layer (the router unchanged): the logits part
     from HF's, so these checks would catch a wrong expert order (families.md: 0.26–1.04)."""
@@ -312,6 +335,24 @@ def test_the_check_sees_deepseeks_router_bias(tmp_path: Any) -> None:
     assert proc.returncode != 0 and "MCORE deepseek_v3" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     delta = float(proc.stdout.split("= ")[1].split()[0])
     print(f"deepseek_v3 without expert_bias: max|dlogit| = {delta:.3g}")
+    assert delta > 1e-2, delta
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="open: GPT-OSS at TP=2 (expert TP 1, as Megatron requires for expert biases) "
+                                       "differs from HF by 0.33 on Megatron-Core 0.16.1 CPU; TP=1 and EP=2 match")
+def test_megatron_core_runs_gpt_oss_at_tp2(tmp_path: Any) -> None:
+    proc = _run(tmp_path, "gpt_oss", tp=2)
+    assert proc.returncode == 0 and "MCORE-PARITY OK" in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_the_check_sees_gpt_oss_sinks(tmp_path: Any) -> None:
+    """GPT-OSS run without its attention sinks (``softmax_type: vanilla``): the check notices."""
+    proc = _run(tmp_path, "gpt_oss", {"softmax_type": "vanilla"})
+    assert proc.returncode != 0 and "MCORE gpt_oss" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    delta = float(proc.stdout.split("= ")[1].split()[0])
+    print(f"gpt_oss without sinks: max|dlogit| = {delta:.3g}")
     assert delta > 1e-2, delta
 
 

@@ -63,13 +63,14 @@ def _head_dim_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
 HEAD_DIM = Derived(("head_dim",), _head_dim_to_nemo, _head_dim_to_hf, restore=True)
 
 
-def rope(*kinds: str, partial: bool = False) -> Derived:
+def rope(*kinds: str, partial: bool = False, explicit_default: bool = False) -> Derived:
     """RoPE in any spelling (v4 ``rope_theta`` + ``rope_scaling``, v5 ``rope_parameters``)
     with the scaling types a family represents (``"linear"``, ``"llama3"``); any other
     type — yarn, longrope, dynamic — is refused by name. ``partial``: the family's HF model
     rotates only ``partial_rotary_factor`` of each head (Phi-3) ⇄ ``rotary_percentage``;
     elsewhere a factor other than 1 is refused (transformers' Llama-style attention
-    rotates whole heads)."""
+    rotates whole heads). ``explicit_default``: a synthesised ``config.json`` spells plain
+    RoPE out as ``rope_parameters`` (GPT-OSS's config class defaults to yarn)."""
     allowed = ("default", *kinds)
 
     def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +106,8 @@ def rope(*kinds: str, partial: bool = False) -> Derived:
                                    "original_max_position_embeddings": cfg.get("old_context_len", 8192)}
         elif cfg.get("seq_len_interpolation_factor"):
             out["rope_scaling"] = {"rope_type": "linear", "factor": cfg["seq_len_interpolation_factor"]}
+        if explicit_default and "rope_scaling" not in out:
+            out["rope_parameters"] = {"rope_type": "default", "rope_theta": out["rope_theta"]}
         if cfg.get("rotary_percentage") not in (None, 1.0):
             if not partial:
                 raise UnsupportedError(f"rotary_percentage={cfg['rotary_percentage']}: this family's HF model "
@@ -313,6 +316,19 @@ MOE_ROWS: tuple[Row, ...] = (
 MOE_HARMLESS = ("output_router_logits",)
 
 
+def _ffn_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    return {"ffn_hidden_size": int(hf["intermediate_size"]), "moe_ffn_hidden_size": int(hf["intermediate_size"])}
+
+
+def _ffn_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"intermediate_size": int(cfg.get("moe_ffn_hidden_size") or cfg["ffn_hidden_size"])}
+
+
+#: ``intermediate_size`` as the experts' ffn (Mixtral, GPT-OSS: every layer MoE) ⇄
+#: ``moe_ffn_hidden_size`` and ``ffn_hidden_size`` alike (what NeMo's converters write).
+EXPERTS_FFN = Derived(("intermediate_size",), _ffn_to_nemo, _ffn_to_hf)
+
+
 # -- mapping -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -323,6 +339,9 @@ class GPTFeatures:
     :param packed_gate_up: HF ``mlp.gate_up_proj`` = ``[gate; up]`` (Phi-3).
     :param qk_norm: per-head RMSNorms of queries and keys (Qwen3): HF ``self_attn.q_norm`` /
         ``k_norm`` ⇄ ``self_attention.q_layernorm`` / ``k_layernorm``.
+    :param attention_sinks: a learned per-head logit joining every softmax (GPT-OSS
+        ``self_attn.sinks``) ⇄ ``self_attention.core_attention.softmax_offset``
+        (Megatron's ``softmax_type: learnable``).
     :param mla: multi-latent attention (DeepSeek-V3): low-rank q and kv projections with
         their RMSNorms (:func:`mla_attention_rules`) instead of the grouped QKV.
     :param moe: the mixture-of-experts MLP (:class:`MoEBlock`); None: dense.
@@ -337,6 +356,7 @@ class GPTFeatures:
     zero_centred_norms: bool = False
     moe: "MoEBlock | None" = None
     mla: bool = False
+    attention_sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -356,6 +376,15 @@ class MoEBlock:
         ``mlp.shared_experts.gate_weight``; None: ungated.
     :param expert_bias: the router's per-expert score correction under ``block`` (DeepSeek-V3
         ``"gate.e_score_correction_bias"``, an HF buffer) ⇄ ``mlp.router.expert_bias``.
+    :param router_bias: the router has a bias (``{router}.bias`` ⇄ ``mlp.router.bias``).
+    :param fused_transposed, fused_interleaved: the fused layout stores each expert as
+        ``x @ W`` (``gate_up_proj`` ``[E, H, 2I]``, ``down_proj`` ``[E, I, H]``) and/or with
+        gate and up rows alternating (GPT-OSS, both).
+    :param expert_biases: the fused experts have biases (``gate_up_proj_bias`` ``[E, 2I]``,
+        ``down_proj_bias`` ``[E, H]``) ⇄ each expert's ``linear_fc1.bias`` / ``linear_fc2.bias``.
+    :param expert_tp: whether experts are tensor-parallel (Megatron's expert TP = TP); with
+        expert biases Megatron needs ``expert_tensor_parallel_size: 1``: every TP rank holds
+        whole experts.
     :param fused_block: the MLP module's name in transformers v5's fused layout
         (``{fused_block}.experts.gate_up_proj`` ``[E, 2I, H]`` rows ``[gate; up]`` per
         expert, ``{fused_block}.experts.down_proj`` ``[E, H, I]``, the router beside them);
@@ -373,6 +402,11 @@ class MoEBlock:
     shared_gate: str | None = None
     fused_block: str | None = None
     expert_bias: str | None = None
+    router_bias: bool = False
+    fused_transposed: bool = False
+    fused_interleaved: bool = False
+    expert_biases: bool = False
+    expert_tp: bool = True
 
 
 #: Where a MoE family's import records the source's expert layout (``"fused"``; absent:
@@ -447,6 +481,9 @@ def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
                      FuseQKV(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias", n + "linear_qkv.bias"))
     if proj_bias:
         rules.append(Rename(a + "o_proj.bias", n + "linear_proj.bias"))
+    if features.attention_sinks:
+        rules.append(Rename(a + "sinks", n + "core_attention.softmax_offset", Parallel.COLUMN,
+                            shape=("num_attention_heads",)))
     return rules
 
 
@@ -487,13 +524,22 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
     rules: list[Rule] = norm_rules(features, f"model.layers.{layers}.post_attention_layernorm.weight",
                                    n + "pre_mlp_layernorm.weight")
     rules.append(Rename(h + moe.router + ".weight", n + "mlp.router.weight", shape=("num_moe_experts", "hidden_size")))
+    if moe.router_bias:
+        rules.append(Rename(h + moe.router + ".bias", n + "mlp.router.bias", shape=("num_moe_experts",)))
+    fc1, fc2 = (Parallel.GATED_FC1, Parallel.ROW) if moe.expert_tp else (Parallel.REPLICATED, Parallel.REPLICATED)
     if fused:
-        rules += [StackedExperts(h + "experts.gate_up_proj", nx + "linear_fc1.weight", Parallel.GATED_FC1),
-                  StackedExperts(h + "experts.down_proj", nx + "linear_fc2.weight", Parallel.ROW)]
+        how = {"transpose": moe.fused_transposed, "interleaved": moe.fused_interleaved}
+        rules += [StackedExperts(h + "experts.gate_up_proj", nx + "linear_fc1.weight", fc1, **how),
+                  StackedExperts(h + "experts.down_proj", nx + "linear_fc2.weight", fc2,
+                                 transpose=moe.fused_transposed)]
+        if moe.expert_biases:
+            rules += [StackedExperts(h + "experts.gate_up_proj_bias", nx + "linear_fc1.bias", fc1,
+                                     interleaved=moe.fused_interleaved),
+                      StackedExperts(h + "experts.down_proj_bias", nx + "linear_fc2.bias", Parallel.REPLICATED)]
     else:
         rules += [FuseGated(x + moe.gate + ".weight", x + moe.up + ".weight", nx + "linear_fc1.weight",
-                            ffn="moe_ffn_hidden_size"),
-                  Rename(x + moe.down + ".weight", nx + "linear_fc2.weight", Parallel.ROW,
+                            ffn="moe_ffn_hidden_size", parallel=fc1),
+                  Rename(x + moe.down + ".weight", nx + "linear_fc2.weight", fc2,
                          shape=("hidden_size", "moe_ffn_hidden_size"))]
     if moe.expert_bias:
         rules.append(Rename(h + moe.expert_bias, n + "mlp.router.expert_bias", shape=("num_moe_experts",)))

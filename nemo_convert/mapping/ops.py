@@ -167,27 +167,61 @@ def split_gated(fc1: Lazy, *, ffn: int | None = None) -> tuple[Lazy, Lazy]:
     return fc1.narrow(0, 0, half), fc1.narrow(0, half, half)
 
 
-def unstack_experts(fused: Lazy, *, experts: int) -> tuple[Lazy, ...]:
+def deinterleave_rows(t: torch.Tensor) -> Lazy:
+    """Rows ``[0, 2, 4, …; 1, 3, 5, …]``: GPT-OSS's gate/up pairs (interleaved) → Megatron's
+    ``[gate; up]``. Deferred: two strided views."""
+    if t.shape[0] % 2:
+        raise ShapeError(f"interleaved gate/up rows: {t.shape[0]} is odd")
+    return rows([t[0::2], t[1::2]])
+
+
+def interleave_rows(t: Lazy) -> torch.Tensor:
+    """Inverse of :func:`deinterleave_rows`: ``[gate; up]`` → rows ``g0, u0, g1, u1, …``."""
+    gate, up = split_gated(t)
+    g, u = materialize(gate), materialize(up)
+    if g.is_meta:
+        return torch.empty((2 * g.shape[0], *g.shape[1:]), dtype=g.dtype, device="meta")
+    return torch.stack([g, u], 1).reshape(2 * g.shape[0], *g.shape[1:])
+
+
+def unstack_experts(fused: Lazy, *, experts: int, transpose: bool = False,
+                    interleaved: bool = False) -> tuple[Lazy, ...]:
     """One tensor holding every expert on dim 0 (transformers v5's fused
     ``experts.gate_up_proj`` ``[E, 2I, H]``, ``experts.down_proj`` ``[E, H, I]``) → the
-    experts' own tensors, in order (views)."""
+    experts' own tensors, in order (views). ``transpose``: each expert is stored as
+    ``x @ W`` (GPT-OSS ``[E, H, 2I]``), Megatron's weight is ``W.T``; ``interleaved``: its
+    gate/up rows alternate (:func:`deinterleave_rows`)."""
     if fused.dim() < 2 or fused.shape[0] != experts:
         raise ShapeError(f"fused experts tensor has shape {list(fused.shape)}, but the config implies "
                          f"{experts} experts on dim 0")
     rest = tuple(fused.shape[1:])
-    return tuple(fused.narrow(0, e, 1).reshape(rest) for e in range(experts))
+    out: list[Lazy] = []
+    for e in range(experts):
+        t = fused.narrow(0, e, 1).reshape(rest)
+        if transpose:
+            t = materialize(t).t()
+        out.append(deinterleave_rows(materialize(t)) if interleaved else t)
+    return tuple(out)
 
 
-def stack_experts_lazy(parts: list[Lazy]) -> Lazy:
+def stack_experts_lazy(parts: list[Lazy], *, transpose: bool = False, interleaved: bool = False) -> Lazy:
     """Inverse of :func:`unstack_experts`: the experts' tensors stacked on a new dim 0.
-    Deferred: one piece per expert, so a writer copies them one at a time."""
+    Deferred: one piece per expert, so a writer copies them one at a time (a transposed or
+    interleaved expert is one new tensor each)."""
     if not parts:
         raise ShapeError("no experts to stack")
     shape = tuple(parts[0].shape)
     for p in parts[1:]:
         if tuple(p.shape) != shape:
             raise ShapeError(f"experts differ in shape: {list(shape)} vs {list(p.shape)}")
-    return rows([p.reshape(1, *shape) for p in parts])
+    out = []
+    for p in parts:
+        t: Lazy = interleave_rows(p) if interleaved else p
+        if transpose:
+            t = materialize(t).t()
+            t = t.contiguous() if not t.is_meta else torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+        out.append(t.reshape(1, *t.shape))
+    return rows(out)
 
 
 def padded_vocab_size(vocab: int, divisible_by: int, tp: int = 1) -> int:

@@ -6,24 +6,13 @@ softmax, top-k, then renormalises = Megatron's top-k then softmax
 (``moe_router_pre_softmax: false``). ``intermediate_size`` is the experts' ffn.
 """
 
-from typing import Any
-
-from nemo_convert.families import (GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, Derived, GPTFeatures,
+from nemo_convert.families import (EXPERTS_FFN, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, GPTFeatures,
                                    MoEBlock, gpt_family, num_experts, sliding_window)
-
-
-def _ffn_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
-    return {"ffn_hidden_size": int(hf["intermediate_size"]), "moe_ffn_hidden_size": int(hf["intermediate_size"])}
-
-
-def _ffn_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"intermediate_size": int(cfg.get("moe_ffn_hidden_size") or cfg["ffn_hidden_size"])}
-
 
 MIXTRAL = gpt_family(
     "mixtral", architecture="MixtralForCausalLM", model_type="mixtral",
     config=GPT_CONFIG.extend(
-        Derived(("intermediate_size",), _ffn_to_nemo, _ffn_to_hf), sliding_window(), num_experts("num_local_experts"),
+        EXPERTS_FFN, sliding_window(), num_experts("num_local_experts"),
         *MOE_ROWS, harmless=MOE_HARMLESS,
         nemo_constants={**MOE_NEMO_CONSTANTS, "moe_router_pre_softmax": False, "moe_layer_freq": 1}),
     features=GPTFeatures(moe=MoEBlock(block="block_sparse_moe", gate="w1", up="w3", down="w2", fused_block="mlp")),

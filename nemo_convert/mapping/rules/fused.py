@@ -129,19 +129,23 @@ class StackedExperts(Rule):
     nemo: str
     parallel: Parallel = Parallel.REPLICATED
     when: str | None = None
+    transpose: bool = False  # HF stores each expert as ``x @ W`` (GPT-OSS)
+    interleaved: bool = False  # HF's gate/up rows alternate (GPT-OSS)
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
         per_layer: dict[int | None, list[str]] = {}
         for i, n in ctx.expand(self.nemo):
             per_layer.setdefault(i, []).append(n)
+        how = {"transpose": self.transpose, "interleaved": self.interleaved}
         out = []
         for h, names in zip(ctx.names(self.hf), per_layer.values()):
             if direction == "to_nemo":
-                fn = (lambda ts, k=len(names): ops.unstack_experts(ts[0], experts=k))
-                out.append(Task((h,), tuple(names), fn, (self.parallel,) * len(names), label="unstack_experts",
-                                lazy_fn=fn))
+                lazy = (lambda ts, k=len(names), w=how: ops.unstack_experts(ts[0], experts=k, **w))
+                out.append(Task((h,), tuple(names), lambda ts, f=lazy: tuple(materialize(t) for t in f(ts)),
+                                (self.parallel,) * len(names), label="unstack_experts", lazy_fn=lazy))
             else:
-                out.append(Task(tuple(names), (h,), lambda ts: (materialize(ops.stack_experts_lazy(list(ts))),),
+                out.append(Task(tuple(names), (h,),
+                                lambda ts, w=how: (materialize(ops.stack_experts_lazy(list(ts), **w)),),
                                 (Parallel.REPLICATED,), label="stack_experts",
-                                lazy_fn=lambda ts: (ops.stack_experts_lazy(list(ts)),)))
+                                lazy_fn=lambda ts, w=how: (ops.stack_experts_lazy(list(ts), **w),)))
         return out

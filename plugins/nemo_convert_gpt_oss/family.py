@@ -1,0 +1,52 @@
+"""GPT-OSS: biases on every linear, attention sinks, alternating sliding / full attention,
+and fused experts stored as ``x @ W`` with gate and up columns interleaved.
+
+``self_attn.sinks`` ⇄ ``core_attention.softmax_offset`` (``softmax_type: learnable``);
+``mlp.router`` (weight and bias) ⇄ ``mlp.router``; expert e's fc1 = the de-interleaved
+transpose of ``gate_up_proj[e]`` (bias likewise), fc2 = ``down_proj[e].T``. The expert
+activation ``(up + 1) · gate · σ(1.702 · gate)`` with both clamped at ``swiglu_limit`` is
+Megatron's quick-GELU GLU with ``glu_linear_offset: 1`` and ``activation_func_clamp_value``.
+Experts with biases need ``expert_tensor_parallel_size: 1`` in Megatron: whole experts per
+TP rank. Refused: ``swiglu_alpha`` ≠ 1.702, RoPE scaling (the hub's yarn), MXFP4 weights.
+"""
+
+from typing import Any
+
+from nemo_convert.families import (EXPERTS_FFN, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, Derived,
+                                   Field, GPTFeatures, MoEBlock, activation, gpt_family, num_experts, rope)
+
+
+def _windows_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    types, w = hf.get("layer_types") or [], hf.get("sliding_window")
+    sliding = [int(t == "sliding_attention") for t in types]
+    if w is None or not any(sliding):
+        return {"window_size": None, "layer_types": None}
+    return {"window_size": [int(w) - 1, 0], "window_attn_skip_freq": sliding, "nemo_convert.sliding_window": int(w)}
+
+
+def _windows_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    sliding = cfg.get("window_attn_skip_freq") or [0] * int(cfg["num_layers"])
+    return {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+            "sliding_window": (cfg.get("nemo_convert") or {}).get("sliding_window")}
+
+
+GPT_OSS = gpt_family(
+    "gpt_oss", architecture="GptOssForCausalLM", model_type="gpt_oss",
+    config=GPT_CONFIG.extend(
+        Derived(("layer_types", "sliding_window"), _windows_to_nemo, _windows_to_hf, restore=True),
+        Field("attention_bias", "bias", True, to_nemo=bool, to_hf=bool, accept=lambda v: v is True),
+        Field("swiglu_alpha", "nemo_convert.swiglu_alpha", 1.702, accept=lambda v: float(v) == 1.702),
+        Field("swiglu_limit", "activation_func_clamp_value", 7.0, to_nemo=float, to_hf=float),
+        activation("silu", "quick-geglu"), num_experts("num_local_experts"),
+        EXPERTS_FFN, rope(explicit_default=True),
+        *MOE_ROWS, harmless=MOE_HARMLESS,
+        nemo_constants={**MOE_NEMO_CONSTANTS, "qkv_bias": True, "softmax_type": "learnable", "glu_linear_offset": 1.0,
+                        "moe_router_pre_softmax": False, "moe_layer_freq": 1, "expert_tensor_parallel_size": 1,
+                        "nemo_convert.linear_biases": {"qkv": True, "proj": True, "mlp": True}}),
+    features=GPTFeatures(attention_sinks=True, moe=MoEBlock(router="router", router_bias=True, fused_transposed=True,
+                                                           fused_interleaved=True, expert_biases=True,
+                                                           expert_tp=False)),
+    claims=lambda cfg: cfg.get("softmax_type") == "learnable",
+    nemo2_targets=("nemo.collections.llm.gpt.model.gpt_oss.GPTOSSModel",),
+    description="GPT-OSS (attention sinks, biases, alternating windows, fused interleaved experts with biases)",
+)
