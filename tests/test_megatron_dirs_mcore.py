@@ -228,13 +228,37 @@ def _family_worker(root: str) -> None:
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     kw = {k: v for k, v in m.items() if k in fields and not isinstance(v, dict) and k not in (
         "bf16", "fp16", "layernorm_zero_centered_gamma", "window_size")}  # the local spec's norm: shim below
+    if m.get("num_moe_experts"):
+        # the CPU settings of tests/test_family_megatron.py: SequentialMLP (no grouped GEMM
+        # or permute fusion, both Transformer Engine's), the all-gather dispatcher, no
+        # load balancing (training only), fp32 routing; the routing math stays run_config's
+        from megatron.core.transformer.moe import moe_utils
+
+        moe_utils.te_general_gemm = None  # shim: without Transformer Engine the name is unbound
+        kw.update(moe_grouped_gemm=False, moe_permute_fusion=False, moe_token_dispatcher_type="allgather",
+                  moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_dtype="fp32")
     tc = TransformerConfig(**kw, activation_func=act, window_size=tuple(m["window_size"]) if m.get("window_size")
                            else None, use_cpu_initialization=True, params_dtype=torch.float32,
                            bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
                            persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
                            attention_softmax_in_fp32=True)
-    model = GPTModel(tc, transformer_layer_spec=get_gpt_layer_local_spec(normalization=m["normalization"],
-                                                                         qk_layernorm=bool(m.get("qk_layernorm"))),
+    spec: Any = get_gpt_layer_local_spec(normalization=m["normalization"], qk_layernorm=bool(m.get("qk_layernorm")))
+    if m.get("num_moe_experts"):
+        # shim (as tests/test_family_megatron.py): the local spec saves an MoE layer's norm
+        # under the dense key map's ``mlp.linear_fc1.layer_norm_weight``; Transformer Engine's
+        # MoE spec (what Megatron-Bridge runs) keeps ``pre_mlp_layernorm.weight``
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+        from megatron.core.transformer.moe.moe_layer import MoELayer
+        from megatron.core.transformer.spec_utils import ModuleSpec
+
+        spec = get_gpt_decoder_block_spec(tc, use_transformer_engine=False, normalization=m["normalization"])
+        for i, layer in enumerate(spec.layer_specs):
+            if isinstance(layer.submodules.mlp, ModuleSpec) and layer.submodules.mlp.module is MoELayer:
+                keys = dict(layer.submodules.sharded_state_dict_keys_map)
+                keys.pop("pre_mlp_layernorm.", None)
+                spec.layer_specs[i] = dataclasses.replace(layer, submodules=dataclasses.replace(
+                    layer.submodules, sharded_state_dict_keys_map=keys))
+    model = GPTModel(tc, transformer_layer_spec=spec,
                      vocab_size=m["vocab_size"], max_sequence_length=m["seq_length"], position_embedding_type="rope",
                      rotary_base=int(m["rotary_base"]), rotary_percent=float(m.get("rotary_percent", 1.0)),
                      share_embeddings_and_output_weights=m["share_embeddings_and_output_weights"],
@@ -264,15 +288,18 @@ def _family_worker(root: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
-def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family: str) -> None:
+@pytest.mark.parametrize("family, over", [
+    ("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {}), ("gemma", {}), ("qwen3_moe", {}),
+    ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[1])),  # moe_layer_freq [1, 0, 1]
+])
+def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family: str, over: dict[str, Any]) -> None:
     import torch
     from test_family_matrix import IDS, logits, make_model
 
     from nemo_convert import api
 
     root = str(tmp_path)
-    src = make_model(f"{root}/hf", family)
+    src = make_model(f"{root}/hf", family, **over)
     api.import_hf(src, f"{root}/mb", to="megatron-bridge")
     torch.save({"ids": IDS, "logits": logits(src)}, f"{root}/want.pt")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -30,6 +30,26 @@ tied embeddings, whose ``provide()`` scales the embedding by sqrt(hidden)
 (``gemma/gemma_provider.py`` lines 56–80). Megatron-Bridge has no Phi-3 bridge in any release
 (a Phi-3 provider exists only on an unmerged branch, commit 0beb53f): Phi-3 is refused.
 
+Mixture-of-experts (Megatron-Bridge v0.6.0): only Qwen3-MoE has a bridge that derives a
+plain provider. ``qwen/qwen3_moe_bridge.py`` (lines 51–70) keeps the base bridge's
+``GPTModelProvider`` — whose field table (``conversion/model_bridge.py`` lines 461–464) maps
+``num_experts``/``num_local_experts`` → ``num_moe_experts``, ``num_experts_per_tok`` →
+``moe_router_topk``, ``moe_intermediate_size`` → ``moe_ffn_hidden_size`` — and sets Qwen3's
+attention fields, ``moe_router_pre_softmax = not norm_topk_prob`` and the training knobs
+``moe_grouped_gemm: true``, ``moe_router_load_balancing_type: aux_loss``,
+``moe_aux_loss_coeff: 1e-3``, ``moe_token_dispatcher_type: alltoall``,
+``moe_permute_fusion: true``. That bridge assumes every layer is MoE (line 47,
+``decoder_sparse_step = 1`` on the way back); for a mixed stack (``mlp_only_layers``) we write
+Megatron-Core's ``moe_layer_freq`` list, which is the model's math. No release of
+Megatron-Bridge (v0.1.0 to v0.6.0, nor main at 067f987) has a Mixtral or a Qwen2-MoE bridge:
+both are refused. DeepSeek-V3's ``DeepSeekV3Bridge`` (``deepseek/deepseek_v3_bridge.py``
+lines 44–99) builds an ``MLAModelProvider`` whose MLA and YaRN fields are not confirmed
+here: refused. Reading a directory, the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
+``--num-experts`` is ``num_experts``, arguments.py line 2691, ``moe_ffn_hidden_size``
+defaulting to ``ffn_hidden_size``, lines 1016–1018) pass into the NeMo config, where the
+family registry decides (Mixtral, Qwen3-MoE, Qwen2-MoE by their claims); routing the table
+does not express is refused by name (:data:`MOE_NEUTRAL`).
+
 A family added later fits by adding a row to :data:`FIELDS` (a field that passes through
 unchanged) or to :data:`PROVIDER_FAMILIES` (a family whose provider is confirmed). A field
 that changes the math and that the table does not know is refused by name
@@ -76,6 +96,7 @@ class ProviderFamily:
     fixed: tuple[tuple[str, Any], ...] = ()
     nemo: tuple[tuple[str, Any], ...] = ()
     extra: tuple[tuple[str, Any], ...] = ()
+    moe: bool = False
 
 
 _DENSE = (("normalization", "RMSNorm"), ("gated_linear_unit", True), ("position_embedding_type", "rope"))
@@ -94,6 +115,14 @@ PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
                                                                        ("qk_layernorm", True),
                                                                        ("activation_func", SILU)),
                             extra=_AUTOCAST_BF16),
+    "qwen3_moe": ProviderFamily(GPT_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (("add_qkv_bias", False),
+                                                                           ("qk_layernorm", True),
+                                                                           ("activation_func", SILU)),
+                                extra=_AUTOCAST_BF16 + (("moe_grouped_gemm", True),
+                                                        ("moe_router_load_balancing_type", "aux_loss"),
+                                                        ("moe_aux_loss_coeff", 1e-3),
+                                                        ("moe_token_dispatcher_type", "alltoall"),
+                                                        ("moe_permute_fusion", True)), moe=True),
     "gemma": ProviderFamily(GEMMA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
         ("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
         ("share_embeddings_and_output_weights", True)), nemo=(("apply_embedding_scaling", True),)),
@@ -102,6 +131,12 @@ PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
 NO_PROVIDER: dict[str, str] = {
     "phi3": "Megatron-Bridge has no Phi-3 bridge or provider in any release (v0.6.0: src/megatron/bridge/models/ "
             "has no phi/)",
+    "mixtral": "Megatron-Bridge has no Mixtral bridge or provider in any release (v0.1.0 to v0.6.0: no "
+               "MixtralForCausalLM in src/megatron/bridge/models/)",
+    "qwen2_moe": "Megatron-Bridge has no Qwen2-MoE bridge or provider in any release (v0.6.0: qwen/ bridges "
+                 "Qwen2 and Qwen3-MoE only)",
+    "deepseek_v3": "Megatron-Bridge's DeepSeekV3Bridge builds an MLAModelProvider (MLA, YaRN rope, expert bias) "
+                   "whose fields are not confirmed here",
 }
 
 #: What an absent field of a known provider class means (the class's own defaults; absent
@@ -126,7 +161,8 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 #: Provider modules whose other classes (Gemma 2/3, Qwen MoE, …) this table does not know.
 _FAMILY_MODULES = ("megatron.bridge.models.gemma.", "megatron.bridge.models.qwen.", "megatron.bridge.models.mistral.",
-                   "megatron.bridge.models.phi.")
+                   "megatron.bridge.models.phi.", "megatron.bridge.models.deepseek.",
+                   "megatron.bridge.models.mla_provider.")
 
 
 @dataclass(frozen=True)
@@ -173,6 +209,37 @@ FIELDS: tuple[Field, ...] = (
     Field("hidden_dropout", "hidden_dropout", "hidden_dropout", float, 0.0),
     Field("attention_dropout", "attention_dropout", "attention_dropout", float, 0.0),
 )
+
+def _freq(v: Any) -> Any:
+    """``moe_layer_freq``: an int N (every N-th layer from 0) or one 0/1 per layer."""
+    return [int(x) for x in v] if isinstance(v, (list, tuple)) else int(v)
+
+
+#: The mixture-of-experts fields that pass through unchanged when the model has experts
+#: (``default``: TransformerConfig's, megatron-core 0.16.1 ``transformer_config.py`` lines
+#: 534–617; ``moe_ffn_hidden_size`` None means ``ffn_hidden_size``).
+MOE_FIELDS: tuple[Field, ...] = (
+    Field("num_moe_experts", "num_moe_experts", "num_experts", int),
+    Field("moe_router_topk", "moe_router_topk", "moe_router_topk", int, 2),
+    Field("moe_ffn_hidden_size", "moe_ffn_hidden_size", "moe_ffn_hidden_size", int),
+    Field("moe_router_pre_softmax", "moe_router_pre_softmax", "moe_router_pre_softmax", bool, False),
+    Field("moe_layer_freq", "moe_layer_freq", "moe_layer_freq", _freq, 1),
+    Field("moe_shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
+          "moe_shared_expert_intermediate_size", int),
+    Field("moe_shared_expert_gate", "moe_shared_expert_gate", "moe_shared_expert_gate", bool, False),
+)
+#: MoE routing that changes the math and that no readable family here expresses (DeepSeek's
+#: sigmoid scores, expert bias, scaling and group-limited routing; token dropping; latent
+#: experts): refused unless neutral.
+MOE_NEUTRAL: dict[str, Any] = {
+    "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
+    "moe_router_topk_scaling_factor": None, "moe_router_num_groups": None, "moe_router_group_topk": None,
+    "moe_expert_capacity_factor": None, "moe_apply_probs_on_input": False, "moe_latent_size": None,
+    "moe_router_topk_limited_devices": None, "moe_use_upcycling": False,
+}
+#: MoE fields a provider without shared experts (Qwen3-MoE's) must leave neutral.
+_NO_SHARED = {"moe_shared_expert_intermediate_size": None, "moe_shared_expert_gate": False}
+_EXPERT_COUNTS = ("num_moe_experts", "num_experts")
 
 #: What an absent provider field means where it differs from :data:`FIELDS`' default
 #: (``GPTModelProvider``'s own defaults, ``src/megatron/bridge/models/gpt_provider.py``).
@@ -240,11 +307,13 @@ def provider_family(family: str) -> ProviderFamily:
 
 
 def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, params_dtype: torch.dtype,
-                     tp: int = 1, pp: int = 1) -> dict[str, Any]:
+                     tp: int = 1, pp: int = 1, ep: int = 1) -> dict[str, Any]:
     """The ``model:`` section of ``run_config.yaml`` for a NeMo 1 config: what
     Megatron-Bridge's bridge derives from the HF config (module docstring)."""
     spec = provider_family(family)
-    bad = {k: cfg[k] for k in NEUTRAL if k in cfg and cfg[k] != NEUTRAL[k] and k != "openai_gelu"}
+    skip = ("openai_gelu",) + (_EXPERT_COUNTS if spec.moe else ())
+    neutral = {**NEUTRAL, **MOE_NEUTRAL, **_NO_SHARED} if spec.moe else NEUTRAL
+    bad = {k: cfg[k] for k in neutral if k in cfg and cfg[k] != neutral[k] and k not in skip}
     if bad:
         raise UnsupportedError("the config sets " + ", ".join(f"{k}={v!r}" for k, v in bad.items())
                                + ", which Megatron-Bridge's provider for this family does not express")
@@ -300,6 +369,9 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
                                    "original_max_position_embeddings=8192")
         model["rope_scaling"] = True
         model["rope_scaling_factor"] = float(cfg.get("scale_factor", 8.0))
+    if spec.moe:
+        model.update(_moe_provider(cfg, family))
+        model["expert_model_parallel_size"] = int(ep)
     window = _bridge_window(cfg)
     if window is not None:
         model["window_size"] = window
@@ -312,6 +384,20 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
         model[k] = _callable(v) if k == "activation_func" else v
     model.update(dict(spec.extra))
     return model
+
+
+def _moe_provider(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+    """The MoE fields of the provider (:data:`MOE_FIELDS`) from a NeMo config with experts."""
+    if not cfg.get("num_moe_experts"):
+        raise UnsupportedError(f"{family}: the config has no num_moe_experts; its provider is a mixture of experts")
+    out: dict[str, Any] = {}
+    for f in MOE_FIELDS:
+        value = cfg.get(f.nemo, f.default)
+        if f.nemo == "moe_ffn_hidden_size" and value is None:
+            value = cfg["ffn_hidden_size"]
+        if value is not None and f.nemo not in _NO_SHARED:
+            out[str(f.provider)] = f.kind(value)
+    return out
 
 
 def _bridge_window(cfg: dict[str, Any]) -> list[int] | None:
@@ -328,10 +414,36 @@ def _bridge_window(cfg: dict[str, Any]) -> list[int] | None:
 
 # ------------------------------------------------------------ provider / args → NeMo
 def _refuse_non_neutral(values: dict[str, Any], where: str) -> None:
-    for k, neutral in NEUTRAL.items():
+    for k, neutral in {**NEUTRAL, **MOE_NEUTRAL}.items():
         v = values.get(k)
+        if k in _EXPERT_COUNTS:
+            continue  # read by _moe_nemo
         if v is not None and v != neutral:
             raise UnsupportedError(f"{where}: {k}={v!r} changes the model's math and is not supported")
+
+
+def _moe_nemo(cfg: dict[str, Any], values: dict[str, Any], side: str, where: str) -> None:
+    """The MoE fields of a provider / Megatron-LM ``args`` with experts into ``cfg``."""
+    experts = values.get("num_moe_experts" if side == "provider" else "num_experts")
+    if not experts:
+        return
+    for f in MOE_FIELDS:
+        value = values.get(str(getattr(f, side)), f.default)
+        if f.nemo == "moe_ffn_hidden_size" and value is None:
+            value = cfg["ffn_hidden_size"]
+        if value is not None:
+            cfg[f.nemo] = f.kind(value)
+    if cfg["moe_shared_expert_gate"] and not cfg.get("moe_shared_expert_intermediate_size"):
+        raise UnsupportedError(f"{where}: moe_shared_expert_gate without moe_shared_expert_intermediate_size")
+    aux = values.get("moe_aux_loss_coeff")
+    aux = aux[0] if isinstance(aux, (list, tuple)) and len(aux) == 1 else aux
+    balance = values.get("moe_router_load_balancing_type")
+    balance = balance[0] if isinstance(balance, (list, tuple)) and len(balance) == 1 else balance
+    cfg.update({"moe_router_score_function": "softmax",  # MOE_NEUTRAL
+                "moe_aux_loss_coeff": float(aux) if isinstance(aux, (int, float)) else 0.0,
+                "moe_router_load_balancing_type": str(balance or "aux_loss"),
+                "moe_token_dispatcher_type": str(values.get("moe_token_dispatcher_type") or "allgather"),
+                "moe_grouped_gemm": bool(values.get("moe_grouped_gemm", False))})
 
 
 def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
@@ -403,6 +515,7 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
         raise UnsupportedError(f"{where}: layernorm_zero_centered_gamma without GemmaModelProvider's embedding "
                                f"scaling ({target or 'no _target_'}) is not a model any family here runs")
     _sliding_window_record(cfg)
+    _moe_nemo(cfg, model, "provider", where)
     cfg["share_embeddings_and_output_weights"] = bool(model.get("share_embeddings_and_output_weights",
                                                                 PROVIDER_DEFAULTS["share_embeddings_and_output_weights"]))
     dtype = _target_of(model.get("params_dtype")).rsplit(".", 1)[-1]
@@ -466,4 +579,5 @@ def args_to_nemo(args: dict[str, Any], where: str) -> dict[str, Any]:
     cfg["make_vocab_size_divisible_by"] = int(args.get("make_vocab_size_divisible_by") or 128)
     _apply_rope_scaling(cfg, args.get("use_rope_scaling"), args.get("rope_scaling_factor"))
     _sliding_window_record(cfg)
+    _moe_nemo(cfg, args, "megatron_lm", where)
     return cfg
