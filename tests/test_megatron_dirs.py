@@ -435,6 +435,19 @@ FAMILY_PROVIDERS: dict[str, dict] = {
                   "moe_token_dispatcher_type": "alltoall", "moe_permute_fusion": True,
                   "expert_model_parallel_size": 1, "moe_shared_expert_intermediate_size": None,
                   "autocast_dtype": {"_target_": "torch.bfloat16", "_call_": False}},
+    # deepseek/deepseek_v3_bridge.py 53-99 and conversion/model_bridge.py 461-478, 587-600
+    "deepseek_v3": {"_target_": "megatron.bridge.models.mla_provider.MLAModelProvider",
+                    "multi_latent_attention": True, "qk_layernorm": True, "q_lora_rank": 32, "kv_lora_rank": 16,
+                    "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16, "kv_channels": 8,
+                    "num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 48,
+                    "moe_layer_freq": [0, 1, 1, 1], "moe_shared_expert_intermediate_size": 48,
+                    "moe_shared_expert_gate": False, "moe_router_score_function": "sigmoid",
+                    "moe_router_enable_expert_bias": True, "moe_router_topk_scaling_factor": 2.5,
+                    "moe_router_num_groups": 1, "moe_router_group_topk": 1, "moe_router_pre_softmax": True,
+                    "moe_router_load_balancing_type": "seq_aux_loss", "moe_aux_loss_coeff": 1e-4,
+                    "moe_router_dtype": "fp32", "make_vocab_size_divisible_by": 1280, "rope_type": "yarn",
+                    "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                    "share_embeddings_and_output_weights": False, "add_bias_linear": False, "mtp_num_layers": None},
 }
 
 
@@ -622,7 +635,6 @@ def test_megatron_lm_dense_family_directories(family_models, tmp_path, family, o
 @pytest.mark.parametrize("family, words", [
     ("mixtral", "Megatron-Bridge has no Mixtral bridge"),
     ("qwen2_moe", "Megatron-Bridge has no Qwen2-MoE bridge"),
-    ("deepseek_v3", "Megatron-Bridge.s DeepSeekV3Bridge builds an MLAModelProvider"),
 ])
 def test_moe_families_without_a_confirmed_provider_are_refused_by_name(tmp_path, family, words) -> None:
     from test_family_matrix import make_model
@@ -657,13 +669,15 @@ def test_qwen3_moe_mixed_stack_to_megatron_bridge(tmp_path) -> None:
     assert torch.equal(logits(bare), logits(src))
 
 
-def test_moe_nemo_at_ep2_to_megatron_bridge_one_command(tmp_path, cli) -> None:
-    """A Qwen3-MoE ``.nemo`` at TP2 × EP2 (per-rank experts) → a Megatron-Bridge directory:
-    experts stacked ``[L, E, …]`` whole, EP recorded, the same logical tensors."""
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_moe_nemo_at_ep2_to_megatron_bridge_one_command(tmp_path, cli, family) -> None:
+    """A MoE ``.nemo`` at TP2 × EP2 (per-rank experts) → a Megatron-Bridge directory:
+    experts stacked ``[L, E, …]`` whole (DeepSeek-V3's mixed stack: per layer), EP
+    recorded, the same logical tensors."""
     from nemo_convert.formats.distckpt_read import DistCheckpointSource
     from test_family_matrix import make_model
 
-    src = make_model(str(tmp_path / "hf"), "qwen3_moe")
+    src = make_model(str(tmp_path / "hf"), family)
     nemo = str(tmp_path / "m.nemo")
     api.import_hf(src, nemo, parallel=api.Parallelism(2, 1, ep=2))
     out = str(tmp_path / "mb")
@@ -675,11 +689,16 @@ def test_moe_nemo_at_ep2_to_megatron_bridge_one_command(tmp_path, cli) -> None:
     want, got = logical(nemo), logical(out)
     assert sorted(want) == sorted(got) and all(torch.equal(want[k], got[k]) for k in want)
     dist = DistCheckpointSource.from_dir(os.path.join(out, "iter_0000000"), unstack=False)
-    fc1 = [k for k in dist.raw_keys() if "experts" in k and k.endswith("linear_fc1.weight")]
+    fc1 = [k for k in dist.raw_keys() if ".experts." in k and k.endswith("linear_fc1.weight")]
     assert fc1 and all(not k.startswith("model.") for k in dist.raw_keys())
-    assert dist.info(fc1[0]).shape[:2] == (2, 4)  # [L, E, …]
+    if family == "qwen3_moe":
+        assert fc1 == ["decoder.layers.mlp.experts.experts.linear_fc1.weight"]
+        assert dist.info(fc1[0]).shape[:2] == (2, 4)  # [L, E, …]
+    else:
+        assert "decoder.layers.1.mlp.experts.experts.linear_fc1.weight" in fc1
+        assert dist.info("decoder.layers.1.mlp.experts.experts.linear_fc1.weight").shape[0] == 4  # [E, …]
     dist.close()
-    assert api.inspect_checkpoint(out)["family"] == "qwen3_moe"
+    assert api.inspect_checkpoint(out)["family"] == family
 
 
 def test_args_table_moe() -> None:
@@ -753,3 +772,25 @@ def test_moe_refusals_when_writing(family_models, tmp_path) -> None:
             nemo_to_provider({**base, **over}, "qwen3_moe", vocab_size=8, params_dtype=torch.float32)
     with pytest.raises(UnsupportedError, match="num_moe_experts=4"):
         nemo_to_provider(base, "qwen3", vocab_size=8, params_dtype=torch.float32)
+
+
+def test_mla_provider_reading_refuses_what_deepseek_v3_does_not_run(family_models, tmp_path) -> None:
+    """An MLAModelProvider section read without our record: YaRN (rotary_scaling_factor 40,
+    Megatron-Core's MLATransformerConfig default when the field is absent), softmax routing
+    or no expert bias are refused by name; MLA without experts too."""
+    out = str(tmp_path / "mb")
+    api.import_hf(family_models["deepseek_v3"], out, to="megatron-bridge")
+    path = os.path.join(out, "iter_0000000", "run_config.yaml")
+    doc = yaml.safe_load(open(path))
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    assert api.inspect_checkpoint(out)["family"] == "deepseek_v3"
+    for change, words in (({"rotary_scaling_factor": None}, "rotary_scaling_factor=40.0 \\(YaRN\\)"),
+                          ({"moe_router_score_function": "softmax"}, "moe_router_score_function='softmax' with "
+                                                                     "multi-latent attention"),
+                          ({"moe_router_enable_expert_bias": False}, "moe_router_enable_expert_bias=False"),
+                          ({"num_moe_experts": None}, "multi_latent_attention=True .* without experts")):
+        model = {k: v for k, v in {**doc["model"], **change}.items() if v is not None}
+        with open(path, "w") as f:
+            yaml.safe_dump({"model": model}, f)
+        with pytest.raises(UnsupportedError, match=words):
+            api.inspect_checkpoint(out)

@@ -236,8 +236,33 @@ def _family_worker(root: str) -> None:
 
         moe_utils.te_general_gemm = None  # shim: without Transformer Engine the name is unbound
         kw.update(moe_grouped_gemm=False, moe_permute_fusion=False, moe_token_dispatcher_type="allgather",
-                  moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_dtype="fp32")
-    tc = TransformerConfig(**kw, activation_func=act, window_size=tuple(m["window_size"]) if m.get("window_size")
+                  moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_dtype="fp32",
+                  moe_shared_expert_overlap=False)  # overlap needs the all-to-all dispatcher
+    config_class: Any = TransformerConfig
+    mla = bool(m.get("multi_latent_attention"))
+    if mla:
+        # MLAModelProvider's fields (rope_type yarn at factor 1 = plain RoPE) as written; shims
+        # as tests/test_family_matrix's MLA run: the local core attention does not take MLA's
+        # head dims, and MLA believes it has Transformer Engine
+        from megatron.core.transformer import multi_latent_attention as mla_module
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        dpa_init = DotProductAttention.__init__
+
+        def init(self: Any, *a: Any, k_channels: Any = None, v_channels: Any = None, **k: Any) -> None:
+            dpa_init(self, *a, **k)
+
+        DotProductAttention.__init__ = init  # type: ignore[method-assign]
+        mla_module.HAVE_TE = False
+        config_class = MLATransformerConfig
+        # shim: the local core attention sizes its output by kv_channels where Transformer
+        # Engine's takes MLA's v_channels (MLAModelProvider's kv_channels = HF head_dim =
+        # qk_rope_head_dim is otherwise unread)
+        kw["kv_channels"] = m["v_head_dim"]
+        kw.update({k: m[k] for k in ("rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim", "q_lora_rank",
+                                     "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")})
+    tc = config_class(**kw, activation_func=act, window_size=tuple(m["window_size"]) if m.get("window_size")
                            else None, use_cpu_initialization=True, params_dtype=torch.float32,
                            bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
                            persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
@@ -253,11 +278,17 @@ def _family_worker(root: str) -> None:
 
         spec = get_gpt_decoder_block_spec(tc, use_transformer_engine=False, normalization=m["normalization"])
         for i, layer in enumerate(spec.layer_specs):
-            if isinstance(layer.submodules.mlp, ModuleSpec) and layer.submodules.mlp.module is MoELayer:
-                keys = dict(layer.submodules.sharded_state_dict_keys_map)
+            is_moe = isinstance(layer.submodules.mlp, ModuleSpec) and layer.submodules.mlp.module is MoELayer
+            keys = dict(layer.submodules.sharded_state_dict_keys_map)
+            if is_moe:
                 keys.pop("pre_mlp_layernorm.", None)
-                spec.layer_specs[i] = dataclasses.replace(layer, submodules=dataclasses.replace(
-                    layer.submodules, sharded_state_dict_keys_map=keys))
+            if mla:  # Transformer Engine's MLA keys (the local MLA spec has no key map)
+                keys.update({"self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
+                             "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_"})
+                if not is_moe:
+                    keys["pre_mlp_layernorm."] = "mlp.linear_fc1.layer_norm_"
+            spec.layer_specs[i] = dataclasses.replace(layer, submodules=dataclasses.replace(
+                layer.submodules, sharded_state_dict_keys_map=keys))
     model = GPTModel(tc, transformer_layer_spec=spec,
                      vocab_size=m["vocab_size"], max_sequence_length=m["seq_length"], position_embedding_type="rope",
                      rotary_base=int(m["rotary_base"]), rotary_percent=float(m.get("rotary_percent", 1.0)),
@@ -291,6 +322,7 @@ def _family_worker(root: str) -> None:
 @pytest.mark.parametrize("family, over", [
     ("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {}), ("gemma", {}), ("qwen3_moe", {}),
     ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[1])),  # moe_layer_freq [1, 0, 1]
+    ("deepseek_v3", {}),  # MLAModelProvider: MLA, moe_layer_freq [0, 1, 1, 1], sigmoid + expert bias, shared
 ])
 def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family: str, over: dict[str, Any]) -> None:
     import torch

@@ -75,6 +75,9 @@ NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_mo
 
 MISTRAL_PROVIDER = "megatron.bridge.models.mistral.mistral_provider.MistralModelProvider"
 GEMMA_PROVIDER = "megatron.bridge.models.gemma.gemma_provider.GemmaModelProvider"
+#: Megatron-Bridge's multi-latent-attention provider (``mla_provider.py``: Megatron-Core's
+#: ``MLATransformerConfig`` + ``GPTModelProvider``): what ``DeepSeekV3Bridge`` builds.
+MLA_PROVIDER = "megatron.bridge.models.mla_provider.MLAModelProvider"
 #: Megatron-Bridge ≤ 0.3's own Qwen providers (``qwen/qwen_provider.py``, v0.3.0 lines 49–68
 #: and 257–281): read, never written (0.4 and later write ``GPTModelProvider``).
 QWEN2_PROVIDER_OLD = "megatron.bridge.models.qwen.qwen_provider.Qwen2ModelProvider"
@@ -97,6 +100,7 @@ class ProviderFamily:
     nemo: tuple[tuple[str, Any], ...] = ()
     extra: tuple[tuple[str, Any], ...] = ()
     moe: bool = False
+    mla: bool = False
 
 
 _DENSE = (("normalization", "RMSNorm"), ("gated_linear_unit", True), ("position_embedding_type", "rope"))
@@ -123,6 +127,15 @@ PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
                                                         ("moe_aux_loss_coeff", 1e-3),
                                                         ("moe_token_dispatcher_type", "alltoall"),
                                                         ("moe_permute_fusion", True)), moe=True),
+    "deepseek_v3": ProviderFamily(MLA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
+        ("activation_func", SILU), ("qk_layernorm", True), ("share_embeddings_and_output_weights", False),
+        ("multi_latent_attention", True), ("moe_router_score_function", "sigmoid"),
+        ("moe_router_enable_expert_bias", True), ("moe_shared_expert_gate", False)),
+        extra=(("moe_grouped_gemm", True), ("moe_router_pre_softmax", True), ("moe_token_dispatcher_type", "alltoall"),
+               ("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_shared_expert_overlap", True),
+               ("moe_router_dtype", "fp32"), ("moe_permute_fusion", True), ("hidden_dropout", 0.0),
+               ("make_vocab_size_divisible_by", 1280), ("rope_type", "yarn"), ("rotary_scaling_factor", 1.0),
+               ("mscale", 1.0), ("mscale_all_dim", 1.0)), moe=True, mla=True),
     "gemma": ProviderFamily(GEMMA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
         ("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
         ("share_embeddings_and_output_weights", True)), nemo=(("apply_embedding_scaling", True),)),
@@ -135,8 +148,6 @@ NO_PROVIDER: dict[str, str] = {
                "MixtralForCausalLM in src/megatron/bridge/models/)",
     "qwen2_moe": "Megatron-Bridge has no Qwen2-MoE bridge or provider in any release (v0.6.0: qwen/ bridges "
                  "Qwen2 and Qwen3-MoE only)",
-    "deepseek_v3": "Megatron-Bridge's DeepSeekV3Bridge builds an MLAModelProvider (MLA, YaRN rope, expert bias) "
-                   "whose fields are not confirmed here",
 }
 
 #: What an absent field of a known provider class means (the class's own defaults; absent
@@ -156,6 +167,9 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
                      "share_embeddings_and_output_weights": True, "layernorm_zero_centered_gamma": True,
                      "layernorm_epsilon": 1e-6, "bf16": True, "params_dtype": "torch.bfloat16"},
     QWEN2_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": True, "seq_length": 4096},
+    MLA_PROVIDER: {"multi_latent_attention": True, "q_lora_rank": 512, "kv_lora_rank": 512, "qk_head_dim": 128,
+                   "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "normalization": "RMSNorm", "rope_type": "yarn",
+                   "rotary_scaling_factor": 40.0},  # megatron-core 0.16.1 transformer_config.py lines 2013-2058
     QWEN3_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": False, "qk_layernorm": True, "kv_channels": 128,
                          "num_query_groups": 8, "seq_length": 40960},
 }
@@ -240,6 +254,12 @@ MOE_NEUTRAL: dict[str, Any] = {
 #: MoE fields a provider without shared experts (Qwen3-MoE's) must leave neutral.
 _NO_SHARED = {"moe_shared_expert_intermediate_size": None, "moe_shared_expert_gate": False}
 _EXPERT_COUNTS = ("num_moe_experts", "num_experts")
+#: Multi-latent attention's fields (same names in NeMo, the provider and Megatron-LM's
+#: args, arguments.py lines 2723-2740) and DeepSeek-V3's routing, which only an MLA model
+#: (the DeepSeek-V3 family) expresses here.
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+DEEPSEEK_ROUTING = ("multi_latent_attention", "moe_router_score_function", "moe_router_enable_expert_bias",
+                    "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk")
 
 #: What an absent provider field means where it differs from :data:`FIELDS`' default
 #: (``GPTModelProvider``'s own defaults, ``src/megatron/bridge/models/gpt_provider.py``).
@@ -311,8 +331,8 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
     """The ``model:`` section of ``run_config.yaml`` for a NeMo 1 config: what
     Megatron-Bridge's bridge derives from the HF config (module docstring)."""
     spec = provider_family(family)
-    skip = ("openai_gelu",) + (_EXPERT_COUNTS if spec.moe else ())
-    neutral = {**NEUTRAL, **MOE_NEUTRAL, **_NO_SHARED} if spec.moe else NEUTRAL
+    skip = ("openai_gelu",) + (_EXPERT_COUNTS if spec.moe else ()) + (DEEPSEEK_ROUTING if spec.mla else ())
+    neutral = {**NEUTRAL, **MOE_NEUTRAL, **({} if spec.mla else _NO_SHARED)} if spec.moe else NEUTRAL
     bad = {k: cfg[k] for k in neutral if k in cfg and cfg[k] != neutral[k] and k not in skip}
     if bad:
         raise UnsupportedError("the config sets " + ", ".join(f"{k}={v!r}" for k, v in bad.items())
@@ -370,15 +390,18 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
         model["rope_scaling"] = True
         model["rope_scaling_factor"] = float(cfg.get("scale_factor", 8.0))
     if spec.moe:
-        model.update(_moe_provider(cfg, family))
+        model.update(_moe_provider(cfg, family, shared=spec.mla))
         model["expert_model_parallel_size"] = int(ep)
+    if spec.mla:
+        model.update(_mla_provider(cfg, family))
     window = _bridge_window(cfg)
     if window is not None:
         model["window_size"] = window
         if spec.target == MISTRAL_PROVIDER:
             model["cp_comm_type"] = "a2a"  # what MistralBridge sets beside a window (context parallel only)
     for k, v in spec.fixed:
-        have = _target_of(model[k]) if k == "activation_func" else model.get(k, v)
+        have = _target_of(model[k]) if k == "activation_func" else model.get(k, cfg.get(k, NEUTRAL.get(
+            k, MOE_NEUTRAL.get(k, _NO_SHARED.get(k, v)))))
         if have != v:
             raise UnsupportedError(f"{family}: the config has {k}={have!r}; its provider needs {v!r}")
         model[k] = _callable(v) if k == "activation_func" else v
@@ -386,8 +409,9 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
     return model
 
 
-def _moe_provider(cfg: dict[str, Any], family: str) -> dict[str, Any]:
-    """The MoE fields of the provider (:data:`MOE_FIELDS`) from a NeMo config with experts."""
+def _moe_provider(cfg: dict[str, Any], family: str, shared: bool = False) -> dict[str, Any]:
+    """The MoE fields of the provider (:data:`MOE_FIELDS`) from a NeMo config with experts
+    (``shared``: the provider has shared experts)."""
     if not cfg.get("num_moe_experts"):
         raise UnsupportedError(f"{family}: the config has no num_moe_experts; its provider is a mixture of experts")
     out: dict[str, Any] = {}
@@ -395,8 +419,32 @@ def _moe_provider(cfg: dict[str, Any], family: str) -> dict[str, Any]:
         value = cfg.get(f.nemo, f.default)
         if f.nemo == "moe_ffn_hidden_size" and value is None:
             value = cfg["ffn_hidden_size"]
-        if value is not None and f.nemo not in _NO_SHARED:
+        if value is not None and (shared or f.nemo not in _NO_SHARED):
             out[str(f.provider)] = f.kind(value)
+    return out
+
+
+def _mla_provider(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+    """What ``DeepSeekV3Bridge`` derives beyond the MoE fields (Megatron-Bridge v0.6.0
+    ``deepseek/deepseek_v3_bridge.py`` lines 53–99 over ``conversion/model_bridge.py``'s
+    table, lines 461–478): the MLA head dimensions, ``kv_channels`` from HF's ``head_dim``
+    (= ``qk_rope_head_dim``; MLA does not read it), DeepSeek's routing with ``n_group`` /
+    ``topk_group`` as given (1 when ungrouped), and no YaRN (factor 1: plain RoPE)."""
+    missing = [k for k in MLA_FIELDS if k not in cfg]
+    if missing:
+        raise UnsupportedError(f"{family}: the config lacks {', '.join(missing)}")
+    if cfg.get("scale_positional_embedding") or cfg.get("seq_len_interpolation_factor"):
+        raise UnsupportedError(f"{family}: RoPE scaling has no MLAModelProvider spelling here")
+    out: dict[str, Any] = {k: (None if cfg[k] is None else int(cfg[k])) for k in MLA_FIELDS}
+    factor = cfg.get("moe_router_topk_scaling_factor")
+    out.update({"kv_channels": int(cfg["qk_pos_emb_head_dim"]), "multi_latent_attention": True,
+                "moe_router_score_function": str(cfg.get("moe_router_score_function")),
+                "moe_router_enable_expert_bias": bool(cfg.get("moe_router_enable_expert_bias")),
+                "moe_router_topk_scaling_factor": None if factor is None else float(factor),
+                "moe_router_num_groups": int(cfg.get("moe_router_num_groups") or 1),
+                "moe_router_group_topk": int(cfg.get("moe_router_group_topk") or 1),
+                "moe_aux_loss_coeff": float(((cfg.get("nemo_convert") or {}).get("hf_config") or {}).get(
+                    "aux_loss_alpha", 0.0001))})
     return out
 
 
@@ -414,10 +462,14 @@ def _bridge_window(cfg: dict[str, Any]) -> list[int] | None:
 
 # ------------------------------------------------------------ provider / args → NeMo
 def _refuse_non_neutral(values: dict[str, Any], where: str) -> None:
+    mla = bool(values.get("multi_latent_attention"))
+    if mla and not (values.get("num_moe_experts") or values.get("num_experts")):
+        raise UnsupportedError(f"{where}: multi_latent_attention=True changes the model's math and is not "
+                               "supported without experts (no family here runs dense multi-latent attention)")
     for k, neutral in {**NEUTRAL, **MOE_NEUTRAL}.items():
         v = values.get(k)
-        if k in _EXPERT_COUNTS:
-            continue  # read by _moe_nemo
+        if k in _EXPERT_COUNTS or (mla and k in DEEPSEEK_ROUTING):
+            continue  # read by _moe_nemo / _mla_nemo
         if v is not None and v != neutral:
             raise UnsupportedError(f"{where}: {k}={v!r} changes the model's math and is not supported")
 
@@ -439,11 +491,46 @@ def _moe_nemo(cfg: dict[str, Any], values: dict[str, Any], side: str, where: str
     aux = aux[0] if isinstance(aux, (list, tuple)) and len(aux) == 1 else aux
     balance = values.get("moe_router_load_balancing_type")
     balance = balance[0] if isinstance(balance, (list, tuple)) and len(balance) == 1 else balance
+    if values.get("multi_latent_attention"):
+        _mla_nemo(cfg, values, where)
+        return
     cfg.update({"moe_router_score_function": "softmax",  # MOE_NEUTRAL
                 "moe_aux_loss_coeff": float(aux) if isinstance(aux, (int, float)) else 0.0,
                 "moe_router_load_balancing_type": str(balance or "aux_loss"),
                 "moe_token_dispatcher_type": str(values.get("moe_token_dispatcher_type") or "allgather"),
                 "moe_grouped_gemm": bool(values.get("moe_grouped_gemm", False))})
+
+
+def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
+    """An MLA model with experts (what the DeepSeek-V3 family claims): the MLA head
+    dimensions, DeepSeek's sigmoid routing with expert bias, ungated shared experts and no
+    YaRN (``rope_type: yarn`` with ``rotary_scaling_factor`` ≤ 1 is plain RoPE)."""
+    rope = values.get("rope_type") or "yarn"
+    factor = float(values.get("rotary_scaling_factor") if values.get("rotary_scaling_factor") is not None else 1.0)
+    if rope not in ("rope", "yarn") or (rope == "yarn" and factor > 1.0):
+        raise UnsupportedError(f"{where}: rope_type={rope!r} with rotary_scaling_factor={factor} (YaRN) is not "
+                               "supported")
+    for k, want in (("moe_router_score_function", "sigmoid"), ("moe_router_enable_expert_bias", True),
+                    ("moe_shared_expert_gate", False)):
+        have = values.get(k, MOE_NEUTRAL.get(k, False))
+        if have != want:
+            raise UnsupportedError(f"{where}: {k}={have!r} with multi-latent attention: DeepSeek-V3 needs {want!r}")
+    cfg["multi_latent_attention"] = True
+    for k in MLA_FIELDS:
+        cfg[k] = None if values.get(k) is None else int(values[k])
+    if cfg["kv_lora_rank"] is None:
+        raise ConfigError(f"{where}: multi-latent attention without kv_lora_rank")
+    cfg["kv_channels"] = cfg["v_head_dim"]
+    cfg["qk_layernorm"] = True  # MLA's latent norms (the DeepSeek-V3 family's constant)
+    groups = int(values.get("moe_router_num_groups") or 1)
+    factor_k = values.get("moe_router_topk_scaling_factor")
+    cfg.update({"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                "moe_router_pre_softmax": False, "moe_shared_expert_gate": False,
+                "moe_router_topk_scaling_factor": float(factor_k) if factor_k is not None else 1.0,
+                "moe_router_num_groups": groups if groups > 1 else None,
+                "moe_router_group_topk": int(values["moe_router_group_topk"]) if groups > 1 else None,
+                "moe_router_load_balancing_type": "aux_loss", "moe_token_dispatcher_type": "alltoall",
+                "moe_grouped_gemm": False})
 
 
 def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
