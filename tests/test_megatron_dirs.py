@@ -727,6 +727,16 @@ def test_args_table_moe() -> None:
                          "x")
     assert qwen2["moe_shared_expert_intermediate_size"] == 80 and qwen2["moe_layer_freq"] == [1, 0]
     assert family_for_config(qwen2).name == "qwen2_moe"
+    deepseek = args_to_nemo(vars(megatron_lm_args(
+        multi_latent_attention=True, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8,
+        v_head_dim=16, rope_type=None, rotary_scaling_factor=1.0, mscale=1.0, mscale_all_dim=0.0, qk_layernorm=True,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=2.5,
+        moe_shared_expert_intermediate_size=48, **{**moe, "moe_layer_freq": [0, 1]})), "x")
+    assert {k: deepseek[k] for k in ("multi_latent_attention", "kv_channels", "qk_pos_emb_head_dim",
+                                     "moe_router_topk_scaling_factor", "moe_router_num_groups")} == {
+        "multi_latent_attention": True, "kv_channels": 16, "qk_pos_emb_head_dim": 8,
+        "moe_router_topk_scaling_factor": 2.5, "moe_router_num_groups": None}
+    assert family_for_config(deepseek).name == "deepseek_v3"
     for over, words in ((dict(moe_router_enable_expert_bias=True), "moe_router_enable_expert_bias=True"),
                         (dict(moe_router_topk_scaling_factor=2.5), "moe_router_topk_scaling_factor=2.5"),
                         (dict(moe_router_num_groups=2), "moe_router_num_groups=2"),

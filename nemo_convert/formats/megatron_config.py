@@ -30,8 +30,8 @@ tied embeddings, whose ``provide()`` scales the embedding by sqrt(hidden)
 (``gemma/gemma_provider.py`` lines 56–80). Megatron-Bridge has no Phi-3 bridge in any release
 (a Phi-3 provider exists only on an unmerged branch, commit 0beb53f): Phi-3 is refused.
 
-Mixture-of-experts (Megatron-Bridge v0.6.0): only Qwen3-MoE has a bridge that derives a
-plain provider. ``qwen/qwen3_moe_bridge.py`` (lines 51–70) keeps the base bridge's
+Mixture-of-experts (Megatron-Bridge v0.6.0): Qwen3-MoE and DeepSeek-V3 have bridges.
+``qwen/qwen3_moe_bridge.py`` (lines 51–70) keeps the base bridge's
 ``GPTModelProvider`` — whose field table (``conversion/model_bridge.py`` lines 461–464) maps
 ``num_experts``/``num_local_experts`` → ``num_moe_experts``, ``num_experts_per_tok`` →
 ``moe_router_topk``, ``moe_intermediate_size`` → ``moe_ffn_hidden_size`` — and sets Qwen3's
@@ -42,9 +42,18 @@ attention fields, ``moe_router_pre_softmax = not norm_topk_prob`` and the traini
 ``decoder_sparse_step = 1`` on the way back); for a mixed stack (``mlp_only_layers``) we write
 Megatron-Core's ``moe_layer_freq`` list, which is the model's math. No release of
 Megatron-Bridge (v0.1.0 to v0.6.0, nor main at 067f987) has a Mixtral or a Qwen2-MoE bridge:
-both are refused. DeepSeek-V3's ``DeepSeekV3Bridge`` (``deepseek/deepseek_v3_bridge.py``
-lines 44–99) builds an ``MLAModelProvider`` whose MLA and YaRN fields are not confirmed
-here: refused. Reading a directory, the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
+both are refused. ``deepseek/deepseek_v3_bridge.py`` (lines 44–99) builds an
+``MLAModelProvider`` (``mla_provider.py``: Megatron-Core's ``MLATransformerConfig`` with the
+GPT provider): the table's MLA rows (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim`` →
+``qk_head_dim``, ``qk_rope_head_dim`` → ``qk_pos_emb_head_dim``, ``v_head_dim``; lines
+473–477), ``n_group``/``topk_group``/``routed_scaling_factor`` (469–471), HF's ``head_dim`` (=
+``qk_rope_head_dim``) as ``kv_channels``; the bridge then sets sigmoid scores with expert
+bias, ``moe_router_pre_softmax: true`` (ignored by sigmoid routing), ``moe_layer_freq`` =
+``[0] * first_k_dense_replace + [1] * rest``, ``moe_shared_expert_intermediate_size`` =
+``moe_intermediate_size * n_shared_experts``, ``make_vocab_size_divisible_by: 1280`` and, for
+a config without YaRN, ``rotary_scaling_factor: 1`` and ``mscale_all_dim: 1`` over the
+class's ``rope_type: yarn`` (``model_bridge.py`` lines 587–600): YaRN at factor 1, i.e. plain
+RoPE. Reading a directory, the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
 ``--num-experts`` is ``num_experts``, arguments.py line 2691, ``moe_ffn_hidden_size``
 defaulting to ``ffn_hidden_size``, lines 1016–1018) pass into the NeMo config, where the
 family registry decides (Mixtral, Qwen3-MoE, Qwen2-MoE by their claims); routing the table
