@@ -804,3 +804,36 @@ def test_mla_provider_reading_refuses_what_deepseek_v3_does_not_run(family_model
             yaml.safe_dump({"model": model}, f)
         with pytest.raises(UnsupportedError, match=words):
             api.inspect_checkpoint(out)
+
+
+@pytest.mark.parametrize("family, over", [
+    ("mixtral", dict(window_size=(3, 0), moe_ffn_hidden_size=None)),  # --moe-ffn-hidden-size absent: --ffn-hidden-size
+    ("qwen2_moe", dict(add_qkv_bias=True, moe_shared_expert_intermediate_size=80, moe_shared_expert_gate=True,
+                       moe_router_pre_softmax=True, moe_ffn_hidden_size=48)),
+])
+def test_megatron_lm_moe_directories_without_a_bridge(tmp_path, monkeypatch, family, over) -> None:
+    """Mixtral and Qwen2-MoE have no Megatron-Bridge provider, but Megatron-LM trains them:
+    a torch_dist save with their MoE arguments (the weights laid out here through a
+    test-only provider entry) exports as that family, tensors and logits equal."""
+    from nemo_convert.formats import megatron_config as mc
+    from test_family_matrix import logits, make_model
+
+    monkeypatch.setitem(mc.PROVIDER_FAMILIES, family, mc.ProviderFamily(mc.GPT_PROVIDER, moe=True))
+    monkeypatch.delitem(mc.NO_PROVIDER, family)
+    monkeypatch.setattr(mc, "_NO_SHARED", {})  # the shared expert's weights, for Qwen2-MoE
+    src = make_model(str(tmp_path / "hf"), family)
+    mb = str(tmp_path / "mb")
+    api.import_hf(src, mb, to="megatron-bridge")
+    model = yaml.safe_load(open(os.path.join(mb, "iter_0000000", "run_config.yaml")))["model"]
+    args = megatron_lm_args(ffn_hidden_size=model["ffn_hidden_size"], max_position_embeddings=model["seq_length"],
+                            layernorm_epsilon=model["layernorm_epsilon"], rotary_base=model["rotary_base"],
+                            vocab_size=128, padded_vocab_size=128, num_experts=4, moe_router_topk=2, moe_layer_freq=1,
+                            **over)
+    mlm = as_megatron_lm(mb, str(tmp_path / "mlm"), args)
+    info = api.inspect_checkpoint(mlm)
+    assert info["format"] == "megatron-lm" and info["family"] == family
+    back = str(tmp_path / "back")
+    api.export_hf(mlm, back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(logits(back), logits(src))
