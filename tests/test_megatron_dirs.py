@@ -435,7 +435,7 @@ FAMILY_PROVIDERS: dict[str, dict] = {
                   "moe_token_dispatcher_type": "alltoall", "moe_permute_fusion": True,
                   "expert_model_parallel_size": 1, "moe_shared_expert_intermediate_size": None,
                   "autocast_dtype": {"_target_": "torch.bfloat16", "_call_": False}},
-    # deepseek/deepseek_v3_bridge.py 53-99 and conversion/model_bridge.py 461-478, 587-600
+    # deepseek/deepseek_v3_bridge.py 53-99 and conversion/model_bridge.py 461-478, 604-614
     "deepseek_v3": {"_target_": "megatron.bridge.models.mla_provider.MLAModelProvider",
                     "multi_latent_attention": True, "qk_layernorm": True, "q_lora_rank": 32, "kv_lora_rank": 16,
                     "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16, "kv_channels": 8,

@@ -52,7 +52,7 @@ bias, ``moe_router_pre_softmax: true`` (ignored by sigmoid routing), ``moe_layer
 ``[0] * first_k_dense_replace + [1] * rest``, ``moe_shared_expert_intermediate_size`` =
 ``moe_intermediate_size * n_shared_experts``, ``make_vocab_size_divisible_by: 1280`` and, for
 a config without YaRN, ``rotary_scaling_factor: 1`` and ``mscale_all_dim: 1`` over the
-class's ``rope_type: yarn`` (``model_bridge.py`` lines 587–600): YaRN at factor 1, i.e. plain
+class's ``rope_type: yarn`` (``model_bridge.py`` lines 604–614): YaRN at factor 1, i.e. plain
 RoPE. Reading a directory, the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
 ``--num-experts`` is ``num_experts``, arguments.py line 2691, ``moe_ffn_hidden_size``
 defaulting to ``ffn_hidden_size``, lines 1016–1018) pass into the NeMo config, where the
