@@ -193,8 +193,8 @@ def test_args_table() -> None:
     assert cfg["scale_positional_embedding"] is True and cfg["scale_factor"] == 32.0
     assert args_to_nemo(vars(megatron_lm_args(group_query_attention=False)), "x")["num_query_groups"] == 4
     assert args_to_nemo(vars(megatron_lm_args(bf16=True, params_dtype=torch.bfloat16)), "x")["precision"] == "bf16"
-    with pytest.raises(UnsupportedError, match="num_experts=8"):
-        args_to_nemo(vars(megatron_lm_args(num_experts=8)), "x")
+    with pytest.raises(UnsupportedError, match="moe_router_score_function='sigmoid'"):
+        args_to_nemo(vars(megatron_lm_args(num_experts=8, moe_router_score_function="sigmoid")), "x")
     with pytest.raises(UnsupportedError, match="position_embedding_type='learned_absolute'"):
         args_to_nemo(vars(megatron_lm_args(position_embedding_type="learned_absolute")), "x")
 
@@ -426,6 +426,28 @@ FAMILY_PROVIDERS: dict[str, dict] = {
               "activation_func": {"_target_": "megatron.core.activations.fast_gelu", "_call_": False},
               "layernorm_zero_centered_gamma": True, "share_embeddings_and_output_weights": True,
               "kv_channels": 32, "gated_linear_unit": True, "normalization": "RMSNorm"},
+    # Megatron-Bridge v0.6.0 qwen/qwen3_moe_bridge.py 51-70 and conversion/model_bridge.py 461-464
+    "qwen3_moe": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "qk_layernorm": True,
+                  "add_qkv_bias": False, "add_bias_linear": False, "kv_channels": 32, "activation_func": SILU,
+                  "ffn_hidden_size": 96, "num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 48,
+                  "moe_router_pre_softmax": False, "moe_layer_freq": 1, "moe_grouped_gemm": True,
+                  "moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 1e-3,
+                  "moe_token_dispatcher_type": "alltoall", "moe_permute_fusion": True,
+                  "expert_model_parallel_size": 1, "moe_shared_expert_intermediate_size": None,
+                  "autocast_dtype": {"_target_": "torch.bfloat16", "_call_": False}},
+    # deepseek/deepseek_v3_bridge.py 53-99 and conversion/model_bridge.py 461-478, 604-614
+    "deepseek_v3": {"_target_": "megatron.bridge.models.mla_provider.MLAModelProvider",
+                    "multi_latent_attention": True, "qk_layernorm": True, "q_lora_rank": 32, "kv_lora_rank": 16,
+                    "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16, "kv_channels": 8,
+                    "num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 48,
+                    "moe_layer_freq": [0, 1, 1, 1], "moe_shared_expert_intermediate_size": 48,
+                    "moe_shared_expert_gate": False, "moe_router_score_function": "sigmoid",
+                    "moe_router_enable_expert_bias": True, "moe_router_topk_scaling_factor": 2.5,
+                    "moe_router_num_groups": 1, "moe_router_group_topk": 1, "moe_router_pre_softmax": True,
+                    "moe_router_load_balancing_type": "seq_aux_loss", "moe_aux_loss_coeff": 1e-4,
+                    "moe_router_dtype": "fp32", "make_vocab_size_divisible_by": 1280, "rope_type": "yarn",
+                    "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                    "share_embeddings_and_output_weights": False, "add_bias_linear": False, "mtp_num_layers": None},
 }
 
 
@@ -599,6 +621,214 @@ def test_megatron_lm_dense_family_directories(family_models, tmp_path, family, o
     api.import_hf(src, mb, to="megatron-bridge")
     args = megatron_lm_args(ffn_hidden_size=96, max_position_embeddings=64, layernorm_epsilon=1e-6, vocab_size=128,
                             padded_vocab_size=128, **over)
+    mlm = as_megatron_lm(mb, str(tmp_path / "mlm"), args)
+    info = api.inspect_checkpoint(mlm)
+    assert info["format"] == "megatron-lm" and info["family"] == family
+    back = str(tmp_path / "back")
+    api.export_hf(mlm, back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(logits(back), logits(src))
+
+
+# ------------------------------------------------------------------ mixture of experts
+@pytest.mark.parametrize("family, words", [
+    ("mixtral", "Megatron-Bridge has no Mixtral bridge"),
+    ("qwen2_moe", "Megatron-Bridge has no Qwen2-MoE bridge"),
+])
+def test_moe_families_without_a_confirmed_provider_are_refused_by_name(tmp_path, family, words) -> None:
+    from test_family_matrix import make_model
+
+    src = make_model(str(tmp_path / "hf"), family)
+    with pytest.raises(UnsupportedError, match=f"'{family}' cannot be written with --to megatron-bridge: {words}"):
+        api.import_hf(src, str(tmp_path / "mb"), to="megatron-bridge")
+    assert not os.path.exists(tmp_path / "mb")
+
+
+def test_qwen3_moe_mixed_stack_to_megatron_bridge(tmp_path) -> None:
+    """``mlp_only_layers`` (a dense layer between MoE layers) is written as Megatron-Core's
+    ``moe_layer_freq`` list and per-layer keys; without our record it reads back as the
+    same Qwen3-MoE: the source's tensors and logits."""
+    from test_family_matrix import assert_same, logits, make_model
+
+    src = make_model(str(tmp_path / "hf"), "qwen3_moe", num_hidden_layers=3, mlp_only_layers=[1])
+    out = str(tmp_path / "mb")
+    api.import_hf(src, out, to="megatron-bridge")
+    model = yaml.safe_load(open(os.path.join(out, "iter_0000000", "run_config.yaml")))["model"]
+    assert model["moe_layer_freq"] == [1, 0, 1] and model["ffn_hidden_size"] == 96
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    assert_same(src, back)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    bare = str(tmp_path / "bare")
+    api.export_hf(out, bare)
+    a, b = hf_tensors(src), hf_tensors(bare)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    cfg = read_json(os.path.join(bare, "config.json"))
+    assert cfg["mlp_only_layers"] == [1] and cfg["norm_topk_prob"] is True
+    assert torch.equal(logits(bare), logits(src))
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_moe_nemo_at_ep2_to_megatron_bridge_one_command(tmp_path, cli, family) -> None:
+    """A MoE ``.nemo`` at TP2 × EP2 (per-rank experts) → a Megatron-Bridge directory:
+    experts stacked ``[L, E, …]`` whole (DeepSeek-V3's mixed stack: per layer), EP
+    recorded, the same logical tensors."""
+    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+    from test_family_matrix import make_model
+
+    src = make_model(str(tmp_path / "hf"), family)
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(src, nemo, parallel=api.Parallelism(2, 1, ep=2))
+    out = str(tmp_path / "mb")
+    code, _, err = cli("reshard", nemo, "-o", out, "--to", "megatron-bridge", "--tp", "2", "--ep", "2", "-q")
+    assert code == 0, err
+    model = yaml.safe_load(open(os.path.join(out, "iter_0000000", "run_config.yaml")))["model"]
+    assert model["expert_model_parallel_size"] == 2 and model["tensor_model_parallel_size"] == 2
+    assert model["num_moe_experts"] == 4
+    want, got = logical(nemo), logical(out)
+    assert sorted(want) == sorted(got) and all(torch.equal(want[k], got[k]) for k in want)
+    dist = DistCheckpointSource.from_dir(os.path.join(out, "iter_0000000"), unstack=False)
+    fc1 = [k for k in dist.raw_keys() if ".experts." in k and k.endswith("linear_fc1.weight")]
+    assert fc1 and all(not k.startswith("model.") for k in dist.raw_keys())
+    if family == "qwen3_moe":
+        assert fc1 == ["decoder.layers.mlp.experts.experts.linear_fc1.weight"]
+        assert dist.info(fc1[0]).shape[:2] == (2, 4)  # [L, E, …]
+    else:
+        assert "decoder.layers.1.mlp.experts.experts.linear_fc1.weight" in fc1
+        assert dist.info("decoder.layers.1.mlp.experts.experts.linear_fc1.weight").shape[0] == 4  # [E, …]
+    dist.close()
+    assert api.inspect_checkpoint(out)["family"] == family
+
+
+def test_args_table_moe() -> None:
+    """Megatron-LM's MoE arguments (core_v0.16.1 arguments.py: --num-experts line 2691,
+    --moe-layer-freq 2693, the TransformerConfig-derived --moe-router-topk,
+    --moe-ffn-hidden-size (defaulting to --ffn-hidden-size, lines 1016-1018),
+    --moe-router-pre-softmax, --moe-shared-expert-*) read into the NeMo fields the MoE
+    families claim; routing no family here expresses is refused by name."""
+    from nemo_convert.plugins.manager import get_registry
+
+    def family_for_config(cfg: dict) -> object:
+        return get_registry().family_for_nemo_config({**cfg, "target": cfg["target"]})
+
+    moe = dict(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=48, moe_layer_freq=1,
+               moe_router_pre_softmax=False, moe_aux_loss_coeff=[0.001], moe_router_load_balancing_type=["aux_loss"])
+    qwen3 = args_to_nemo(vars(megatron_lm_args(qk_layernorm=True, kv_channels=32, **moe)), "x")
+    assert {k: qwen3[k] for k in ("num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
+                                  "moe_router_pre_softmax", "moe_aux_loss_coeff")} == {
+        "num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 48, "moe_layer_freq": 1,
+        "moe_router_pre_softmax": False, "moe_aux_loss_coeff": 0.001}
+    assert family_for_config(qwen3).name == "qwen3_moe"
+    mixtral = args_to_nemo(vars(megatron_lm_args(**{**moe, "moe_ffn_hidden_size": None})), "x")
+    assert mixtral["moe_ffn_hidden_size"] == 96 and family_for_config(mixtral).name == "mixtral"
+    qwen2 = args_to_nemo(vars(megatron_lm_args(add_qkv_bias=True, moe_shared_expert_intermediate_size=80,
+                                               moe_shared_expert_gate=True, **{**moe, "moe_layer_freq": [1, 0]})),
+                         "x")
+    assert qwen2["moe_shared_expert_intermediate_size"] == 80 and qwen2["moe_layer_freq"] == [1, 0]
+    assert family_for_config(qwen2).name == "qwen2_moe"
+    deepseek = args_to_nemo(vars(megatron_lm_args(
+        multi_latent_attention=True, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8,
+        v_head_dim=16, rope_type=None, rotary_scaling_factor=1.0, mscale=1.0, mscale_all_dim=0.0, qk_layernorm=True,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=2.5,
+        moe_shared_expert_intermediate_size=48, **{**moe, "moe_layer_freq": [0, 1]})), "x")
+    assert {k: deepseek[k] for k in ("multi_latent_attention", "kv_channels", "qk_pos_emb_head_dim",
+                                     "moe_router_topk_scaling_factor", "moe_router_num_groups")} == {
+        "multi_latent_attention": True, "kv_channels": 16, "qk_pos_emb_head_dim": 8,
+        "moe_router_topk_scaling_factor": 2.5, "moe_router_num_groups": None}
+    assert family_for_config(deepseek).name == "deepseek_v3"
+    for over, words in ((dict(moe_router_enable_expert_bias=True), "moe_router_enable_expert_bias=True"),
+                        (dict(moe_router_topk_scaling_factor=2.5), "moe_router_topk_scaling_factor=2.5"),
+                        (dict(moe_router_num_groups=2), "moe_router_num_groups=2"),
+                        (dict(moe_expert_capacity_factor=1.0), "moe_expert_capacity_factor=1.0"),
+                        (dict(moe_shared_expert_gate=True), "moe_shared_expert_gate without")):
+        with pytest.raises(UnsupportedError, match=words):
+            args_to_nemo(vars(megatron_lm_args(**{**moe, **over})), "x")
+
+
+def test_megatron_lm_qwen3_moe_directory(family_models, tmp_path) -> None:
+    """A Megatron-LM torch_dist save of a Qwen3-MoE (--num-experts 4 --moe-router-topk 2
+    --moe-ffn-hidden-size 48 --qk-layernorm) exports as Qwen3-MoE: the source's tensors
+    and transformers' logits."""
+    from test_family_matrix import logits
+
+    src = family_models["qwen3_moe"]
+    mb = str(tmp_path / "mb")
+    api.import_hf(src, mb, to="megatron-bridge")
+    args = megatron_lm_args(ffn_hidden_size=96, max_position_embeddings=64, layernorm_epsilon=1e-6, vocab_size=128,
+                            padded_vocab_size=128, qk_layernorm=True, kv_channels=32, num_experts=4,
+                            moe_router_topk=2, moe_ffn_hidden_size=48, moe_layer_freq=1)
+    mlm = as_megatron_lm(mb, str(tmp_path / "mlm"), args)
+    info = api.inspect_checkpoint(mlm)
+    assert info["format"] == "megatron-lm" and info["family"] == "qwen3_moe"
+    back = str(tmp_path / "back")
+    api.export_hf(mlm, back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(logits(back), logits(src))
+
+
+def test_moe_refusals_when_writing(family_models, tmp_path) -> None:
+    """Qwen3-MoE's provider has no shared experts, sigmoid scores or expert bias: a config
+    with them is refused by name."""
+    base = {"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2, "ffn_hidden_size": 16, "qk_layernorm": True,
+            "bias": False, "num_moe_experts": 4, "moe_router_topk": 2}
+    assert nemo_to_provider(base, "qwen3_moe", vocab_size=8, params_dtype=torch.float32)["num_moe_experts"] == 4
+    for over, words in ((dict(moe_shared_expert_intermediate_size=8), "moe_shared_expert_intermediate_size=8"),
+                        (dict(moe_router_score_function="sigmoid"), "moe_router_score_function='sigmoid'"),
+                        (dict(moe_router_enable_expert_bias=True), "moe_router_enable_expert_bias=True"),
+                        (dict(num_moe_experts=None), "no num_moe_experts")):
+        with pytest.raises(UnsupportedError, match=words):
+            nemo_to_provider({**base, **over}, "qwen3_moe", vocab_size=8, params_dtype=torch.float32)
+    with pytest.raises(UnsupportedError, match="num_moe_experts=4"):
+        nemo_to_provider(base, "qwen3", vocab_size=8, params_dtype=torch.float32)
+
+
+def test_mla_provider_reading_refuses_what_deepseek_v3_does_not_run(family_models, tmp_path) -> None:
+    """An MLAModelProvider section read without our record: YaRN (rotary_scaling_factor 40,
+    Megatron-Core's MLATransformerConfig default when the field is absent), softmax routing
+    or no expert bias are refused by name; MLA without experts too."""
+    out = str(tmp_path / "mb")
+    api.import_hf(family_models["deepseek_v3"], out, to="megatron-bridge")
+    path = os.path.join(out, "iter_0000000", "run_config.yaml")
+    doc = yaml.safe_load(open(path))
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    assert api.inspect_checkpoint(out)["family"] == "deepseek_v3"
+    for change, words in (({"rotary_scaling_factor": None}, "rotary_scaling_factor=40.0 \\(YaRN\\)"),
+                          ({"moe_router_score_function": "softmax"}, "moe_router_score_function='softmax' with "
+                                                                     "multi-latent attention"),
+                          ({"moe_router_enable_expert_bias": False}, "moe_router_enable_expert_bias=False"),
+                          ({"num_moe_experts": None}, "multi_latent_attention=True .* without experts")):
+        model = {k: v for k, v in {**doc["model"], **change}.items() if v is not None}
+        with open(path, "w") as f:
+            yaml.safe_dump({"model": model}, f)
+        with pytest.raises(UnsupportedError, match=words):
+            api.inspect_checkpoint(out)
+
+
+@pytest.mark.parametrize("family, over", [
+    ("mixtral", dict(window_size=(3, 0), moe_ffn_hidden_size=None)),  # --moe-ffn-hidden-size absent: --ffn-hidden-size
+    ("qwen2_moe", dict(add_qkv_bias=True, moe_shared_expert_intermediate_size=80, moe_shared_expert_gate=True,
+                       moe_router_pre_softmax=True, moe_ffn_hidden_size=48)),
+])
+def test_megatron_lm_moe_directories_without_a_bridge(tmp_path, monkeypatch, family, over) -> None:
+    """Mixtral and Qwen2-MoE have no Megatron-Bridge provider, but Megatron-LM trains them:
+    a torch_dist save with their MoE arguments (the weights laid out here through a
+    test-only provider entry) exports as that family, tensors and logits equal."""
+    from nemo_convert.formats import megatron_config as mc
+    from test_family_matrix import logits, make_model
+
+    monkeypatch.setitem(mc.PROVIDER_FAMILIES, family, mc.ProviderFamily(mc.GPT_PROVIDER, moe=True))
+    monkeypatch.delitem(mc.NO_PROVIDER, family)
+    monkeypatch.setattr(mc, "_NO_SHARED", {})  # the shared expert's weights, for Qwen2-MoE
+    src = make_model(str(tmp_path / "hf"), family)
+    mb = str(tmp_path / "mb")
+    api.import_hf(src, mb, to="megatron-bridge")
+    model = yaml.safe_load(open(os.path.join(mb, "iter_0000000", "run_config.yaml")))["model"]
+    args = megatron_lm_args(ffn_hidden_size=model["ffn_hidden_size"], max_position_embeddings=model["seq_length"],
+                            layernorm_epsilon=model["layernorm_epsilon"], rotary_base=model["rotary_base"],
+                            vocab_size=128, padded_vocab_size=128, num_experts=4, moe_router_topk=2, moe_layer_freq=1,
+                            **over)
     mlm = as_megatron_lm(mb, str(tmp_path / "mlm"), args)
     info = api.inspect_checkpoint(mlm)
     assert info["format"] == "megatron-lm" and info["family"] == family

@@ -228,13 +228,68 @@ def _family_worker(root: str) -> None:
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     kw = {k: v for k, v in m.items() if k in fields and not isinstance(v, dict) and k not in (
         "bf16", "fp16", "layernorm_zero_centered_gamma", "window_size")}  # the local spec's norm: shim below
-    tc = TransformerConfig(**kw, activation_func=act, window_size=tuple(m["window_size"]) if m.get("window_size")
+    if m.get("num_moe_experts"):
+        # the CPU settings of tests/test_family_megatron.py: SequentialMLP (no grouped GEMM
+        # or permute fusion, both Transformer Engine's), the all-gather dispatcher, no
+        # load balancing (training only), fp32 routing; the routing math stays run_config's
+        from megatron.core.transformer.moe import moe_utils
+
+        moe_utils.te_general_gemm = None  # shim: without Transformer Engine the name is unbound
+        kw.update(moe_grouped_gemm=False, moe_permute_fusion=False, moe_token_dispatcher_type="allgather",
+                  moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_dtype="fp32",
+                  moe_shared_expert_overlap=False)  # overlap needs the all-to-all dispatcher
+    config_class: Any = TransformerConfig
+    mla = bool(m.get("multi_latent_attention"))
+    if mla:
+        # MLAModelProvider's fields (rope_type yarn at factor 1 = plain RoPE) as written; shims
+        # as tests/test_family_matrix's MLA run: the local core attention does not take MLA's
+        # head dims, and MLA believes it has Transformer Engine
+        from megatron.core.transformer import multi_latent_attention as mla_module
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        dpa_init = DotProductAttention.__init__
+
+        def init(self: Any, *a: Any, k_channels: Any = None, v_channels: Any = None, **k: Any) -> None:
+            dpa_init(self, *a, **k)
+
+        DotProductAttention.__init__ = init  # type: ignore[method-assign]
+        mla_module.HAVE_TE = False
+        config_class = MLATransformerConfig
+        # shim: the local core attention sizes its output by kv_channels where Transformer
+        # Engine's takes MLA's v_channels (MLAModelProvider's kv_channels = HF head_dim =
+        # qk_rope_head_dim is otherwise unread)
+        kw["kv_channels"] = m["v_head_dim"]
+        kw.update({k: m[k] for k in ("rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim", "q_lora_rank",
+                                     "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")})
+    tc = config_class(**kw, activation_func=act, window_size=tuple(m["window_size"]) if m.get("window_size")
                            else None, use_cpu_initialization=True, params_dtype=torch.float32,
                            bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
                            persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
                            attention_softmax_in_fp32=True)
-    model = GPTModel(tc, transformer_layer_spec=get_gpt_layer_local_spec(normalization=m["normalization"],
-                                                                         qk_layernorm=bool(m.get("qk_layernorm"))),
+    spec: Any = get_gpt_layer_local_spec(normalization=m["normalization"], qk_layernorm=bool(m.get("qk_layernorm")))
+    if m.get("num_moe_experts"):
+        # shim (as tests/test_family_megatron.py): the local spec saves an MoE layer's norm
+        # under the dense key map's ``mlp.linear_fc1.layer_norm_weight``; Transformer Engine's
+        # MoE spec (what Megatron-Bridge runs) keeps ``pre_mlp_layernorm.weight``
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+        from megatron.core.transformer.moe.moe_layer import MoELayer
+        from megatron.core.transformer.spec_utils import ModuleSpec
+
+        spec = get_gpt_decoder_block_spec(tc, use_transformer_engine=False, normalization=m["normalization"])
+        for i, layer in enumerate(spec.layer_specs):
+            is_moe = isinstance(layer.submodules.mlp, ModuleSpec) and layer.submodules.mlp.module is MoELayer
+            keys = dict(layer.submodules.sharded_state_dict_keys_map)
+            if is_moe:
+                keys.pop("pre_mlp_layernorm.", None)
+            if mla:  # Transformer Engine's MLA keys (the local MLA spec has no key map)
+                keys.update({"self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
+                             "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_"})
+                if not is_moe:
+                    keys["pre_mlp_layernorm."] = "mlp.linear_fc1.layer_norm_"
+            spec.layer_specs[i] = dataclasses.replace(layer, submodules=dataclasses.replace(
+                layer.submodules, sharded_state_dict_keys_map=keys))
+    model = GPTModel(tc, transformer_layer_spec=spec,
                      vocab_size=m["vocab_size"], max_sequence_length=m["seq_length"], position_embedding_type="rope",
                      rotary_base=int(m["rotary_base"]), rotary_percent=float(m.get("rotary_percent", 1.0)),
                      share_embeddings_and_output_weights=m["share_embeddings_and_output_weights"],
@@ -264,15 +319,19 @@ def _family_worker(root: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
-def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family: str) -> None:
+@pytest.mark.parametrize("family, over", [
+    ("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {}), ("gemma", {}), ("qwen3_moe", {}),
+    ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[1])),  # moe_layer_freq [1, 0, 1]
+    ("deepseek_v3", {}),  # MLAModelProvider: MLA, moe_layer_freq [0, 1, 1, 1], sigmoid + expert bias, shared
+])
+def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family: str, over: dict[str, Any]) -> None:
     import torch
     from test_family_matrix import IDS, logits, make_model
 
     from nemo_convert import api
 
     root = str(tmp_path)
-    src = make_model(f"{root}/hf", family)
+    src = make_model(f"{root}/hf", family, **over)
     api.import_hf(src, f"{root}/mb", to="megatron-bridge")
     torch.save({"ids": IDS, "logits": logits(src)}, f"{root}/want.pt")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -115,7 +115,11 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
                                "Megatron-Bridge does not pad it (should_pad_vocab: false)")
     check_geometry(cfg, plan, kinds, par, vocab, strategies)
     model = nemo_to_provider(cfg, family, vocab_size=vocab, params_dtype=params_dtype_of(cfg, plan),
-                             tp=par.tp, pp=par.pp)
+                             tp=par.tp, pp=par.pp, ep=par.ep)
+    mtp = int((cfg.get(SECTION) or {}).get("hf_mtp_layers") or 0)
+    if mtp:
+        notes.append(f"the source's {mtp} multi-token-prediction layer(s) were dropped at import: run_config.yaml "
+                     "leaves mtp_num_layers unset (Megatron-Bridge's DeepSeekV3Bridge would set it)")
     files = dict(tokenizer or {})
     run_config: dict[str, Any] = {"model": model}
     tok = tokenizer_section(files, out, notes)
@@ -148,6 +152,7 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
             sink.add_bytes(TRACKER, b"0")
     finally:
         progress.finish()
+    ep = f" EP={par.ep}" if "expert_model_parallel_size" in model else ""
     notes.append(f"Megatron-Bridge directory: {it}/ with {model['_target_'].rsplit('.', 1)[-1]} "
-                 f"(TP={par.tp} PP={par.pp} recorded in {RUN_CONFIG})")
+                 f"(TP={par.tp} PP={par.pp}{ep} recorded in {RUN_CONFIG})")
     return stats

@@ -30,6 +30,35 @@ tied embeddings, whose ``provide()`` scales the embedding by sqrt(hidden)
 (``gemma/gemma_provider.py`` lines 56–80). Megatron-Bridge has no Phi-3 bridge in any release
 (a Phi-3 provider exists only on an unmerged branch, commit 0beb53f): Phi-3 is refused.
 
+Mixture-of-experts (Megatron-Bridge v0.6.0): Qwen3-MoE and DeepSeek-V3 have bridges.
+``qwen/qwen3_moe_bridge.py`` (lines 51–70) keeps the base bridge's
+``GPTModelProvider`` — whose field table (``conversion/model_bridge.py`` lines 461–464) maps
+``num_experts``/``num_local_experts`` → ``num_moe_experts``, ``num_experts_per_tok`` →
+``moe_router_topk``, ``moe_intermediate_size`` → ``moe_ffn_hidden_size`` — and sets Qwen3's
+attention fields, ``moe_router_pre_softmax = not norm_topk_prob`` and the training knobs
+``moe_grouped_gemm: true``, ``moe_router_load_balancing_type: aux_loss``,
+``moe_aux_loss_coeff: 1e-3``, ``moe_token_dispatcher_type: alltoall``,
+``moe_permute_fusion: true``. That bridge assumes every layer is MoE (line 47,
+``decoder_sparse_step = 1`` on the way back); for a mixed stack (``mlp_only_layers``) we write
+Megatron-Core's ``moe_layer_freq`` list, which is the model's math. No release of
+Megatron-Bridge (v0.1.0 to v0.6.0, nor main at 067f987) has a Mixtral or a Qwen2-MoE bridge:
+both are refused. ``deepseek/deepseek_v3_bridge.py`` (lines 44–99) builds an
+``MLAModelProvider`` (``mla_provider.py``: Megatron-Core's ``MLATransformerConfig`` with the
+GPT provider): the table's MLA rows (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim`` →
+``qk_head_dim``, ``qk_rope_head_dim`` → ``qk_pos_emb_head_dim``, ``v_head_dim``; lines
+473–477), ``n_group``/``topk_group``/``routed_scaling_factor`` (469–471), HF's ``head_dim`` (=
+``qk_rope_head_dim``) as ``kv_channels``; the bridge then sets sigmoid scores with expert
+bias, ``moe_router_pre_softmax: true`` (ignored by sigmoid routing), ``moe_layer_freq`` =
+``[0] * first_k_dense_replace + [1] * rest``, ``moe_shared_expert_intermediate_size`` =
+``moe_intermediate_size * n_shared_experts``, ``make_vocab_size_divisible_by: 1280`` and, for
+a config without YaRN, ``rotary_scaling_factor: 1`` and ``mscale_all_dim: 1`` over the
+class's ``rope_type: yarn`` (``model_bridge.py`` lines 604–614): YaRN at factor 1, i.e. plain
+RoPE. Reading a directory, the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
+``--num-experts`` is ``num_experts``, arguments.py line 2691, ``moe_ffn_hidden_size``
+defaulting to ``ffn_hidden_size``, lines 1016–1018) pass into the NeMo config, where the
+family registry decides (Mixtral, Qwen3-MoE, Qwen2-MoE by their claims); routing the table
+does not express is refused by name (:data:`MOE_NEUTRAL`).
+
 A family added later fits by adding a row to :data:`FIELDS` (a field that passes through
 unchanged) or to :data:`PROVIDER_FAMILIES` (a family whose provider is confirmed). A field
 that changes the math and that the table does not know is refused by name
@@ -55,6 +84,9 @@ NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_mo
 
 MISTRAL_PROVIDER = "megatron.bridge.models.mistral.mistral_provider.MistralModelProvider"
 GEMMA_PROVIDER = "megatron.bridge.models.gemma.gemma_provider.GemmaModelProvider"
+#: Megatron-Bridge's multi-latent-attention provider (``mla_provider.py``: Megatron-Core's
+#: ``MLATransformerConfig`` + ``GPTModelProvider``): what ``DeepSeekV3Bridge`` builds.
+MLA_PROVIDER = "megatron.bridge.models.mla_provider.MLAModelProvider"
 #: Megatron-Bridge ≤ 0.3's own Qwen providers (``qwen/qwen_provider.py``, v0.3.0 lines 49–68
 #: and 257–281): read, never written (0.4 and later write ``GPTModelProvider``).
 QWEN2_PROVIDER_OLD = "megatron.bridge.models.qwen.qwen_provider.Qwen2ModelProvider"
@@ -76,6 +108,8 @@ class ProviderFamily:
     fixed: tuple[tuple[str, Any], ...] = ()
     nemo: tuple[tuple[str, Any], ...] = ()
     extra: tuple[tuple[str, Any], ...] = ()
+    moe: bool = False
+    mla: bool = False
 
 
 _DENSE = (("normalization", "RMSNorm"), ("gated_linear_unit", True), ("position_embedding_type", "rope"))
@@ -94,6 +128,23 @@ PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
                                                                        ("qk_layernorm", True),
                                                                        ("activation_func", SILU)),
                             extra=_AUTOCAST_BF16),
+    "qwen3_moe": ProviderFamily(GPT_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (("add_qkv_bias", False),
+                                                                           ("qk_layernorm", True),
+                                                                           ("activation_func", SILU)),
+                                extra=_AUTOCAST_BF16 + (("moe_grouped_gemm", True),
+                                                        ("moe_router_load_balancing_type", "aux_loss"),
+                                                        ("moe_aux_loss_coeff", 1e-3),
+                                                        ("moe_token_dispatcher_type", "alltoall"),
+                                                        ("moe_permute_fusion", True)), moe=True),
+    "deepseek_v3": ProviderFamily(MLA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
+        ("activation_func", SILU), ("qk_layernorm", True), ("share_embeddings_and_output_weights", False),
+        ("multi_latent_attention", True), ("moe_router_score_function", "sigmoid"),
+        ("moe_router_enable_expert_bias", True), ("moe_shared_expert_gate", False)),
+        extra=(("moe_grouped_gemm", True), ("moe_router_pre_softmax", True), ("moe_token_dispatcher_type", "alltoall"),
+               ("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_shared_expert_overlap", True),
+               ("moe_router_dtype", "fp32"), ("moe_permute_fusion", True), ("hidden_dropout", 0.0),
+               ("make_vocab_size_divisible_by", 1280), ("rope_type", "yarn"), ("rotary_scaling_factor", 1.0),
+               ("mscale", 1.0), ("mscale_all_dim", 1.0)), moe=True, mla=True),
     "gemma": ProviderFamily(GEMMA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
         ("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
         ("share_embeddings_and_output_weights", True)), nemo=(("apply_embedding_scaling", True),)),
@@ -102,6 +153,10 @@ PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
 NO_PROVIDER: dict[str, str] = {
     "phi3": "Megatron-Bridge has no Phi-3 bridge or provider in any release (v0.6.0: src/megatron/bridge/models/ "
             "has no phi/)",
+    "mixtral": "Megatron-Bridge has no Mixtral bridge or provider in any release (v0.1.0 to v0.6.0: no "
+               "MixtralForCausalLM in src/megatron/bridge/models/)",
+    "qwen2_moe": "Megatron-Bridge has no Qwen2-MoE bridge or provider in any release (v0.6.0: qwen/ bridges "
+                 "Qwen2 and Qwen3-MoE only)",
 }
 
 #: What an absent field of a known provider class means (the class's own defaults; absent
@@ -121,12 +176,16 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
                      "share_embeddings_and_output_weights": True, "layernorm_zero_centered_gamma": True,
                      "layernorm_epsilon": 1e-6, "bf16": True, "params_dtype": "torch.bfloat16"},
     QWEN2_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": True, "seq_length": 4096},
+    MLA_PROVIDER: {"multi_latent_attention": True, "q_lora_rank": 512, "kv_lora_rank": 512, "qk_head_dim": 128,
+                   "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "normalization": "RMSNorm", "rope_type": "yarn",
+                   "rotary_scaling_factor": 40.0},  # megatron-core 0.16.1 transformer_config.py lines 2013-2058
     QWEN3_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": False, "qk_layernorm": True, "kv_channels": 128,
                          "num_query_groups": 8, "seq_length": 40960},
 }
 #: Provider modules whose other classes (Gemma 2/3, Qwen MoE, …) this table does not know.
 _FAMILY_MODULES = ("megatron.bridge.models.gemma.", "megatron.bridge.models.qwen.", "megatron.bridge.models.mistral.",
-                   "megatron.bridge.models.phi.")
+                   "megatron.bridge.models.phi.", "megatron.bridge.models.deepseek.",
+                   "megatron.bridge.models.mla_provider.")
 
 
 @dataclass(frozen=True)
@@ -173,6 +232,43 @@ FIELDS: tuple[Field, ...] = (
     Field("hidden_dropout", "hidden_dropout", "hidden_dropout", float, 0.0),
     Field("attention_dropout", "attention_dropout", "attention_dropout", float, 0.0),
 )
+
+def _freq(v: Any) -> Any:
+    """``moe_layer_freq``: an int N (every N-th layer from 0) or one 0/1 per layer."""
+    return [int(x) for x in v] if isinstance(v, (list, tuple)) else int(v)
+
+
+#: The mixture-of-experts fields that pass through unchanged when the model has experts
+#: (``default``: TransformerConfig's, megatron-core 0.16.1 ``transformer_config.py`` lines
+#: 534–617; ``moe_ffn_hidden_size`` None means ``ffn_hidden_size``).
+MOE_FIELDS: tuple[Field, ...] = (
+    Field("num_moe_experts", "num_moe_experts", "num_experts", int),
+    Field("moe_router_topk", "moe_router_topk", "moe_router_topk", int, 2),
+    Field("moe_ffn_hidden_size", "moe_ffn_hidden_size", "moe_ffn_hidden_size", int),
+    Field("moe_router_pre_softmax", "moe_router_pre_softmax", "moe_router_pre_softmax", bool, False),
+    Field("moe_layer_freq", "moe_layer_freq", "moe_layer_freq", _freq, 1),
+    Field("moe_shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
+          "moe_shared_expert_intermediate_size", int),
+    Field("moe_shared_expert_gate", "moe_shared_expert_gate", "moe_shared_expert_gate", bool, False),
+)
+#: MoE routing that changes the math and that no readable family here expresses (DeepSeek's
+#: sigmoid scores, expert bias, scaling and group-limited routing; token dropping; latent
+#: experts): refused unless neutral.
+MOE_NEUTRAL: dict[str, Any] = {
+    "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
+    "moe_router_topk_scaling_factor": None, "moe_router_num_groups": None, "moe_router_group_topk": None,
+    "moe_expert_capacity_factor": None, "moe_apply_probs_on_input": False, "moe_latent_size": None,
+    "moe_router_topk_limited_devices": None, "moe_use_upcycling": False,
+}
+#: MoE fields a provider without shared experts (Qwen3-MoE's) must leave neutral.
+_NO_SHARED = {"moe_shared_expert_intermediate_size": None, "moe_shared_expert_gate": False}
+_EXPERT_COUNTS = ("num_moe_experts", "num_experts")
+#: Multi-latent attention's fields (same names in NeMo, the provider and Megatron-LM's
+#: args, arguments.py lines 2723-2740) and DeepSeek-V3's routing, which only an MLA model
+#: (the DeepSeek-V3 family) expresses here.
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+DEEPSEEK_ROUTING = ("multi_latent_attention", "moe_router_score_function", "moe_router_enable_expert_bias",
+                    "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk")
 
 #: What an absent provider field means where it differs from :data:`FIELDS`' default
 #: (``GPTModelProvider``'s own defaults, ``src/megatron/bridge/models/gpt_provider.py``).
@@ -240,11 +336,13 @@ def provider_family(family: str) -> ProviderFamily:
 
 
 def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, params_dtype: torch.dtype,
-                     tp: int = 1, pp: int = 1) -> dict[str, Any]:
+                     tp: int = 1, pp: int = 1, ep: int = 1) -> dict[str, Any]:
     """The ``model:`` section of ``run_config.yaml`` for a NeMo 1 config: what
     Megatron-Bridge's bridge derives from the HF config (module docstring)."""
     spec = provider_family(family)
-    bad = {k: cfg[k] for k in NEUTRAL if k in cfg and cfg[k] != NEUTRAL[k] and k != "openai_gelu"}
+    skip = ("openai_gelu",) + (_EXPERT_COUNTS if spec.moe else ()) + (DEEPSEEK_ROUTING if spec.mla else ())
+    neutral = {**NEUTRAL, **MOE_NEUTRAL, **({} if spec.mla else _NO_SHARED)} if spec.moe else NEUTRAL
+    bad = {k: cfg[k] for k in neutral if k in cfg and cfg[k] != neutral[k] and k not in skip}
     if bad:
         raise UnsupportedError("the config sets " + ", ".join(f"{k}={v!r}" for k, v in bad.items())
                                + ", which Megatron-Bridge's provider for this family does not express")
@@ -300,18 +398,63 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
                                    "original_max_position_embeddings=8192")
         model["rope_scaling"] = True
         model["rope_scaling_factor"] = float(cfg.get("scale_factor", 8.0))
+    if spec.moe:
+        model.update(_moe_provider(cfg, family, shared=spec.mla))
+        model["expert_model_parallel_size"] = int(ep)
+    if spec.mla:
+        model.update(_mla_provider(cfg, family))
     window = _bridge_window(cfg)
     if window is not None:
         model["window_size"] = window
         if spec.target == MISTRAL_PROVIDER:
             model["cp_comm_type"] = "a2a"  # what MistralBridge sets beside a window (context parallel only)
     for k, v in spec.fixed:
-        have = _target_of(model[k]) if k == "activation_func" else model.get(k, v)
+        have = _target_of(model[k]) if k == "activation_func" else model.get(k, cfg.get(k, NEUTRAL.get(
+            k, MOE_NEUTRAL.get(k, _NO_SHARED.get(k, v)))))
         if have != v:
             raise UnsupportedError(f"{family}: the config has {k}={have!r}; its provider needs {v!r}")
         model[k] = _callable(v) if k == "activation_func" else v
     model.update(dict(spec.extra))
     return model
+
+
+def _moe_provider(cfg: dict[str, Any], family: str, shared: bool = False) -> dict[str, Any]:
+    """The MoE fields of the provider (:data:`MOE_FIELDS`) from a NeMo config with experts
+    (``shared``: the provider has shared experts)."""
+    if not cfg.get("num_moe_experts"):
+        raise UnsupportedError(f"{family}: the config has no num_moe_experts; its provider is a mixture of experts")
+    out: dict[str, Any] = {}
+    for f in MOE_FIELDS:
+        value = cfg.get(f.nemo, f.default)
+        if f.nemo == "moe_ffn_hidden_size" and value is None:
+            value = cfg["ffn_hidden_size"]
+        if value is not None and (shared or f.nemo not in _NO_SHARED):
+            out[str(f.provider)] = f.kind(value)
+    return out
+
+
+def _mla_provider(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+    """What ``DeepSeekV3Bridge`` derives beyond the MoE fields (Megatron-Bridge v0.6.0
+    ``deepseek/deepseek_v3_bridge.py`` lines 53–99 over ``conversion/model_bridge.py``'s
+    table, lines 461–478): the MLA head dimensions, ``kv_channels`` from HF's ``head_dim``
+    (= ``qk_rope_head_dim``; MLA does not read it), DeepSeek's routing with ``n_group`` /
+    ``topk_group`` as given (1 when ungrouped), and no YaRN (factor 1: plain RoPE)."""
+    missing = [k for k in MLA_FIELDS if k not in cfg]
+    if missing:
+        raise UnsupportedError(f"{family}: the config lacks {', '.join(missing)}")
+    if cfg.get("scale_positional_embedding") or cfg.get("seq_len_interpolation_factor"):
+        raise UnsupportedError(f"{family}: RoPE scaling has no MLAModelProvider spelling here")
+    out: dict[str, Any] = {k: (None if cfg[k] is None else int(cfg[k])) for k in MLA_FIELDS}
+    factor = cfg.get("moe_router_topk_scaling_factor")
+    out.update({"kv_channels": int(cfg["qk_pos_emb_head_dim"]), "multi_latent_attention": True,
+                "moe_router_score_function": str(cfg.get("moe_router_score_function")),
+                "moe_router_enable_expert_bias": bool(cfg.get("moe_router_enable_expert_bias")),
+                "moe_router_topk_scaling_factor": None if factor is None else float(factor),
+                "moe_router_num_groups": int(cfg.get("moe_router_num_groups") or 1),
+                "moe_router_group_topk": int(cfg.get("moe_router_group_topk") or 1),
+                "moe_aux_loss_coeff": float(((cfg.get("nemo_convert") or {}).get("hf_config") or {}).get(
+                    "aux_loss_alpha", 0.0001))})
+    return out
 
 
 def _bridge_window(cfg: dict[str, Any]) -> list[int] | None:
@@ -328,10 +471,75 @@ def _bridge_window(cfg: dict[str, Any]) -> list[int] | None:
 
 # ------------------------------------------------------------ provider / args → NeMo
 def _refuse_non_neutral(values: dict[str, Any], where: str) -> None:
-    for k, neutral in NEUTRAL.items():
+    mla = bool(values.get("multi_latent_attention"))
+    if mla and not (values.get("num_moe_experts") or values.get("num_experts")):
+        raise UnsupportedError(f"{where}: multi_latent_attention=True changes the model's math and is not "
+                               "supported without experts (no family here runs dense multi-latent attention)")
+    for k, neutral in {**NEUTRAL, **MOE_NEUTRAL}.items():
         v = values.get(k)
+        if k in _EXPERT_COUNTS or (mla and k in DEEPSEEK_ROUTING):
+            continue  # read by _moe_nemo / _mla_nemo
         if v is not None and v != neutral:
             raise UnsupportedError(f"{where}: {k}={v!r} changes the model's math and is not supported")
+
+
+def _moe_nemo(cfg: dict[str, Any], values: dict[str, Any], side: str, where: str) -> None:
+    """The MoE fields of a provider / Megatron-LM ``args`` with experts into ``cfg``."""
+    experts = values.get("num_moe_experts" if side == "provider" else "num_experts")
+    if not experts:
+        return
+    for f in MOE_FIELDS:
+        value = values.get(str(getattr(f, side)), f.default)
+        if f.nemo == "moe_ffn_hidden_size" and value is None:
+            value = cfg["ffn_hidden_size"]
+        if value is not None:
+            cfg[f.nemo] = f.kind(value)
+    if cfg["moe_shared_expert_gate"] and not cfg.get("moe_shared_expert_intermediate_size"):
+        raise UnsupportedError(f"{where}: moe_shared_expert_gate without moe_shared_expert_intermediate_size")
+    aux = values.get("moe_aux_loss_coeff")
+    aux = aux[0] if isinstance(aux, (list, tuple)) and len(aux) == 1 else aux
+    balance = values.get("moe_router_load_balancing_type")
+    balance = balance[0] if isinstance(balance, (list, tuple)) and len(balance) == 1 else balance
+    if values.get("multi_latent_attention"):
+        _mla_nemo(cfg, values, where)
+        return
+    cfg.update({"moe_router_score_function": "softmax",  # MOE_NEUTRAL
+                "moe_aux_loss_coeff": float(aux) if isinstance(aux, (int, float)) else 0.0,
+                "moe_router_load_balancing_type": str(balance or "aux_loss"),
+                "moe_token_dispatcher_type": str(values.get("moe_token_dispatcher_type") or "allgather"),
+                "moe_grouped_gemm": bool(values.get("moe_grouped_gemm", False))})
+
+
+def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
+    """An MLA model with experts (what the DeepSeek-V3 family claims): the MLA head
+    dimensions, DeepSeek's sigmoid routing with expert bias, ungated shared experts and no
+    YaRN (``rope_type: yarn`` with ``rotary_scaling_factor`` ≤ 1 is plain RoPE)."""
+    rope = values.get("rope_type") or "yarn"
+    factor = float(values.get("rotary_scaling_factor") if values.get("rotary_scaling_factor") is not None else 1.0)
+    if rope not in ("rope", "yarn") or (rope == "yarn" and factor > 1.0):
+        raise UnsupportedError(f"{where}: rope_type={rope!r} with rotary_scaling_factor={factor} (YaRN) is not "
+                               "supported")
+    for k, want in (("moe_router_score_function", "sigmoid"), ("moe_router_enable_expert_bias", True),
+                    ("moe_shared_expert_gate", False)):
+        have = values.get(k, MOE_NEUTRAL.get(k, False))
+        if have != want:
+            raise UnsupportedError(f"{where}: {k}={have!r} with multi-latent attention: DeepSeek-V3 needs {want!r}")
+    cfg["multi_latent_attention"] = True
+    for k in MLA_FIELDS:
+        cfg[k] = None if values.get(k) is None else int(values[k])
+    if cfg["kv_lora_rank"] is None:
+        raise ConfigError(f"{where}: multi-latent attention without kv_lora_rank")
+    cfg["kv_channels"] = cfg["v_head_dim"]
+    cfg["qk_layernorm"] = True  # MLA's latent norms (the DeepSeek-V3 family's constant)
+    groups = int(values.get("moe_router_num_groups") or 1)
+    factor_k = values.get("moe_router_topk_scaling_factor")
+    cfg.update({"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                "moe_router_pre_softmax": False, "moe_shared_expert_gate": False,
+                "moe_router_topk_scaling_factor": float(factor_k) if factor_k is not None else 1.0,
+                "moe_router_num_groups": groups if groups > 1 else None,
+                "moe_router_group_topk": int(values["moe_router_group_topk"]) if groups > 1 else None,
+                "moe_router_load_balancing_type": "aux_loss", "moe_token_dispatcher_type": "alltoall",
+                "moe_grouped_gemm": False})
 
 
 def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
@@ -403,6 +611,7 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
         raise UnsupportedError(f"{where}: layernorm_zero_centered_gamma without GemmaModelProvider's embedding "
                                f"scaling ({target or 'no _target_'}) is not a model any family here runs")
     _sliding_window_record(cfg)
+    _moe_nemo(cfg, model, "provider", where)
     cfg["share_embeddings_and_output_weights"] = bool(model.get("share_embeddings_and_output_weights",
                                                                 PROVIDER_DEFAULTS["share_embeddings_and_output_weights"]))
     dtype = _target_of(model.get("params_dtype")).rsplit(".", 1)[-1]
@@ -466,4 +675,5 @@ def args_to_nemo(args: dict[str, Any], where: str) -> dict[str, Any]:
     cfg["make_vocab_size_divisible_by"] = int(args.get("make_vocab_size_divisible_by") or 128)
     _apply_rope_scaling(cfg, args.get("use_rope_scaling"), args.get("rope_scaling_factor"))
     _sliding_window_record(cfg)
+    _moe_nemo(cfg, args, "megatron_lm", where)
     return cfg

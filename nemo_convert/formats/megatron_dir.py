@@ -334,6 +334,8 @@ def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: 
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise ConfigError(f"{where}: a model field is not understood ({type(exc).__name__}: {exc})") from None
         cfg["tensor_model_parallel_size"], cfg["pipeline_model_parallel_size"] = tp, pp
+        if cfg.get("num_moe_experts"):
+            cfg["expert_model_parallel_size"] = int(values.get("expert_model_parallel_size") or 1)
         section: dict[str, Any] = {**(cfg.get("nemo_convert") or {}), **ours}  # ours wins (exact source)
         section["source_format"] = kind
         if vocab:
