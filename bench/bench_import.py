@@ -249,7 +249,7 @@ def case_copy(src: str, out: str, writeback: bool = False, kernel: bool = False)
     """(a) Every tensor's bytes, from memory-mapped source shards into one new safetensors
     file: plain file I/O, no tensor is ever built. fsync at the end. (a') ``writeback``:
     the same, asking Linux to start writing every completed 32 MiB at once (what our
-    writers do, ``nemo_convert/formats/output_file.py``), so the final fsync has little left.
+    writers do, ``nemo_convert/formats/io/output_file.py``), so the final fsync has little left.
     (a'') ``kernel``: with writeback, each tensor's bytes copied file to file by
     ``copy_file_range`` instead of written from the map (what our writers do for bytes
     that are ranges of an input)."""

@@ -20,8 +20,8 @@ from nemo_convert.convert.nemo_write import Parallelism
 from nemo_convert.convert.reshard import reshard
 from nemo_convert.convert.to_megatron_bridge import TARGETS
 from nemo_convert.convert.tokenizer_patch import add_tokens
-from nemo_convert.formats.hub import resolve_hf_source
-from nemo_convert.formats.megatron_dir import is_megatron_dir
+from nemo_convert.formats.hf.hub import resolve_hf_source
+from nemo_convert.formats.megatron.megatron_dir import is_megatron_dir
 from nemo_convert.plugins.manager import get_registry, registry_with
 from nemo_convert.qnemo import QuantizeReport, quantize
 from nemo_convert.verify import VerifyReport, verify

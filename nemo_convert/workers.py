@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from nemo_convert.errors import NemoConvertError
-from nemo_convert.formats.sink import DirectorySink, MemberSink
-from nemo_convert.formats.staging import staged_output
-from nemo_convert.formats.tar_writer import TarWriter
+from nemo_convert.formats.io.sink import DirectorySink, MemberSink
+from nemo_convert.formats.io.staging import staged_output
+from nemo_convert.formats.io.tar_writer import TarWriter
 
 T = TypeVar("T")
 

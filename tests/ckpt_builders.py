@@ -186,8 +186,8 @@ def write_dist_checkpoint(folder: str, logical: dict[str, torch.Tensor], common:
     tensors cut along dim 0): stacked ``model.`` weights, ``optimizer.state.exp_avg.…``
     tensors, ``_extra_state`` objects and a Lightning ``common.pt``. Returns the
     ``(tensors, bytes)`` of the optimizer part."""
-    from nemo_convert.formats.distckpt_write import DistCheckpointWriter, write_dist_metadata
-    from nemo_convert.formats.sink import DirectorySink
+    from nemo_convert.formats.dist_checkpoint.distckpt_write import DistCheckpointWriter, write_dist_metadata
+    from nemo_convert.formats.io.sink import DirectorySink
 
     sink = DirectorySink(folder)
     writers = [DistCheckpointWriter(sink, "", data_file=f"__{r}_0.distcp") for r in range(tp)]

@@ -19,7 +19,7 @@ from nemo_convert import api
 from nemo_convert.compute import CPU, Compute, OnDevice, resolve_device
 from nemo_convert.engine import apply_dtype
 from nemo_convert.errors import InputError
-from nemo_convert.formats.hf import open_hf
+from nemo_convert.formats.hf.hf import open_hf
 from tiny_models import make_tiny_llama
 
 LAYERS = 4

@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_convert.errors import InputError, ShapeError, UnsafePickleError
-from nemo_convert.formats.distckpt import tiling_problems
-from nemo_convert.formats.distckpt_read import DistCheckpointSource
-from nemo_convert.formats.distckpt_write import DistCheckpointWriter, write_dist_metadata
-from nemo_convert.formats.sink import DirectorySink
+from nemo_convert.formats.dist_checkpoint.distckpt import tiling_problems
+from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.dist_checkpoint.distckpt_write import DistCheckpointWriter, write_dist_metadata
+from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.tensors.base import ByteRegion
 
 L, H, QKV, F, V = 3, 16, 24, 8, 32
@@ -629,8 +629,8 @@ def test_metadata_pickle_is_byte_identical_to_torchs() -> None:
     from torch.distributed.checkpoint import filesystem as dcp_fs
 
     from nemo_convert.errors import ShapeError
-    from nemo_convert.formats import distckpt as d
-    from nemo_convert.formats.dcp_pickle import metadata_bytes
+    from nemo_convert.formats.dist_checkpoint import distckpt as d
+    from nemo_convert.formats.dist_checkpoint.dcp_pickle import metadata_bytes
 
     assert d.DCP_VERSION == getattr(dcp_fs, "CURRENT_DCP_VERSION", d.DCP_VERSION)
     rec = d.DistRecords(
@@ -651,7 +651,7 @@ def torch_metadata(records: Any) -> Any:
     from torch.distributed.checkpoint import filesystem as dcp_fs
     from torch.distributed.checkpoint import metadata as md
 
-    from nemo_convert.formats import distckpt as d
+    from nemo_convert.formats.dist_checkpoint import distckpt as d
 
     tensors, objects = d.metadata_entries(records, ShapeError)
     state: dict[str, Any] = {}
@@ -695,8 +695,8 @@ def test_metadata_stand_ins_read_torchs_own_pickle() -> None:
     from torch.distributed.checkpoint import metadata as md
     from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
-    from nemo_convert.formats import distckpt as d
-    from nemo_convert.formats.distckpt_meta import MetadataIndex, load_metadata
+    from nemo_convert.formats.dist_checkpoint import distckpt as d
+    from nemo_convert.formats.dist_checkpoint.distckpt_meta import MetadataIndex, load_metadata
 
     rec = d.DistRecords(tensors={"a": ((2, 3), torch.bfloat16)},
                         chunks=[d.ChunkRecord("a", (1, 0), (1, 3), "__0_0.distcp", 64, 10),

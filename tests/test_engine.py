@@ -24,7 +24,7 @@ def test_overlapped_writer_gives_identical_output(tmp_path, monkeypatch, layout)
 
 
 def test_writer_error_stops_the_run(tmp_path):
-    from nemo_convert.formats.hf import open_hf_weights
+    from nemo_convert.formats.hf.hf import open_hf_weights
     from nemo_convert.mapping.planner import identity_plan
 
     src = open_hf_weights(make_tiny_llama(str(tmp_path / "hf"), tokenizer=False))

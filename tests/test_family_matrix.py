@@ -421,7 +421,7 @@ def test_qwen3_moe_mixed_stack(tmp_path, layout):
     """``mlp_only_layers`` makes a mixed dense/MoE stack: ``moe_layer_freq`` a list, the
     dist keys per layer (Megatron-Core's non-homogeneous layers, experts ``[E, …]``, extra
     states ``shard_<e>_<E>`` and ``shard_0_1``); the round trip is bit-exact at TP2×PP2."""
-    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 
     src = make_model(str(tmp_path / "hf"), "qwen3_moe", num_hidden_layers=4, mlp_only_layers=[1])
     nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
@@ -446,7 +446,7 @@ def test_qwen3_moe_mixed_stack(tmp_path, layout):
 
 def test_moe_stacked_dist_keys_and_extra_states(tmp_path, models):
     """Every layer MoE: experts stacked ``[L, E, …]`` with ``shard_<i>.<e>_<L>.<E>`` extra states."""
-    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 
     nemo = str(tmp_path / "m")
     api.import_hf(models["mixtral"], nemo, packed=False)

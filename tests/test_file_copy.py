@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import save_file
 
 from nemo_convert import api
-from nemo_convert.formats import output_file
-from nemo_convert.formats.output_file import OutputFile, tensor_chunks, write_tensor
-from nemo_convert.formats.tar_writer import TarWriter
-from nemo_convert.formats.torch_save import TorchSaveWriter
+from nemo_convert.formats.io import output_file
+from nemo_convert.formats.io.output_file import OutputFile, tensor_chunks, write_tensor
+from nemo_convert.formats.io.tar_writer import TarWriter
+from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
 from nemo_convert.tensors.base import ByteRegion
 from nemo_convert.tensors.file_map import file_origin
 from nemo_convert.tensors.pieces import materialize, rows

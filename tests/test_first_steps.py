@@ -240,7 +240,7 @@ def test_torchrun_bar_and_summary_say_what_they_count(capsys):
 def test_errors_name_the_output_not_the_staging_path(kinds, cli, tmp_path, monkeypatch):
     import errno
 
-    from nemo_convert.formats import staging
+    from nemo_convert.formats.io import staging
 
     real_mkdir = os.mkdir
 
@@ -258,7 +258,7 @@ def test_errors_name_the_output_not_the_staging_path(kinds, cli, tmp_path, monke
 
 
 def test_an_interrupted_run_removes_the_folders_it_created(kinds, cli, tmp_path, monkeypatch):
-    from nemo_convert.formats import staging
+    from nemo_convert.formats.io import staging
 
     (tmp_path / "mine").mkdir()
 

@@ -45,13 +45,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nemo_convert.errors import NemoConvertError, UnsafePickleError
-from nemo_convert.formats.distckpt_meta import load_metadata
-from nemo_convert.formats.distckpt_read import DistCheckpointSource
-from nemo_convert.formats.distckpt_write import DistCheckpointWriter
-from nemo_convert.formats.nemo import load_yaml
-from nemo_convert.formats.nemo2 import load_context_yaml
-from nemo_convert.formats.sink import DirectorySink
-from nemo_convert.formats.tar_archive import TarWriter, open_nemo_container
+from nemo_convert.formats.dist_checkpoint.distckpt_meta import load_metadata
+from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.dist_checkpoint.distckpt_write import DistCheckpointWriter
+from nemo_convert.formats.nemo.nemo import load_yaml
+from nemo_convert.formats.nemo2.nemo2 import load_context_yaml
+from nemo_convert.formats.io.sink import DirectorySink
+from nemo_convert.formats.io.tar_archive import TarWriter, open_nemo_container
 from nemo_convert.tensors.base import ByteRegion
 from nemo_convert.tensors.safe_unpickle import safe_load_pickle_bytes
 from nemo_convert.tensors.safetensors_source import SafetensorsFile, ShardedSafetensors

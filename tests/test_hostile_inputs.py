@@ -43,7 +43,7 @@ from tiny_models import make_tiny_llama
 
 from nemo_convert import api
 from nemo_convert.errors import ConfigError, InputError, MappingError, NemoConvertError
-from nemo_convert.formats import tar_archive
+from nemo_convert.formats.io import tar_archive
 
 STATE = ("model.embed_tokens.weight", "model.norm.weight")
 
@@ -594,8 +594,8 @@ def test_model_config_yaml_with_python_tags(pristine, tmp_path, out, tag):
 def nemo2(pristine: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A NeMo 2 folder (weights/ with the module. prefix, context/model.yaml) built from
     the pristine .nemo, and its model.yaml as a dict."""
-    from nemo_convert.formats.nemo_weights import DistWeightsWriter
-    from nemo_convert.formats.sink import DirectorySink
+    from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
+    from nemo_convert.formats.io.sink import DirectorySink
 
     folder = str(tmp_path_factory.mktemp("nemo2") / "ckpt")
     with api.open_checkpoint(pristine["nemo"]) as ck:

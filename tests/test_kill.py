@@ -41,7 +41,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from nemo_convert import api
-from nemo_convert.formats.staging import cleanup_stale_staging
+from nemo_convert.formats.io.staging import cleanup_stale_staging
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals, fork and /proc: Linux only"),
               pytest.mark.slow]  # child processes killed at chosen moments

@@ -84,7 +84,7 @@ def nemo_keys(nemo: str) -> set[str]:
 
 
 def raw_dist_keys(nemo: str, tmp: str) -> set[str]:
-    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 
     with tarfile.open(nemo) as tar:
         tar.extractall(tmp, filter="data")

@@ -47,9 +47,9 @@ def _worker(root: str) -> None:  # runs in the subprocess
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from nemo_convert.formats.distckpt_read import DistCheckpointSource
-    from nemo_convert.formats.distckpt_write import DistCheckpointWriter
-    from nemo_convert.formats.sink import DirectorySink
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+    from nemo_convert.formats.dist_checkpoint.distckpt_write import DistCheckpointWriter
+    from nemo_convert.formats.io.sink import DirectorySink
 
     # Megatron's RoPE moves its frequencies to the current CUDA device; keep them on CPU.
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]

@@ -18,7 +18,7 @@ import yaml
 
 from nemo_convert import api
 from nemo_convert.errors import InputError, UnsafePickleError, UnsupportedError
-from nemo_convert.formats.megatron_config import args_to_nemo, nemo_to_provider, provider_family
+from nemo_convert.formats.megatron.megatron_config import args_to_nemo, nemo_to_provider, provider_family
 from tiny_models import edit_config, hf_tensors, read_json
 
 
@@ -108,7 +108,7 @@ def test_import_writes_megatron_bridge_directory(tiny_llama, tmp_path, cli) -> N
     assert model["params_dtype"] == {"_target_": "torch.float32", "_call_": False}
     assert model["share_embeddings_and_output_weights"] is False and "rope_scaling" not in model
     # keys without a model. prefix, layers stacked, extra states present
-    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 
     dist = DistCheckpointSource.from_dir(it, unstack=False)
     assert "decoder.layers.self_attention.linear_qkv.weight" in dist.raw_keys()
@@ -319,9 +319,9 @@ def test_megatron_lm_legacy_per_rank_files(tiny_llama, tmp_path, pp, local_spec)
 
 def test_common_state_entry_without_common_pt(tiny_llama, tmp_path) -> None:
     """megatron-core ≥ 0.17 keeps the common state as the byte entry common_state/shard_0_1."""
-    from nemo_convert.formats.distckpt_read import DistCheckpointSource
-    from nemo_convert.formats.distckpt_write import DistCheckpointWriter
-    from nemo_convert.formats.sink import DirectorySink
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+    from nemo_convert.formats.dist_checkpoint.distckpt_write import DistCheckpointWriter
+    from nemo_convert.formats.io.sink import DirectorySink
 
     src = tiny_llama()
     mb = str(tmp_path / "mb")
@@ -410,7 +410,7 @@ def test_minimal_run_config_is_read_with_provider_defaults(tiny_llama, tmp_path)
 #: family → the run_config.yaml model fields Megatron-Bridge's bridge for it derives from
 #: test_family_matrix's tiny model (Megatron-Bridge v0.6.0 src/megatron/bridge/models/:
 #: mistral/mistral_bridge.py 56-81, qwen/qwen2_bridge.py 46-57, qwen/qwen3_bridge.py 43-55,
-#: gemma/gemma_bridge.py 62-76; see nemo_convert/formats/megatron_config.py).
+#: gemma/gemma_bridge.py 62-76; see nemo_convert/formats/megatron/megatron_config.py).
 SILU = {"_target_": "torch.nn.functional.silu", "_call_": False}
 FAMILY_PROVIDERS: dict[str, dict] = {
     "llama": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "add_bias_linear": True,
@@ -674,7 +674,7 @@ def test_moe_nemo_at_ep2_to_megatron_bridge_one_command(tmp_path, cli, family) -
     """A MoE ``.nemo`` at TP2 × EP2 (per-rank experts) → a Megatron-Bridge directory:
     experts stacked ``[L, E, …]`` whole (DeepSeek-V3's mixed stack: per layer), EP
     recorded, the same logical tensors."""
-    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
     from test_family_matrix import make_model
 
     src = make_model(str(tmp_path / "hf"), family)
@@ -815,7 +815,7 @@ def test_megatron_lm_moe_directories_without_a_bridge(tmp_path, monkeypatch, fam
     """Mixtral and Qwen2-MoE have no Megatron-Bridge provider, but Megatron-LM trains them:
     a torch_dist save with their MoE arguments (the weights laid out here through a
     test-only provider entry) exports as that family, tensors and logits equal."""
-    from nemo_convert.formats import megatron_config as mc
+    from nemo_convert.formats.megatron import megatron_config as mc
     from test_family_matrix import logits, make_model
 
     monkeypatch.setitem(mc.PROVIDER_FAMILIES, family, mc.ProviderFamily(mc.GPT_PROVIDER, moe=True))

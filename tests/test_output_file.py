@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from nemo_convert.formats import output_file
-from nemo_convert.formats.output_file import OutputFile
-from nemo_convert.formats.tar_writer import TarWriter
+from nemo_convert.formats.io import output_file
+from nemo_convert.formats.io.output_file import OutputFile
+from nemo_convert.formats.io.tar_writer import TarWriter
 
 
 def test_bytes_are_what_was_written_including_patches(tmp_path):

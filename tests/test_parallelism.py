@@ -196,9 +196,9 @@ def test_dist_layout_records_parallelism_and_keeps_global_tensors(tmp_path, sour
 
 def _write_nemo2(folder: str, nemo_file: str, *, per_layer_fc1: bool = False, prefix: str = "module.") -> None:
     """A NeMo 2.0 folder built from an imported .nemo's tensors: weights/ + context/."""
-    from nemo_convert.formats.distckpt_write import DistCheckpointWriter
-    from nemo_convert.formats.nemo_weights import DistWeightsWriter
-    from nemo_convert.formats.sink import DirectorySink
+    from nemo_convert.formats.dist_checkpoint.distckpt_write import DistCheckpointWriter
+    from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
+    from nemo_convert.formats.io.sink import DirectorySink
 
     with api.open_checkpoint(nemo_file) as ck:
         cfg = ck.config

@@ -21,7 +21,7 @@ from tiny_models import make_tiny_llama
 
 from nemo_convert import api
 from nemo_convert.errors import NemoConvertError, OutputExistsError, UnsupportedError
-from nemo_convert.formats.hf import open_hf_weights
+from nemo_convert.formats.hf.hf import open_hf_weights
 from nemo_convert.qnemo import quantize
 from nemo_convert.quant import (
     dequantize_fp8,

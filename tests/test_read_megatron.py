@@ -282,7 +282,7 @@ def test_nemo_written_by_megatron_core(tmp_path: Any, cli: Any, tp: int, tied: b
     from tiny_models import hf_tensors
 
     from nemo_convert import api
-    from nemo_convert.formats.distckpt_read import DistCheckpointSource
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 
     nemo, hf = build_megatron_nemo(str(tmp_path / "src"), tp=tp, tied=tied)
     weights = DistCheckpointSource.from_dir(tmp_path / "src" / "model_weights", strip_prefix="model.")

@@ -23,7 +23,7 @@ from nemo_convert import api, hookimpl
 from nemo_convert.engine import run_plan
 from nemo_convert.errors import ShapeError
 from nemo_convert.examples import make_tiny_llama
-from nemo_convert.formats.hf import open_hf
+from nemo_convert.formats.hf.hf import open_hf
 from nemo_convert.mapping import Mapping, Parallel, PlanContext, Rename, Rule, Task
 from nemo_convert.mapping.planner import nemo_parallel_kinds, plan_conversion
 from nemo_convert.mapping.rules.protocol import Direction

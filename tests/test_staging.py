@@ -13,8 +13,8 @@ import time
 import pytest
 
 from nemo_convert.errors import OutputExistsError
-from nemo_convert.formats import staging as st
-from nemo_convert.formats.staging import cleanup_stale_staging, install_signal_handlers, staged_output
+from nemo_convert.formats.io import staging as st
+from nemo_convert.formats.io.staging import cleanup_stale_staging, install_signal_handlers, staged_output
 
 
 def _hidden(folder) -> list[str]:
@@ -122,7 +122,7 @@ def test_overwrite_failure_keeps_old(tmp_path):
 
 _CHILD = textwrap.dedent("""
     import sys, time
-    from nemo_convert.formats.staging import install_signal_handlers, staged_output
+    from nemo_convert.formats.io.staging import install_signal_handlers, staged_output
     install_signal_handlers()
     with staged_output(sys.argv[1], overwrite=False, is_dir=False) as stage:
         with open(stage, "wb") as f:

@@ -13,8 +13,8 @@ import tarfile
 import pytest
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats import tar_writer as ta
-from nemo_convert.formats.tar_archive import (
+from nemo_convert.formats.io import tar_writer as ta
+from nemo_convert.formats.io.tar_archive import (
     DirectoryContainer,
     MemberNotFoundError,
     TarArchive,

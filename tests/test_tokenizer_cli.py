@@ -21,8 +21,8 @@ from nemo_convert import TokenizerPatcher, api, hookimpl
 from nemo_convert.cli.main import main
 from nemo_convert.convert.tokenizer_patch import add_tokens
 from nemo_convert.errors import InputError
-from nemo_convert.formats.nemo import open_nemo
-from nemo_convert.formats.tar_archive import open_nemo_container
+from nemo_convert.formats.nemo.nemo import open_nemo
+from nemo_convert.formats.io.tar_archive import open_nemo_container
 from nemo_convert.plugins.manager import get_registry, registry_with
 from tiny_models import corpus, make_tiny_llama
 

@@ -89,7 +89,7 @@ def test_nemo_vs_nemo_across_layouts(llama: dict[str, str], tmp_path: Path) -> N
 
 def test_streams_one_task_at_a_time(llama: dict[str, str]) -> None:
     from nemo_convert.convert.common import kinds_for
-    from nemo_convert.formats.nemo import open_nemo
+    from nemo_convert.formats.nemo.nemo import open_nemo
     from nemo_convert.mapping.planner import plan_conversion
     from nemo_convert.plugins.manager import get_registry
 

@@ -9,7 +9,7 @@ __all__ = ["LLAMA_DEFAULTS", "corpus", "hf_tensors", "read_json", "make_tiny_lla
 
 def hf_tensors(folder: str) -> dict:
     """Every tensor of an HF folder, copied out of the memory map (for comparisons)."""
-    from nemo_convert.formats.hf import open_hf_weights
+    from nemo_convert.formats.hf.hf import open_hf_weights
 
     src = open_hf_weights(folder)
     try:

@@ -50,7 +50,7 @@ def _round_trip(args: argparse.Namespace, work: str, say: Callable[..., None]) -
 
     from nemo_convert import api  # lazy: CLI start-up time
     from nemo_convert.examples import make_tiny_llama  # lazy: CLI start-up time
-    from nemo_convert.formats.hf import open_hf_weights  # lazy: CLI start-up time
+    from nemo_convert.formats.hf.hf import open_hf_weights  # lazy: CLI start-up time
 
     # With --from-ckpt the vocabulary is the tokenizer's (300), as in a training run's model: from-ckpt
     # takes the true vocabulary size from tokenizer.model and drops the padding rows beyond it.

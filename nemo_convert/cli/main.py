@@ -200,7 +200,7 @@ def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
             print(json.dumps({"error": _Parser.last_error or "invalid command line", "kind": "usage"}), flush=True)
         raise
     debug = getattr(args, "debug", False)
-    from nemo_convert.formats.staging import install_signal_handlers  # lazy: CLI start-up time
+    from nemo_convert.formats.io.staging import install_signal_handlers  # lazy: CLI start-up time
 
     warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     install_signal_handlers()

@@ -9,9 +9,9 @@ from nemo_convert.convert.common import SECTION, kinds_for
 from nemo_convert.convert.export_config import complete_config
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.formats.detect import Kind, require_kind
-from nemo_convert.formats.hf import open_hf
+from nemo_convert.formats.hf.hf import open_hf
 from nemo_convert.formats.open_any import open_model_checkpoint
-from nemo_convert.formats.qnemo_read import open_qnemo
+from nemo_convert.formats.trtllm.qnemo_read import open_qnemo
 from nemo_convert.plugins.manager import get_registry
 from nemo_convert.plugins.records import ModelFamily
 from nemo_convert.tensors.base import TensorSource

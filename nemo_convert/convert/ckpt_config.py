@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from nemo_convert.errors import ConfigError, InputError
-from nemo_convert.formats.ptl_ckpt import Located, TrainingCheckpoint
+from nemo_convert.formats.ptl.ptl_ckpt import Located, TrainingCheckpoint
 
 #: Fields that only a model config has: a flat ``hparams.yaml`` or hyper-parameters dict
 #: holding one of these is taken as the config itself.

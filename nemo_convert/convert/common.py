@@ -9,7 +9,7 @@ from typing import Any, Iterator
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.open_any import open_model_checkpoint
-from nemo_convert.formats.sink import DirectorySink
+from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.mapping.planner import nemo_parallel_kinds
 from nemo_convert.plugins.manager import Registry, get_registry
 

@@ -2,7 +2,7 @@
 in one process, without NeMo, a GPU or executing anything the checkpoint pickled).
 
 The source is one ``.ckpt``, a folder of per-rank ``.ckpt`` files, or a distributed
-(``torch_dist``) checkpoint folder (:mod:`nemo_convert.formats.ptl_ckpt`). The model
+(``torch_dist``) checkpoint folder (:mod:`nemo_convert.formats.ptl.ptl_ckpt`). The model
 config comes from the checkpoint's ``hyper_parameters.cfg`` or a Lightning
 ``hparams.yaml``; the tokenizer files it names are packed as ``nemo:`` artifacts. Training
 state (optimizer, schedulers, loops, callbacks, Transformer-Engine ``_extra_state``) is
@@ -34,9 +34,9 @@ from nemo_convert.errors import (
     ShapeError,
     UnsupportedError,
 )
-from nemo_convert.formats.nemo import VocabTrimView, artifact_name
-from nemo_convert.formats.nemo_weights import LAYOUTS
-from nemo_convert.formats.ptl_ckpt import TrainingCheckpoint, locate, open_training_checkpoint
+from nemo_convert.formats.nemo.nemo import VocabTrimView, artifact_name
+from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
+from nemo_convert.formats.ptl.ptl_ckpt import TrainingCheckpoint, locate, open_training_checkpoint
 from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import identity_plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.mapping.rules import Parallel

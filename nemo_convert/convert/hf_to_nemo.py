@@ -19,10 +19,10 @@ from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype
 from nemo_convert.errors import ConfigError, NemoConvertError
 from nemo_convert.formats.detect import require_kind
-from nemo_convert.formats.hf import open_hf
-from nemo_convert.formats.nemo import artifact_name
-from nemo_convert.formats.nemo_weights import LAYOUTS
-from nemo_convert.formats.staging import check_target, refuse_overlap
+from nemo_convert.formats.hf.hf import open_hf
+from nemo_convert.formats.nemo.nemo import artifact_name
+from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
+from nemo_convert.formats.io.staging import check_target, refuse_overlap
 from nemo_convert.hf_config import read_config_json
 from nemo_convert.mapping.dequant import BlockDequantSource, fp8_block_size
 from nemo_convert.mapping.planner import Plan, nemo_parallel_kinds, plan_conversion

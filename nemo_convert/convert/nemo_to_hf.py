@@ -19,11 +19,11 @@ from nemo_convert.convert.common import (
 from nemo_convert.convert.export_config import ExportConfig, complete_hf_config, export_config
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, RunStats, apply_dtype, merge_stats, run_plan
-from nemo_convert.formats.hf import HFWeightsWriter, json_bytes
-from nemo_convert.formats.nemo import NemoCheckpoint
+from nemo_convert.formats.hf.hf import HFWeightsWriter, json_bytes
+from nemo_convert.formats.nemo.nemo import NemoCheckpoint
 from nemo_convert.errors import ConfigError
-from nemo_convert.formats.sink import DirectorySink, MemberSink
-from nemo_convert.formats.staging import check_target, refuse_overlap
+from nemo_convert.formats.io.sink import DirectorySink, MemberSink
+from nemo_convert.formats.io.staging import check_target, refuse_overlap
 from nemo_convert.hf_config import dtype_name_of_precision, set_dtype_name
 from nemo_convert.mapping.planner import Plan, plan_conversion
 from nemo_convert.plugins.manager import Registry

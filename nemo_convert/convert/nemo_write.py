@@ -10,12 +10,12 @@ from nemo_convert.convert.common import SECTION, dir_sink
 from nemo_convert.convert.nemo_defaults import complete_nemo_config
 from nemo_convert.engine import NoProgress, Progress, RunStats, merge_stats, run_plan
 from nemo_convert.errors import InputError, UnsupportedError
-from nemo_convert.formats.nemo import CONFIG_MEMBER, dump_yaml
-from nemo_convert.formats.nemo_ranks import WEIGHTS, RankWeightsWriter
-from nemo_convert.formats.nemo_weights import DistWeightsWriter, LegacyWeightsWriter, finish_dist
-from nemo_convert.formats.sink import DirectorySink, MemberSink
-from nemo_convert.formats.staging import staged_output
-from nemo_convert.formats.tar_writer import TarWriter
+from nemo_convert.formats.nemo.nemo import CONFIG_MEMBER, dump_yaml
+from nemo_convert.formats.nemo.nemo_ranks import WEIGHTS, RankWeightsWriter
+from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter, LegacyWeightsWriter, finish_dist
+from nemo_convert.formats.io.sink import DirectorySink, MemberSink
+from nemo_convert.formats.io.staging import staged_output
+from nemo_convert.formats.io.tar_writer import TarWriter
 from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel

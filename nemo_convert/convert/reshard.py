@@ -14,10 +14,10 @@ from nemo_convert.convert.nemo_to_hf import tokenizer_files
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.engine import Progress
-from nemo_convert.formats.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name
-from nemo_convert.formats.nemo_ranks import WEIGHTS
-from nemo_convert.formats.staging import check_target, refuse_overlap
-from nemo_convert.formats.nemo_weights import LAYOUTS
+from nemo_convert.formats.nemo.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name
+from nemo_convert.formats.nemo.nemo_ranks import WEIGHTS
+from nemo_convert.formats.io.staging import check_target, refuse_overlap
+from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.mapping.planner import identity_plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry

@@ -28,9 +28,9 @@ from nemo_convert.convert.common import SECTION
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, check_geometry, vocab_sizes
 from nemo_convert.engine import NoProgress, Progress, RunStats, run_plan
 from nemo_convert.errors import UnsupportedError
-from nemo_convert.formats.distckpt_write import write_dist_metadata
-from nemo_convert.formats.megatron_config import nemo_to_provider, provider_family
-from nemo_convert.formats.megatron_dir import (
+from nemo_convert.formats.dist_checkpoint.distckpt_write import write_dist_metadata
+from nemo_convert.formats.megatron.megatron_config import nemo_to_provider, provider_family
+from nemo_convert.formats.megatron.megatron_dir import (
     LATEST_TRAIN_STATE,
     OURS,
     RUN_CONFIG,
@@ -41,10 +41,10 @@ from nemo_convert.formats.megatron_dir import (
     iter_dir_name,
     train_state_bytes,
 )
-from nemo_convert.formats.nemo import dump_yaml
-from nemo_convert.formats.nemo_weights import DistWeightsWriter
-from nemo_convert.formats.sink import DirectorySink
-from nemo_convert.formats.staging import staged_output
+from nemo_convert.formats.nemo.nemo import dump_yaml
+from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
+from nemo_convert.formats.io.sink import DirectorySink
+from nemo_convert.formats.io.staging import staged_output
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.tensors.base import TensorSource

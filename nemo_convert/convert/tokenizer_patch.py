@@ -27,10 +27,10 @@ from nemo_convert.convert.common import SECTION, registry_or_default
 from nemo_convert.convert.nemo_defaults import complete_nemo_config
 from nemo_convert.convert.nemo_write import override_vocab_size
 from nemo_convert.errors import InputError, NemoConvertError
-from nemo_convert.formats.nemo import CONFIG_MEMBER, artifact_name, dump_yaml, load_yaml
-from nemo_convert.formats.staging import staged_output
-from nemo_convert.formats.tar_archive import Container, find_member, open_nemo_container
-from nemo_convert.formats.tar_writer import TarWriter
+from nemo_convert.formats.nemo.nemo import CONFIG_MEMBER, artifact_name, dump_yaml, load_yaml
+from nemo_convert.formats.io.staging import staged_output
+from nemo_convert.formats.io.tar_archive import Container, find_member, open_nemo_container
+from nemo_convert.formats.io.tar_writer import TarWriter
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import TokenizerPatcher
 from nemo_convert.tokenizers import detect_tokenizer_kind

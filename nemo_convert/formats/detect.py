@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats.megatron_dir import is_megatron_dir
+from nemo_convert.formats.megatron.megatron_dir import is_megatron_dir
 
 Kind = Literal["hf", "nemo", "nemo2", "megatron", "qnemo", "training", "safetensors", "missing", "unknown"]
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats.megatron_dir import is_megatron_dir, open_megatron_dir
-from nemo_convert.formats.nemo import KindsFor, NemoCheckpoint, open_nemo
+from nemo_convert.formats.megatron.megatron_dir import is_megatron_dir, open_megatron_dir
+from nemo_convert.formats.nemo.nemo import KindsFor, NemoCheckpoint, open_nemo
 
 
 def open_model_checkpoint(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | None = None,
                           tensor_parallel: Any = None, iteration: int | None = None) -> NemoCheckpoint:
-    """:func:`~nemo_convert.formats.nemo.open_nemo`, or
-    :func:`~nemo_convert.formats.megatron_dir.open_megatron_dir` for a Megatron directory
+    """:func:`~nemo_convert.formats.nemo.nemo.open_nemo`, or
+    :func:`~nemo_convert.formats.megatron.megatron_dir.open_megatron_dir` for a Megatron directory
     (``iteration`` picks its ``iter_XXXXXXX/``; it is refused for anything else)."""
     if is_megatron_dir(path):
         return open_megatron_dir(path, iteration=iteration, trust_pickle=trust_pickle, kinds_for=kinds_for,

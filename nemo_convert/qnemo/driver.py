@@ -48,10 +48,10 @@ from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
 from nemo_convert.errors import OutputExistsError, UnsupportedError
 from nemo_convert.families.trtllm import TrtllmTable
-from nemo_convert.formats.nemo import dump_yaml
-from nemo_convert.formats.sink import MemberSink
-from nemo_convert.formats.staging import refuse_overlap, staged_output
-from nemo_convert.formats.tar_writer import TarWriter
+from nemo_convert.formats.nemo.nemo import dump_yaml
+from nemo_convert.formats.io.sink import MemberSink
+from nemo_convert.formats.io.staging import refuse_overlap, staged_output
+from nemo_convert.formats.io.tar_writer import TarWriter
 from nemo_convert.hf_config import hf_dtype_name
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.plugins.manager import Registry, get_registry

@@ -51,7 +51,7 @@ def tokenizer_from_hf(folder: str, hf_cfg: dict[str, Any],
 
 def tokenizer_from_nemo(ckpt: Any, cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, bytes]]:
     """``(tokenizer section, {file name: bytes})`` of a ``.nemo`` (``ckpt``: a
-    :class:`~nemo_convert.formats.nemo.NemoCheckpoint`)."""
+    :class:`~nemo_convert.formats.nemo.nemo.NemoCheckpoint`)."""
     files: dict[str, bytes] = {}
     section = copy.deepcopy(cfg.get("tokenizer")) if isinstance(cfg.get("tokenizer"), dict) else None
     ours = (cfg.get(SECTION) or {}).get("tokenizer_files") or {}

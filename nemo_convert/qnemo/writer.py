@@ -12,8 +12,8 @@ from typing import BinaryIO
 import torch
 
 from nemo_convert.errors import NemoConvertError
-from nemo_convert.formats.output_file import write_tensor
-from nemo_convert.formats.safetensors_writer import build_header
+from nemo_convert.formats.io.output_file import write_tensor
+from nemo_convert.formats.hf.safetensors_writer import build_header
 from nemo_convert.tensors.base import TensorInfo
 
 METADATA = {"format": "pt"}

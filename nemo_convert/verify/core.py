@@ -15,8 +15,8 @@ from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
 from nemo_convert.convert.nemo_to_hf import export_hf, plan_to_hf, tokenizer_files
 from nemo_convert.errors import InputError, PluginError
 from nemo_convert.formats.detect import require_kind
-from nemo_convert.formats.hf import HFCheckpoint, open_hf
-from nemo_convert.formats.nemo import NemoCheckpoint
+from nemo_convert.formats.hf.hf import HFCheckpoint, open_hf
+from nemo_convert.formats.nemo.nemo import NemoCheckpoint
 from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.mapping.rules import PlanContext
 from nemo_convert.plugins.manager import Registry

@@ -4,7 +4,7 @@ That package costs ~0.9 s to import (it pulls in the compiler stack) — more th
 of resharding a 1.5 GB model. The pickle only *names* torch's dataclasses, so an
 allow-listing unpickler resolves those names to the small stand-ins below, which hold
 the same fields. Nothing else can be constructed. Writing has its own stand-ins
-(:mod:`nemo_convert.formats.dcp_pickle`).
+(:mod:`nemo_convert.formats.dist_checkpoint.dcp_pickle`).
 """
 
 from __future__ import annotations

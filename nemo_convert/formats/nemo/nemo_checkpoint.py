@@ -1,6 +1,6 @@
 """What every ``.nemo`` reader shares: the opened checkpoint (:class:`NemoCheckpoint`),
 the config YAML, the vocabulary-padding trim, and how a family's tensor kinds are asked
-for (:data:`KindsFor`). Both :mod:`.nemo` (NeMo 1) and :mod:`.nemo2` (NeMo 2.0) build on
+for (:data:`KindsFor`). Both :mod:`.nemo` (NeMo 1) and :mod:`~nemo_convert.formats.nemo2.nemo2` (NeMo 2.0) build on
 it, so neither imports the other's module for these."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats.tar_archive import Container
+from nemo_convert.formats.io.tar_archive import Container
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy

@@ -14,9 +14,9 @@ from typing import Any
 import yaml
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats.distckpt_read import DistCheckpointSource
-from nemo_convert.formats.nemo_checkpoint import KindsFor, NemoCheckpoint, VocabTrimView
-from nemo_convert.formats.tar_archive import DirectoryContainer
+from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.nemo.nemo_checkpoint import KindsFor, NemoCheckpoint, VocabTrimView
+from nemo_convert.formats.io.tar_archive import DirectoryContainer
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.tensors.views import PrefixView
 

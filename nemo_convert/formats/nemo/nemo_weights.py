@@ -18,9 +18,9 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from nemo_convert.errors import ShapeError
-from nemo_convert.formats.distckpt_write import DistCheckpointWriter, write_dist_metadata
-from nemo_convert.formats.sink import MemberSink
-from nemo_convert.formats.torch_save import TorchSaveWriter
+from nemo_convert.formats.dist_checkpoint.distckpt_write import DistCheckpointWriter, write_dist_metadata
+from nemo_convert.formats.io.sink import MemberSink
+from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
 from nemo_convert.sharding.layout import split_layer_name
 from nemo_convert.tensors.base import TensorInfo
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats.safetensors_writer import SafetensorsStreamWriter
+from nemo_convert.formats.hf.safetensors_writer import SafetensorsStreamWriter
 from nemo_convert.hf_config import read_config_json
 from nemo_convert.tensors.pieces import Lazy
 from nemo_convert.tensors.base import TensorInfo, TensorSource

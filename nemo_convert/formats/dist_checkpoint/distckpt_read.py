@@ -9,7 +9,7 @@ Megatron's module names). Megatron ≥ 0.15's per-layer layout passes through, w
 ``weight_w``/``weight_v`` halves presented as one ``weight`` (``cat([w, v], 0)``).
 
 A chunk's bytes are the ``torch.save`` of one tensor, read by
-:mod:`~nemo_convert.formats.distckpt_chunk`: its small headers parsed, then its storage
+:mod:`~nemo_convert.formats.dist_checkpoint.distckpt_chunk`: its small headers parsed, then its storage
 memory-mapped in place when aligned, or just the needed rows read otherwise; anything
 unusual falls back to a plain ``torch.load(weights_only=True)``.
 """
@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats.distckpt import DCP_METADATA, METADATA_JSON
-from nemo_convert.formats.distckpt_chunk import ChunkLayout, layout_tensor, load_chunk, read_layout
-from nemo_convert.formats.distckpt_meta import (
+from nemo_convert.formats.dist_checkpoint.distckpt import DCP_METADATA, METADATA_JSON
+from nemo_convert.formats.dist_checkpoint.distckpt_chunk import ChunkLayout, layout_tensor, load_chunk, read_layout
+from nemo_convert.formats.dist_checkpoint.distckpt_meta import (
     BytesStorageMetadata,
     MetadataIndex,
     load_metadata,

@@ -10,7 +10,7 @@ from typing import BinaryIO, Sequence
 
 
 from nemo_convert.errors import NemoConvertError
-from nemo_convert.formats.output_file import open_output, tensor_bytes, write_tensor  # noqa: F401  (tensor_bytes re-exported)
+from nemo_convert.formats.io.output_file import open_output, tensor_bytes, write_tensor  # noqa: F401  (tensor_bytes re-exported)
 from nemo_convert.tensors.pieces import Lazy
 from nemo_convert.tensors.base import DTYPE_TO_SAFETENSORS, TensorInfo
 

@@ -15,8 +15,8 @@ from typing import BinaryIO
 import torch
 
 from nemo_convert.errors import InputError, ShapeError
-from nemo_convert.formats.tar_archive import Container
-from nemo_convert.formats.torch_save import TorchSaveWriter
+from nemo_convert.formats.io.tar_archive import Container
+from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout
 from nemo_convert.sharding.tensor import TensorParallel, deferred

@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_convert.errors import InputError, UnsupportedError
-from nemo_convert.formats.distckpt_meta import MetadataIndex
-from nemo_convert.formats.distckpt_read import DistCheckpointSource
-from nemo_convert.formats.nemo_ranks import WEIGHTS, PerRankSource
-from nemo_convert.formats.tar_archive import Container
+from nemo_convert.formats.dist_checkpoint.distckpt_meta import MetadataIndex
+from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.nemo.nemo_ranks import WEIGHTS, PerRankSource
+from nemo_convert.formats.io.tar_archive import Container
 from nemo_convert.sharding.layout import ParallelLayout, split_layer_name
 from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
 from nemo_convert.tensors.torch_zip import LazyTensor
 from nemo_convert.tensors.torch_zip_source import TorchZipSource
 from nemo_convert.tensors.views import MultiSource, PrefixView
 
-from nemo_convert.formats.ptl_locate import (  # noqa: F401  (re-exported)
+from nemo_convert.formats.ptl.ptl_locate import (  # noqa: F401  (re-exported)
     CKPT_SUFFIX,
     DIST_MARKER,
     COMMON_PT,
@@ -120,7 +120,7 @@ def is_weight(key: str, prefix: str) -> bool:
 
 class _RankFiles(Container):
     """The files of a per-rank checkpoint as a container with the member names
-    :class:`~nemo_convert.formats.nemo_ranks.PerRankSource` reads
+    :class:`~nemo_convert.formats.nemo.nemo_ranks.PerRankSource` reads
     (``<rank folder>/model_weights.ckpt``)."""
 
     def __init__(self, loc: Located, layout: ParallelLayout) -> None:

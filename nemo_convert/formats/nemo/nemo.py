@@ -13,13 +13,13 @@ import os
 from typing import Any
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats.distckpt_read import DistCheckpointSource
-from nemo_convert.formats.nemo2 import open_nemo2
-from nemo_convert.formats.nemo_checkpoint import (  # noqa: F401  (re-exported)
+from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.nemo2.nemo2 import open_nemo2
+from nemo_convert.formats.nemo.nemo_checkpoint import (  # noqa: F401  (re-exported)
     CONFIG_MEMBER, KindsFor, NemoCheckpoint, VocabTrimView, dump_yaml, load_yaml)
-from nemo_convert.formats.nemo_ranks import PerRankSource
-from nemo_convert.formats.sink import MemberSink
-from nemo_convert.formats.tar_archive import Container, find_member, open_nemo_container
+from nemo_convert.formats.nemo.nemo_ranks import PerRankSource
+from nemo_convert.formats.io.sink import MemberSink
+from nemo_convert.formats.io.tar_archive import Container, find_member, open_nemo_container
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout, detect_ranks, parse_rank_dir, rank_dir, split_layer_name
 from nemo_convert.tensors.base import TensorSource

@@ -2,7 +2,7 @@
 
 Tensors arrive chunk by chunk (typically one layer of a stacked ``[L, …]`` tensor at a
 time) and each chunk is ``torch.save``-d straight into one open data member of a
-:class:`~nemo_convert.formats.sink.MemberSink`, exactly as torch's ``FileSystemWriter``
+:class:`~nemo_convert.formats.io.sink.MemberSink`, exactly as torch's ``FileSystemWriter``
 serialises a tensor item; nothing stacked is ever built. Small Python objects
 (``_extra_state`` ``[None]`` lists) are buffered and appended to the same data member at
 :meth:`DistCheckpointWriter.close`, which then writes ``.metadata``, ``common.pt`` and,
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import torch
 
 from nemo_convert.errors import NemoConvertError, ShapeError
-from nemo_convert.formats.distckpt import (
+from nemo_convert.formats.dist_checkpoint.distckpt import (
     COMMON_PT,
     DCP_METADATA,
     METADATA_JSON,
@@ -38,9 +38,9 @@ from nemo_convert.formats.distckpt import (
     format_box,
     merge_records,
 )
-from nemo_convert.formats.dcp_pickle import metadata_bytes
-from nemo_convert.formats.sink import MemberSink
-from nemo_convert.formats.torch_save import TorchSaveWriter
+from nemo_convert.formats.dist_checkpoint.dcp_pickle import metadata_bytes
+from nemo_convert.formats.io.sink import MemberSink
+from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -3,7 +3,7 @@
 Only the chunk's small headers are parsed (by our own zip and pickle readers, no
 ``torch.load``); its storage is then memory-mapped in place when aligned, or just the
 needed rows are read otherwise; anything unusual is a plain ``torch.load(weights_only=True)``.
-:class:`~nemo_convert.formats.distckpt_read.DistCheckpointSource` decides which chunks
+:class:`~nemo_convert.formats.dist_checkpoint.distckpt_read.DistCheckpointSource` decides which chunks
 make a tensor.
 """
 

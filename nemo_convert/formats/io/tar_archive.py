@@ -24,7 +24,7 @@ import zlib
 from nemo_convert.errors import InputError
 from nemo_convert.tensors.base import ByteRegion, RegionReader
 
-from nemo_convert.formats.tar_writer import _COPY_CHUNK, BLOCK, TarWriter, tar_size_field  # noqa: F401  (re-exported)
+from nemo_convert.formats.io.tar_writer import _COPY_CHUNK, BLOCK, TarWriter, tar_size_field  # noqa: F401  (re-exported)
 
 RECORD = 20 * BLOCK  # tarfile and GNU tar pad archives to whole records
 _MAX_META_HEADER = 1 << 20  # PAX / GNU long-name header blocks larger than this are refused

@@ -12,7 +12,7 @@ import shutil
 from contextlib import contextmanager
 from typing import BinaryIO, Iterator
 
-from nemo_convert.formats.output_file import open_output
+from nemo_convert.formats.io.output_file import open_output
 
 
 BLOCK = 512
@@ -114,7 +114,7 @@ class _MemberStream(io.RawIOBase):
 
     def copy_range(self, fileno: int, offset: int, size: int) -> bool:
         """Append ``size`` bytes of the open file ``fileno`` from byte ``offset`` in the
-        kernel (:meth:`OutputFile.copy_range <nemo_convert.formats.output_file.OutputFile.copy_range>`).
+        kernel (:meth:`OutputFile.copy_range <nemo_convert.formats.io.output_file.OutputFile.copy_range>`).
         False, with nothing written, where that is not available."""
         self._checkClosed()
         copy = getattr(self._f, "copy_range", None)
@@ -138,7 +138,7 @@ class _MemberStream(io.RawIOBase):
 class TarWriter:
     """Writes a deterministic, uncompressed POSIX tar laid out like a NeMo ``.nemo``.
 
-    Implements :class:`~nemo_convert.formats.sink.MemberSink`. Members get the name
+    Implements :class:`~nemo_convert.formats.io.sink.MemberSink`. Members get the name
     ``./<name>``; the root ``./`` and every parent folder get a directory entry before
     their first member. Headers carry uid/gid 0, no user names, mode 0o644 (files) or
     0o755 (folders) and ``mtime``. Names longer than 100 bytes or not ASCII get a PAX

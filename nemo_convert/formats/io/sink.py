@@ -12,7 +12,7 @@ import shutil
 from contextlib import contextmanager
 from typing import BinaryIO, Iterator, Protocol
 
-from nemo_convert.formats.output_file import open_output
+from nemo_convert.formats.io.output_file import open_output
 
 
 class MemberSink(Protocol):

@@ -15,7 +15,7 @@ Layout (``/work/shared/reference/megatron-dirs.md``)::
         mp_rank_XX[_YYY]/model_optim_rng.pt   Megatron-LM's legacy per-rank format instead
 
 A directory is opened as a :class:`MegatronCheckpoint` (a
-:class:`~nemo_convert.formats.nemo.NemoCheckpoint` whose config is translated into NeMo 1
+:class:`~nemo_convert.formats.nemo.nemo.NemoCheckpoint` whose config is translated into NeMo 1
 fields by :mod:`.megatron_config`), so every command that reads a ``.nemo`` reads it.
 Pickles (``common.pt``, ``model_optim_rng.pt``, the common-state entry) go through the
 restricted unpickler: ``args`` becomes a plain dict, torch dtypes stay dtypes, nothing runs.
@@ -34,14 +34,14 @@ from typing import Any, Callable
 import torch
 
 from nemo_convert.errors import ConfigError, InputError, NemoConvertError
-from nemo_convert.formats.distckpt_meta import MetadataIndex
-from nemo_convert.formats.distckpt_read import DistCheckpointSource
-from nemo_convert.formats.megatron_config import args_to_nemo, provider_to_nemo
-from nemo_convert.formats.nemo import NemoCheckpoint, VocabTrimView
-from nemo_convert.formats.nemo import _stage_sizes as stage_sizes
-from nemo_convert.formats.nemo2 import load_context_yaml
-from nemo_convert.formats.nemo_ranks import WEIGHTS, PerRankSource
-from nemo_convert.formats.tar_archive import Container, DirectoryContainer
+from nemo_convert.formats.dist_checkpoint.distckpt_meta import MetadataIndex
+from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.megatron.megatron_config import args_to_nemo, provider_to_nemo
+from nemo_convert.formats.nemo.nemo import NemoCheckpoint, VocabTrimView
+from nemo_convert.formats.nemo.nemo import _stage_sizes as stage_sizes
+from nemo_convert.formats.nemo2.nemo2 import load_context_yaml
+from nemo_convert.formats.nemo.nemo_ranks import WEIGHTS, PerRankSource
+from nemo_convert.formats.io.tar_archive import Container, DirectoryContainer
 from nemo_convert.hf_config import read_json_object
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout, rank_dir
@@ -251,7 +251,7 @@ class LocalSpecNames(RenamedView):
 
 class _LegacyRanks(Container):
     """Megatron-LM's ``mp_rank_XX[_YYY]/model_optim_rng.pt`` as the members that
-    :class:`~nemo_convert.formats.nemo_ranks.PerRankSource` reads."""
+    :class:`~nemo_convert.formats.nemo.nemo_ranks.PerRankSource` reads."""
 
     def __init__(self, folder: str, ranks: dict[tuple[int, int], str], pp: int) -> None:
         super().__init__(folder)

@@ -1,6 +1,6 @@
 """Output files that start writing their finished bytes to disk while the conversion goes on.
 
-Every output is fsynced before it is renamed into place (:mod:`~nemo_convert.formats.staging`).
+Every output is fsynced before it is renamed into place (:mod:`~nemo_convert.formats.io.staging`).
 Left alone, the kernel starts writing dirty pages back late, so that final fsync waits for
 most of the output — ~0.7 s per 1.5 GB on our benchmark machine, half an import. Every
 :data:`WRITEBACK_CHUNK` bytes, :class:`OutputFile` asks Linux to *start* writing the range

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from nemo_convert.formats.output_file import PIECE, Chunk, checksum, tensor_chunks, write_chunks
+from nemo_convert.formats.io.output_file import PIECE, Chunk, checksum, tensor_chunks, write_chunks
 from nemo_convert.tensors.pieces import Lazy
 
 ALIGN = 64

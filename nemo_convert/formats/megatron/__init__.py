@@ -1,0 +1,1 @@
+"""Megatron-Bridge and Megatron-LM checkpoint directories, and their model config spellings."""

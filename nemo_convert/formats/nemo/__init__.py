@@ -1,0 +1,1 @@
+"""NeMo 1 ``.nemo`` checkpoints: the reader (any layout), the weights writers, the per-rank layout."""

@@ -1,0 +1,1 @@
+"""NeMo 2.0 checkpoint folders."""

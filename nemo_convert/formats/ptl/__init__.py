@@ -1,0 +1,1 @@
+"""PyTorch Lightning training checkpoints: finding and reading them."""

@@ -1,0 +1,1 @@
+"""TensorRT-LLM checkpoints (``.qnemo``): the reader (the writer is ``nemo_convert/qnemo/``)."""
