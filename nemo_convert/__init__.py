@@ -5,8 +5,9 @@ The public Python API lives in :mod:`nemo_convert.api`; plugin authors use
 """
 
 from nemo_convert.plugins.hookspecs import hookimpl
-from nemo_convert.plugins.records import CommandOption, ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
+from nemo_convert.plugins.records import (CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget,
+                                         ShardingStrategy, TokenizerPatcher, Verifier)
 
 __version__ = "0.1.0"
 
-__all__ = ["CommandOption", "ModelFamily", "ShardingStrategy", "TokenizerPatcher", "Verifier", "__version__", "hookimpl"]
+__all__ = ["CommandOption", "FamilyOptions", "HFSide", "ModelFamily", "NemoTarget", "ShardingStrategy", "TokenizerPatcher", "Verifier", "__version__", "hookimpl"]

@@ -1,4 +1,4 @@
-"""``ModelFamily.hf_model_class``: the transformers class ``quantize`` calibrates with."""
+"""``ModelFamily.hf.model_class``: the transformers class ``quantize`` calibrates with."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _registry_with_class(name: str) -> Registry:
     class Custom:
         @hookimpl
         def nemo_convert_model_families(self) -> list[Any]:
-            return [dataclasses.replace(LLAMA, name="custom-llama", hf_model_class=name)]
+            return [dataclasses.replace(LLAMA, name="custom-llama", hf=dataclasses.replace(LLAMA.hf, model_class=name))]
 
     return registry_with(("custom", Custom()))
 
@@ -39,7 +39,7 @@ def test_declared_classes_exist() -> None:
     from nemo_convert.plugins.manager import get_registry
 
     for name, fam in get_registry().families.items():
-        assert hf_model_class(fam.record.hf_model_class).__name__ == fam.record.hf_model_class, name
+        assert hf_model_class(fam.record.hf.model_class).__name__ == fam.record.hf.model_class, name
 
 
 def test_calibration_loads_the_family_class(src: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

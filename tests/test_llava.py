@@ -15,18 +15,17 @@ from tiny_models import read_json
 import torch
 from tiny_models import hf_tensors
 
-from nemo_convert import ModelFamily, api
+from nemo_convert import FamilyOptions, NemoTarget, api
 from tiny_multimodal import LLAVA_IMAGE_TOKEN, LLAVA_IMAGE_TOKENS, make_tiny_llava, rename_safetensors_keys
 
 NEVA = "nemo.collections.multimodal.models.multimodal_llm.neva.neva_model.MegatronNevaModel"
 PROJ = "embedding.word_embeddings.adapter_layer.mm_projector_adapter.mm_projector."
 TOWER = "embedding.word_embeddings.vision_encoder.vision_model."
 EMBED = {"embed_vision_tower": True}
-_FIELDS = {f.name for f in dataclasses.fields(ModelFamily)}
 #: the core passes the source's tensor names to the family (spelling detection)
-CORE_SOURCE_OPTIONS = "source_options" in _FIELDS
+CORE_SOURCE_OPTIONS = "from_source" in {f.name for f in dataclasses.fields(FamilyOptions)}
 #: the core can keep a family's non-Megatron layer stacks per layer in the dist layout
-CORE_DIST_UNSTACKED = "dist_unstacked" in _FIELDS
+CORE_DIST_UNSTACKED = "dist_unstacked" in {f.name for f in dataclasses.fields(NemoTarget)}
 
 #: transformers 5 save_pretrained (the builder's output) → the other spellings real
 #: checkpoints have (first matching prefix wins).

@@ -270,7 +270,7 @@ def llama_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def test_every_family_target_has_defaults_and_pins():
     """A family whose NeMo class has no row here would write a config NeMo cannot build."""
     for provided in get_registry().families.values():
-        target = provided.record.nemo_target
+        target = provided.record.nemo.target
         assert defaults_for(target) is not None, target
         if target in DEFAULTS:
             assert target in REQUIRED and target in EMULATE, target

@@ -20,7 +20,7 @@ import pytest
 import torch
 from tiny_models import edit_config, hf_tensors
 
-from nemo_convert import ModelFamily, ShardingStrategy, TokenizerPatcher, api, hookimpl
+from nemo_convert import ModelFamily, NemoTarget, ShardingStrategy, TokenizerPatcher, api, hookimpl
 from nemo_convert.errors import PluginError
 from nemo_convert.plugins import hookspecs, manager
 from nemo_convert.plugins.manager import (DISABLE_ENV, ENTRY_POINT_GROUP, PluginLoadWarning, build_plugin_manager,
@@ -57,7 +57,7 @@ def plugin(*, families=(), patchers=(), strategies=()):
 
 
 def family(name: str, arch: str = "XForCausalLM") -> ModelFamily:
-    return ModelFamily(name=name, hf_architectures=(arch,), hf_model_types=(), nemo_target="x.Y",
+    return ModelFamily(name=name, hf_architectures=(arch,), hf_model_types=(), nemo=NemoTarget("x.Y"),
                        mapping=lambda cfg: None, config_to_nemo=dict, config_to_hf=dict)
 
 

@@ -272,7 +272,7 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
             warnings.append(f"config values that are not plain data were written as text: {', '.join(odd[:8])}"
                             + (f" (and {len(odd) - 8} more)" if len(odd) > 8 else ""))
         fam = reg.family(family) if family else reg.family_for_nemo_config(cfg)
-        cfg.setdefault("target", fam.nemo_target)
+        cfg.setdefault("target", fam.nemo.target)
         src_tp, src_pp = _check_parallel(cfg, ck, warnings)
         mapping = fam.mapping(cfg)
         kinds = nemo_parallel_kinds(mapping, cfg)
@@ -301,7 +301,7 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
                      "training_checkpoint": {"kind": loc.kind, "tp": src_tp, "pp": src_pp, **ck.run}})
         _plan_source(fam, cfg, source, ck)
         mcore = cfg.get("mcore_gpt")
-        layout = layout or ("dist" if mcore is True else "legacy" if mcore is False else fam.default_layout)
+        layout = layout or ("dist" if mcore is True else "legacy" if mcore is False else fam.nemo.default_layout)
         if layout == "legacy":  # per-rank files: by default the parallelism the run trained with
             tp = src_tp if tp is None else tp
             pp = src_pp if pp is None else pp
@@ -320,7 +320,7 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
         else:
             stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
                                par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
-                               progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
+                               progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
                                strategies=Strategies.from_registry(reg))
         total = ck.dropped_total
         files = [loc.rank_file(t, p) for p in range(loc.pp) for t in range(loc.tp)] \

@@ -68,8 +68,8 @@ def pack_tokenizer(fam: ModelFamily, hf_cfg: dict[str, Any], files: dict[str, st
     if not refs:
         return None, refs, members
     model_ref = refs.get("tokenizer.model")
-    if fam.add_tokens and "tokenizer.model" in data:
-        patched, rep = add_tokens_sentencepiece(data["tokenizer.model"], fam.add_tokens, skip_existing=True)
+    if fam.hf.add_tokens and "tokenizer.model" in data:
+        patched, rep = add_tokens_sentencepiece(data["tokenizer.model"], fam.hf.add_tokens, skip_existing=True)
         if patched != data["tokenizer.model"]:
             member = artifact_name(patched, "tokenizer.model")
             members.append((member, patched))
@@ -132,8 +132,8 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
     ``ignore_config_keys`` are left out of the translation (not out of the recorded source
     ``config.json``): the explicit escape from a family's strict config."""
     opts = dict(options or {})
-    if family.source_options is not None:
-        opts = {**family.source_options(copy.deepcopy(hf_cfg), list(source.keys())), **opts}
+    if family.options.from_source is not None:
+        opts = {**family.options.from_source(copy.deepcopy(hf_cfg), list(source.keys())), **opts}
     cfg = nemo_config_of(family, hf_cfg, ignore_config_keys, opts)
     ours = cfg.setdefault(SECTION, {})
     ours.update({"version": __version__, "family": family.name, "source_format": "hf",
@@ -142,7 +142,7 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
         ours["import_options"] = dict(options)
     if ignore_config_keys:
         ours["ignored_config_keys"] = {k: _pop_key(copy.deepcopy(hf_cfg), k) for k in dict.fromkeys(ignore_config_keys)}
-    cfg.setdefault("target", family.nemo_target)
+    cfg.setdefault("target", family.nemo.target)
     plan = plan_conversion(family.mapping(cfg), cfg, source, "to_nemo", allow_unmapped=allow_unmapped)
     return cfg, plan
 
@@ -185,14 +185,14 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     want = parse_dtype(dtype)
     hf_cfg = read_config_json(src)
     fam = reg.family(family) if family else reg.family_for_hf_config(hf_cfg)
-    unknown = sorted(set(options or {}) - set(fam.import_options))
+    unknown = sorted(set(options or {}) - set(fam.options.keys))
     if unknown:
         raise NemoConvertError(f"family {fam.name!r} has no import option(s) {', '.join(unknown)} "
-                               f"(it accepts: {', '.join(fam.import_options) or 'none'})")
-    layout = layout or fam.default_layout
+                               f"(it accepts: {', '.join(fam.options.keys) or 'none'})")
+    layout = layout or fam.nemo.default_layout
     if layout not in LAYOUTS:
         raise NemoConvertError(f"unknown layout {layout!r} (use {' or '.join(LAYOUTS)})")
-    ckpt = open_hf(src, tokenizer_files=fam.tokenizer_files, trust_pickle=trust_pickle)
+    ckpt = open_hf(src, tokenizer_files=fam.hf.tokenizer_files, trust_pickle=trust_pickle)
     notes: list[str] = []
     try:
         quantized = ckpt.config.get("quantization_config")
@@ -230,7 +230,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
             notes += restore_notes(cfg)
             stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
                                par=parallel or Parallelism(), overwrite=overwrite, packed=packed,
-                               progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
+                               progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
                                workers=workers, strategies=Strategies.from_registry(reg), compute=compute)
         notes += compute.notes(plan, ckpt.source)
     finally:

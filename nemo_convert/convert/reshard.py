@@ -98,7 +98,7 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, ep: int = 1, layout
             artifacts = carried_artifacts(ckpt, cfg)
             stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
                                par=Parallelism(tp, pp, stage_layers, ep), overwrite=overwrite, packed=packed,
-                               progress=progress, artifacts=artifacts, unstacked=fam.dist_unstacked,
+                               progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
                                workers=workers, strategies=Strategies.from_registry(reg), compute=compute)
         notes += compute.notes(plan, source)
     finally:

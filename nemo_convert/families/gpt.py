@@ -24,7 +24,7 @@ from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_r
 from nemo_convert.mapping.ops import largest_pow2_divisor
 from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
                                         StackedExperts, Tied, cfg_get, layer_pattern)
-from nemo_convert.plugins.records import ModelFamily
+from nemo_convert.plugins.records import FamilyOptions, HFSide, ModelFamily, NemoTarget
 
 NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
 
@@ -618,20 +618,25 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
                **extra: Any) -> ModelFamily:
     """A dense decoder family: the GPT block with ``features``, translated by ``config``
     (``GPT_CONFIG.extend(...)``). ``claims`` recognises a NeMo-written ``MegatronGPTModel``
-    config as this family's (``None``: the default family, Llama). The TensorRT-LLM target
-    of ``quantize`` is the GPT base's table where TensorRT-LLM's model for ``architecture``
-    is confirmed (:func:`~nemo_convert.families.trtllm.gpt_trtllm`). ``extra`` passes other
-    :class:`ModelFamily` fields (``trtllm=``, ``hf_model_class=``)."""
+    config as this family's (``None``: the default family, Llama). The NeMo side is
+    ``MegatronGPTModel`` in the ``dist`` layout (plus ``nemo2_targets``); the HF side's
+    transformers class is ``architecture``. The TensorRT-LLM target of ``quantize`` is the
+    GPT base's table where TensorRT-LLM's model for ``architecture`` is confirmed
+    (:func:`~nemo_convert.families.trtllm.gpt_trtllm`). An MoE block adds the ``hf_experts``
+    import option, read from the tensor names. ``extra`` replaces other :class:`ModelFamily`
+    fields (``trtllm=``, ``hf=HFSide(...)``)."""
     to_nemo, to_hf = table_translation(config.extend(hf_constants={"architectures": [architecture],
                                                                     "model_type": model_type}), name)
+    options = FamilyOptions()
     if features.moe is not None:
         to_nemo = _with_expert_layout(to_nemo, name)
-        extra = {"source_options": hf_experts_layout, "import_options": ("hf_experts",), **extra}
+        options = FamilyOptions(keys=("hf_experts",), from_source=hf_experts_layout)
+    fields: dict[str, Any] = {
+        "nemo": NemoTarget(NEMO_GPT_TARGET, nemo2_targets=nemo2_targets, default_layout="dist"),
+        "hf": HFSide(model_class=architecture), "options": options, "trtllm": gpt_trtllm(architecture), **extra}
     return ModelFamily(
-        name=name, hf_architectures=(architecture,), hf_model_types=(model_type,), nemo_target=NEMO_GPT_TARGET,
-        mapping=gpt_mapping(features), config_to_nemo=to_nemo, config_to_hf=to_hf, default_layout="dist",
-        nemo2_targets=nemo2_targets, description=description, claims_nemo_config=claims,
-        **{"hf_model_class": architecture, "trtllm": gpt_trtllm(architecture), **extra})
+        name=name, hf_architectures=(architecture,), hf_model_types=(model_type,), mapping=gpt_mapping(features),
+        config_to_nemo=to_nemo, config_to_hf=to_hf, description=description, claims_nemo_config=claims, **fields)
 
 
 def never(cfg: dict[str, Any]) -> bool:

@@ -1,5 +1,5 @@
 """The plugin system: pluggy hook specifications, typed records, and the manager."""
 
-from nemo_convert.plugins.records import ModelFamily, ShardingStrategy, TokenizerPatcher
+from nemo_convert.plugins.records import FamilyOptions, HFSide, ModelFamily, NemoTarget, ShardingStrategy, TokenizerPatcher
 
-__all__ = ["ModelFamily", "ShardingStrategy", "TokenizerPatcher"]
+__all__ = ["FamilyOptions", "HFSide", "ModelFamily", "NemoTarget", "ShardingStrategy", "TokenizerPatcher"]

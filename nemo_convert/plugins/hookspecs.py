@@ -56,8 +56,8 @@ def nemo_convert_model_families() -> list[ModelFamily]:
         def nemo_convert_model_families():
             return [ModelFamily(name="mistral", hf_architectures=("MistralForCausalLM",),
                                 hf_model_types=("mistral",),
-                                nemo_target="nemo.collections.nlp.models.language_modeling."
-                                            "megatron_gpt_model.MegatronGPTModel",
+                                nemo=NemoTarget("nemo.collections.nlp.models.language_modeling."
+                                                "megatron_gpt_model.MegatronGPTModel"),
                                 mapping=_mapping, config_to_nemo=..., config_to_hf=...)]
     """
     raise NotImplementedError

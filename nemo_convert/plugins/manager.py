@@ -99,7 +99,7 @@ class Registry:
         if ours:
             return self.family(ours)
         target = config.get("target")
-        same = [p.record for p in self.families.values() if target and target == p.record.nemo_target]
+        same = [p.record for p in self.families.values() if target and target == p.record.nemo.target]
         claimed = [f for f in same if f.claims_nemo_config is not None and f.claims_nemo_config(config)]
         if len(claimed) > 1:
             raise PluginError(f"NeMo target {target!r}: the config fits families {', '.join(f.name for f in claimed)}; "
@@ -109,7 +109,7 @@ class Registry:
             return (claimed or default)[0]
         target2 = config.get("nemo2_target")
         for p in self.families.values():
-            if target2 and target2 in p.record.nemo2_targets:
+            if target2 and target2 in p.record.nemo.nemo2_targets:
                 return p.record
         raise PluginError(f"no installed model family handles NeMo target {target or config.get('nemo2_target')!r}; "
                           "pass --family")
@@ -118,7 +118,7 @@ class Registry:
         """The command-line options plugins declare (families' ``cli_options``, verifiers'
         ``options``), each once; one flag declared differently twice is an error naming both."""
         seen: dict[tuple[str, str], tuple[CommandOption, str]] = {}
-        declared = [(o, p.plugin) for p in self.families.values() for o in p.record.cli_options]
+        declared = [(o, p.plugin) for p in self.families.values() for o in p.record.options.cli]
         declared += [(o, p.plugin) for p in self.verifiers.values() for o in p.record.options]
         for opt, plugin in declared:
             other = seen.get((opt.command, opt.flag))

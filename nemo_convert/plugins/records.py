@@ -10,76 +10,123 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
+    from nemo_convert.families.trtllm import TrtllmTable
     from nemo_convert.mapping.rules import Mapping
+
+
+#: the HF tokenizer files a family keeps unless it names its own (:attr:`HFSide.tokenizer_files`)
+DEFAULT_TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.model",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+
+@dataclass(frozen=True)
+class NemoTarget:
+    """The NeMo side of a family: which model class it writes and reads, and how NeMo lays
+    its weights out.
+
+    :param target: the NeMo model class written to ``model_config.yaml`` ``target`` (also
+        how a ``.nemo`` NeMo wrote is recognised).
+    :param nemo2_targets: NeMo 2.0 model classes (``_target_`` of ``context/model.yaml``)
+        this family reads.
+    :param default_layout: ``"dist"`` (Megatron-Core distributed checkpoint) or
+        ``"legacy"`` (one ``model_weights.ckpt``), the layout NeMo itself uses.
+    :param dist_unstacked: logical-name prefixes that the dist layout stores one key per
+        layer instead of stacking (modules NeMo keeps per layer, like NeVA's HF tower).
+    """
+
+    target: str
+    nemo2_targets: tuple[str, ...] = ()
+    default_layout: Literal["dist", "legacy"] = "dist"
+    dist_unstacked: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HFSide:
+    """The Hugging Face side of a family beyond its tensors and ``config.json``.
+
+    :param model_class: the name of the ``transformers`` model class that loads the
+        family's HF checkpoints (default ``AutoModelForCausalLM``); ``quantize`` runs it to
+        calibrate.
+    :param tokenizer_files: HF tokenizer file names that travel with the model.
+    :param add_tokens: tokens added to the SentencePiece tokenizer on import (NeVA adds
+        ``<extra_id_0>`` …); the vocabulary change is reported, embeddings are not resized.
+    """
+
+    model_class: str = "AutoModelForCausalLM"
+    tokenizer_files: tuple[str, ...] = DEFAULT_TOKENIZER_FILES
+    add_tokens: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FamilyOptions:
+    """The family-specific import options ``config_to_nemo`` accepts, and where they come from.
+
+    :param keys: names of the keyword options ``config_to_nemo`` accepts
+        (``--option KEY=VALUE``; e.g. ``("embed_vision_tower",)``); others are refused.
+    :param cli: command-line switches for some of them (:class:`CommandOption` with
+        ``command="import"``; its ``key`` one of ``keys``): the CLI adds each to ``import``
+        and passes a given one as the import option ``key`` (LLaVA's
+        ``--embed-vision-tower``).
+    :param from_source: ``from_source(hf_config, source_tensor_names) -> options``:
+        options derived from the checkpoint itself (e.g. which key spelling it uses),
+        passed to ``config_to_nemo`` under the user's explicit options.
+    """
+
+    keys: tuple[str, ...] = ()
+    cli: tuple["CommandOption", ...] = ()
+    from_source: "Callable[[dict[str, Any], Sequence[str]], dict[str, Any]] | None" = None
 
 
 @dataclass(frozen=True)
 class ModelFamily:
     """A model family: how one kind of HF model maps onto one kind of NeMo model.
 
+    What recognises the family's checkpoints:
+
     :param name: unique short name, used by ``--family`` (e.g. ``"llama"``).
     :param hf_architectures: values of ``config.json`` ``architectures`` this family handles.
     :param hf_model_types: values of ``config.json`` ``model_type`` this family handles.
-    :param nemo_target: the NeMo model class written to ``model_config.yaml`` ``target``.
+    :param claims_nemo_config: for a ``.nemo`` NeMo wrote (no record of its family) whose
+        ``target`` several families share: does this config look like this family's
+        (Gemma: ``apply_embedding_scaling``)? ``None``: the family is the default for its
+        target (Llama for ``MegatronGPTModel``).
+    :param description: one line for ``nemo-convert plugins``.
+
+    What it translates:
+
     :param mapping: builds the key mapping (rules as data) for a NeMo config. Called
         with the NeMo config so rules can depend on it (``when=`` conditions are the
         usual way; a function is an escape hatch).
     :param config_to_nemo: HF ``config.json`` dict → NeMo ``model_config.yaml`` dict.
     :param config_to_hf: NeMo config dict → HF ``config.json`` dict (export).
-    :param default_layout: ``"dist"`` (Megatron-Core distributed checkpoint) or
-        ``"legacy"`` (one ``model_weights.ckpt``), the layout NeMo itself uses.
-    :param tokenizer_files: HF tokenizer file names that travel with the model.
-    :param hf_model_class: the name of the ``transformers`` model class that loads the
-        family's HF checkpoints (default ``AutoModelForCausalLM``); ``quantize`` runs it to
-        calibrate.
+
+    Its targets and options:
+
+    :param nemo: the NeMo side (:class:`NemoTarget`: model class, NeMo 2.0 classes, layout).
+    :param hf: the HF side (:class:`HFSide`: transformers class, tokenizer files, added
+        tokens); default :class:`HFSide()`.
+    :param options: family-specific import options (:class:`FamilyOptions`); default none.
     :param trtllm: optional :class:`~nemo_convert.families.trtllm.TrtllmTable` for
         ``quantize``: NeMo logical names → TensorRT-LLM names and config fields (the GPT
         base's for a confirmed GPT-base family; the HF side comes from ``mapping``).
-    :param add_tokens: tokens added to the SentencePiece tokenizer on import (NeVA adds
-        ``<extra_id_0>`` …); the vocabulary change is reported, embeddings are not resized.
-    :param source_options: ``source_options(hf_config, source_tensor_names) -> options``:
-        options derived from the checkpoint itself (e.g. which key spelling it uses),
-        passed to ``config_to_nemo`` under the user's explicit options.
-    :param dist_unstacked: logical-name prefixes that the dist layout stores one key per
-        layer instead of stacking (modules NeMo keeps per layer, like NeVA's HF tower).
-    :param claims_nemo_config: for a ``.nemo`` NeMo wrote (no record of its family) whose
-        ``target`` several families share: does this config look like this family's
-        (Gemma: ``apply_embedding_scaling``)? ``None``: the family is the default for its
-        target (Llama for ``MegatronGPTModel``).
-    :param nemo2_targets: NeMo 2.0 model classes (``_target_`` of ``context/model.yaml``)
-        this family reads.
-    :param import_options: names of family-specific keyword options that
-        ``config_to_nemo`` accepts (e.g. ``("embed_vision_tower",)``).
-    :param cli_options: command-line switches for some of them
-        (:class:`CommandOption` with ``command="import"``; its ``key`` one of
-        ``import_options``): the CLI adds each to ``import`` and passes a given one as the
-        import option ``key`` (LLaVA's ``--embed-vision-tower``).
     """
 
     name: str
     hf_architectures: tuple[str, ...]
     hf_model_types: tuple[str, ...]
-    nemo_target: str
+    nemo: NemoTarget
     mapping: "Callable[[dict[str, Any]], Mapping]"
     config_to_nemo: Callable[[dict[str, Any]], dict[str, Any]]
     config_to_hf: Callable[[dict[str, Any]], dict[str, Any]]
-    default_layout: str = "dist"
-    tokenizer_files: tuple[str, ...] = (
-        "tokenizer.model",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-    )
-    hf_model_class: str = "AutoModelForCausalLM"
+    hf: HFSide = HFSide()
+    options: FamilyOptions = FamilyOptions()
+    trtllm: "TrtllmTable | None" = None
     description: str = ""
-    trtllm: Any = None
-    add_tokens: tuple[str, ...] = ()
-    import_options: tuple[str, ...] = ()
-    nemo2_targets: tuple[str, ...] = ()
-    source_options: "Callable[[dict[str, Any], Sequence[str]], dict[str, Any]] | None" = None
-    dist_unstacked: tuple[str, ...] = ()
     claims_nemo_config: Callable[[dict[str, Any]], bool] | None = None
-    cli_options: tuple["CommandOption", ...] = ()
 
 
 @dataclass(frozen=True)

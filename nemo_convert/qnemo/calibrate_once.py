@@ -60,7 +60,7 @@ def _calibrate(job: Job, src: str, out: str, *, calib_data: str | None, calib_si
         stats = calib.calibrate(folder, ids, plan.calibration_modules(), dtype=plan.dtype, device=dev,
                                 batch_size=calib_batch_size, kv_modules=kv_mods,
                                 max_samples=64 if plan.algo == "int4_awq" else 0,
-                                model_class=job.fam.hf_model_class, progress=progress)
+                                model_class=job.fam.hf.model_class, progress=progress)
         check_stats(plan, stats)
     finally:
         if tmp is not None:

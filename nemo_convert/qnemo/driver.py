@@ -207,7 +207,7 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             fam = reg.family(family) if family else reg.family_for_hf_config(ck.config)
             hf_cfg = ck.config
             source: TensorSource = ck.source
-            tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.tokenizer_files)
+            tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.hf.tokenizer_files)
             warnings: list[str] = []
             nemo_cfg = nemo_config_of(fam, hf_cfg, ignore_config_keys)
         else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import fnmatch
 import os
 import tempfile
@@ -20,7 +19,7 @@ from nemo_convert.formats.nemo.nemo import NemoCheckpoint
 from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.mapping.rules import PlanContext
 from nemo_convert.plugins.manager import Registry
-from nemo_convert.plugins.records import ModelFamily, Verifier
+from nemo_convert.plugins.records import DEFAULT_TOKENIZER_FILES, ModelFamily, Verifier
 from nemo_convert.verify.configs import compare_hf_configs, diff_config
 from nemo_convert.verify.report import (
     ConfigDiff,
@@ -31,8 +30,6 @@ from nemo_convert.verify.report import (
 from nemo_convert.verify.tensors import HFView, compare_tensors
 from nemo_convert.verify.tokenizers import PROBE_TEXTS, compare_tokenizers
 
-DEFAULT_TOKENIZER_FILES: tuple[str, ...] = next(
-    f.default for f in dataclasses.fields(ModelFamily) if f.name == "tokenizer_files")  # type: ignore[misc]
 
 
 @dataclass
@@ -87,7 +84,7 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool,
                 fam = None
             side = _Side(SideInfo(path, "hf", None, fam.name if fam else None), hf, HFView(hf.source),
                          hf.config, fam,
-                         _read_folder_files(path, fam.tokenizer_files if fam else DEFAULT_TOKENIZER_FILES),
+                         _read_folder_files(path, fam.hf.tokenizer_files if fam else DEFAULT_TOKENIZER_FILES),
                          hf.generation_config)
             if fam is not None:
                 try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_convert import ModelFamily
+from nemo_convert import HFSide, ModelFamily, NemoTarget
 from nemo_convert.mapping import FuseQKV, Mapping, Parallel, Rename, Reshape
 from nemo_convert_clip.config import NEMO_CLIP_TARGET, clip_config_to_hf, clip_config_to_nemo
 
@@ -92,13 +92,13 @@ CLIP = ModelFamily(
     name="clip",
     hf_architectures=("CLIPModel",),
     hf_model_types=("clip",),
-    nemo_target=NEMO_CLIP_TARGET,
     mapping=clip_mapping,
     config_to_nemo=clip_config_to_nemo,
     config_to_hf=clip_config_to_hf,
-    default_layout="legacy",  # MegatronCLIPModel has no sharded_state_dict: one model_weights.ckpt
-    tokenizer_files=("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                     "merges.txt", "preprocessor_config.json"),
-    hf_model_class="CLIPModel",
+    # MegatronCLIPModel has no sharded_state_dict: one model_weights.ckpt
+    nemo=NemoTarget(NEMO_CLIP_TARGET, default_layout="legacy"),
+    hf=HFSide(model_class="CLIPModel",
+              tokenizer_files=("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                               "merges.txt", "preprocessor_config.json")),
     description="CLIP (HF CLIPModel ⇄ NeMo MegatronCLIPModel, mcore vision and text towers)",
 )

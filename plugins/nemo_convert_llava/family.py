@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nemo_convert import CommandOption, ModelFamily
+from nemo_convert import CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget
 from nemo_convert.mapping import Mapping, Rename, cfg_get
 from nemo_convert_clip.family import clip_vision_tower_mapping
 from nemo_convert_llama.family import llama_mapping
@@ -96,24 +96,30 @@ LLAVA = ModelFamily(
     name="llava",
     hf_architectures=("LlavaForConditionalGeneration",),
     hf_model_types=("llava",),
-    nemo_target=NEVA_TARGET,
     mapping=llava_mapping,
     config_to_nemo=llava_config_to_nemo,
     config_to_hf=llava_config_to_hf,
-    # NeVA is a MegatronGPTModel with mcore_gpt; its sharded_state_dict is not None, so
-    # NeMo saves it as a torch_dist checkpoint (model_weights/).
-    default_layout="dist",
-    tokenizer_files=("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                     "added_tokens.json", "preprocessor_config.json", "processor_config.json",
-                     "chat_template.json", "chat_template.jinja"),
-    hf_model_class="LlavaForConditionalGeneration",
+    nemo=NemoTarget(
+        NEVA_TARGET,
+        # NeVA is a MegatronGPTModel with mcore_gpt; its sharded_state_dict is not None, so
+        # NeMo saves it as a torch_dist checkpoint (model_weights/).
+        default_layout="dist",
+        # NeVA saves its HF tower through make_sharded_tensors_for_checkpoint: a key per layer.
+        dist_unstacked=("embedding.word_embeddings.vision_encoder.",),
+    ),
+    hf=HFSide(
+        model_class="LlavaForConditionalGeneration",
+        tokenizer_files=("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                         "added_tokens.json", "preprocessor_config.json", "processor_config.json",
+                         "chat_template.json", "chat_template.jinja"),
+        add_tokens=NEVA_EXTRA_TOKENS,
+    ),
+    options=FamilyOptions(
+        keys=("embed_vision_tower", "hf_key_spelling", "vision_tower_name", "conv_template"),
+        cli=(CommandOption("import", "--embed-vision-tower",
+                           "LLaVA: store the vision tower in the .nemo (self-contained; export reproduces the "
+                           "full HF checkpoint). Same as --option embed_vision_tower=true"),),
+        from_source=llava_source_options,
+    ),
     description="LLaVA 1.5 (HF LlavaForConditionalGeneration ⇄ NeVA: Llama + CLIP tower + mlp2x_gelu projector)",
-    add_tokens=NEVA_EXTRA_TOKENS,
-    import_options=("embed_vision_tower", "hf_key_spelling", "vision_tower_name", "conv_template"),
-    cli_options=(CommandOption("import", "--embed-vision-tower",
-                               "LLaVA: store the vision tower in the .nemo (self-contained; export reproduces the "
-                               "full HF checkpoint). Same as --option embed_vision_tower=true"),),
-    # NeVA saves its HF tower through make_sharded_tensors_for_checkpoint: a key per layer.
-    source_options=llava_source_options,
-    dist_unstacked=("embedding.word_embeddings.vision_encoder.",),
 )

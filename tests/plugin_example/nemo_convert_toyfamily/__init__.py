@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from nemo_convert import ModelFamily, hookimpl
+from nemo_convert import ModelFamily, NemoTarget, hookimpl
 from nemo_convert.hf_config import read_rope, require
 from nemo_convert.mapping import FuseGated, FuseQKV, Mapping, Parallel, Rename, Tied
 
@@ -103,7 +103,7 @@ TOY_GPT = ModelFamily(
     name="toy-gpt",
     hf_architectures=("ToyForCausalLM",),
     hf_model_types=("toy",),
-    nemo_target=NEMO_GPT,
+    nemo=NemoTarget(NEMO_GPT),
     mapping=toy_mapping,
     config_to_nemo=toy_config_to_nemo,
     config_to_hf=toy_config_to_hf,
