@@ -646,6 +646,74 @@ def test_metadata_pickle_is_byte_identical_to_torchs() -> None:
     assert metadata_bytes(tensors, objects, d.DCP_VERSION) == pickle.dumps(torch_metadata(rec))
 
 
+
+def moe_like_records(experts: int = 64, layers: int = 8, ranks: int = 3) -> Any:
+    """A large MoE-like record set: per layer a ``[E, 2F, H]`` and an ``[E, H, F]`` expert
+    key written one expert (chunk) at a time, round-robin over several data files, plus
+    dense tensors of several dtypes, a BYTE_IO object per layer and ``_extra_state``
+    shards — over a thousand chunk records, a pickle of several 64 KiB frames."""
+    from nemo_convert.formats import distckpt as d
+
+    tensors: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    chunks, objects, pos = [], [], [0] * ranks
+
+    def add(key: str, offsets: tuple[int, ...], sizes: tuple[int, ...], n: int) -> None:
+        r = len(chunks) % ranks
+        chunks.append(d.ChunkRecord(key, offsets, sizes, f"__{r}_0.distcp", pos[r], n))
+        pos[r] += n + 300  # lengths past one and two bytes, as real offsets grow
+
+    add("embedding.word_embeddings.weight", (0, 0), (4096, 768), 4096 * 768 * 2)
+    tensors["embedding.word_embeddings.weight"] = ((4096, 768), torch.bfloat16)
+    for layer in range(layers):
+        p = f"decoder.layers.{layer}."
+        tensors[p + "mlp.router.weight"] = ((experts, 768), torch.float32)
+        add(p + "mlp.router.weight", (0, 0), (experts, 768), experts * 768 * 4)
+        for name, shape in (("linear_fc1.weight", (experts, 3072, 768)), ("linear_fc2.weight", (experts, 768, 1536))):
+            key = p + "mlp.experts." + name
+            tensors[key] = (shape, torch.bfloat16)
+            for e in range(experts):
+                add(key, (e, 0, 0), (1, *shape[1:]), shape[1] * shape[2] * 2)
+        tensors[p + "self_attention.linear_qkv.layer_norm_weight"] = ((768,), torch.float16)
+        for half in range(2):  # a tensor in two chunks
+            add(p + "self_attention.linear_qkv.layer_norm_weight", (384 * half,), (384,), 768)
+        objects.append(d.ObjectRecord(p + "self_attention.core_attention._extra_state/shard_0_1",
+                                      f"__{layer % ranks}_0.distcp", 2**33 + layer, 9))
+        objects += [d.ObjectRecord(f"{p}mlp.experts.linear_fc1._extra_state/shard_{e}_{experts}",
+                                   f"__{e % ranks}_0.distcp", 70000 * e, 5) for e in range(0, experts, 8)]
+    return d.DistRecords(tensors=tensors, chunks=chunks, objects=objects)
+
+
+def test_metadata_pickle_is_byte_identical_to_torchs_for_many_chunks() -> None:
+    """The fast (C-pickler) writer and the stand-in fallback both equal pickle.dumps of
+    torch's own Metadata for a large MoE-like record set (several frames)."""
+    from nemo_convert.formats import dcp_pickle
+    from nemo_convert.formats import distckpt as d
+
+    rec = moe_like_records()
+    tensors, objects = d.metadata_entries(rec, ShapeError)
+    assert sum(len(c) for *_, c in tensors) > 1000 and len(objects) > 20
+    want = pickle.dumps(torch_metadata(rec))
+    assert len(want) > 2 * 65536
+    assert dcp_pickle.metadata_bytes(tensors, objects, d.DCP_VERSION) == want
+    assert dcp_pickle._metadata_stub(tensors, objects, d.DCP_VERSION) == want
+
+
+def test_metadata_pickle_falls_back_when_a_key_looks_like_a_module() -> None:
+    """A key spelled like the look-alike module name cannot corrupt the pickle: the fast
+    writer sees the name twice and falls back to the stand-in pickler."""
+    from nemo_convert.formats import dcp_pickle
+    from nemo_convert.formats import distckpt as d
+
+    odd = dcp_pickle._MD_FAST.__name__
+    for names in ([odd], [dcp_pickle._FS_FAST.__name__], ["a", odd + "x"], ["\x8c%" + odd]):
+        rec = d.DistRecords(tensors={n: ((2,), torch.float32) for n in names},
+                            chunks=[d.ChunkRecord(n, (0,), (2,), "__0_0.distcp", 0, 8) for n in names],
+                            objects=[d.ObjectRecord(odd + "._extra_state", "__0_0.distcp", 64, 5)])
+        tensors, objects = d.metadata_entries(rec, ShapeError)
+        assert dcp_pickle.metadata_bytes(tensors, objects, d.DCP_VERSION) == pickle.dumps(torch_metadata(rec))
+    rec = d.DistRecords(tensors={}, chunks=[], objects=[])
+    assert dcp_pickle.metadata_bytes([], [], d.DCP_VERSION) == pickle.dumps(torch_metadata(rec))
+
 def torch_metadata(records: Any) -> Any:
     """torch's own ``Metadata`` for ``records`` (the reference our stand-in pickle must equal)."""
     from torch.distributed.checkpoint import filesystem as dcp_fs
