@@ -652,7 +652,7 @@ def moe_like_records(experts: int = 64, layers: int = 8, ranks: int = 3) -> Any:
     key written one expert (chunk) at a time, round-robin over several data files, plus
     dense tensors of several dtypes, a BYTE_IO object per layer and ``_extra_state``
     shards — over a thousand chunk records, a pickle of several 64 KiB frames."""
-    from nemo_convert.formats import distckpt as d
+    from nemo_convert.formats.dist_checkpoint import distckpt as d
 
     tensors: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     chunks, objects, pos = [], [], [0] * ranks
@@ -686,8 +686,8 @@ def moe_like_records(experts: int = 64, layers: int = 8, ranks: int = 3) -> Any:
 def test_metadata_pickle_is_byte_identical_to_torchs_for_many_chunks() -> None:
     """The fast (C-pickler) writer and the stand-in fallback both equal pickle.dumps of
     torch's own Metadata for a large MoE-like record set (several frames)."""
-    from nemo_convert.formats import dcp_pickle
-    from nemo_convert.formats import distckpt as d
+    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+    from nemo_convert.formats.dist_checkpoint import distckpt as d
 
     rec = moe_like_records()
     tensors, objects = d.metadata_entries(rec, ShapeError)
@@ -701,8 +701,8 @@ def test_metadata_pickle_is_byte_identical_to_torchs_for_many_chunks() -> None:
 def test_metadata_pickle_falls_back_when_a_key_looks_like_a_module() -> None:
     """A key spelled like the look-alike module name cannot corrupt the pickle: the fast
     writer sees the name twice and falls back to the stand-in pickler."""
-    from nemo_convert.formats import dcp_pickle
-    from nemo_convert.formats import distckpt as d
+    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+    from nemo_convert.formats.dist_checkpoint import distckpt as d
 
     odd = dcp_pickle._MD_FAST.__name__
     for names in ([odd], [dcp_pickle._FS_FAST.__name__], ["a", odd + "x"], ["\x8c%" + odd]):
