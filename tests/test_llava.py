@@ -307,11 +307,11 @@ def test_composed_from_llama_and_clip_mappings():
     from nemo_convert_clip.family import clip_vision_tower_mapping
     from nemo_convert_llama.family import llama_mapping
     from nemo_convert_llava.config import llava_config_to_nemo
-    from nemo_convert_llava.family import hf_names, llava_mapping
+    from nemo_convert_llava.family import llava_mapping
 
     cfg = llava_config_to_nemo({"text_config": {"num_hidden_layers": 2}}, embed_vision_tower=True)
     parts = llava_mapping(cfg).parts()
-    lm_hf = set(hf_names(llama_mapping(cfg)))
-    assert {n for p in parts[:1] for n in hf_names(p)} == {"language_model." + n for n in lm_hf}
-    tower = {"vision_tower.vision_model." + n for n in hf_names(clip_vision_tower_mapping())}
-    assert tower <= {n for p in parts for n in hf_names(p)}
+    lm_hf = set(llama_mapping(cfg).hf_names())
+    assert {n for p in parts[:1] for n in p.hf_names()} == {"language_model." + n for n in lm_hf}
+    tower = {"vision_tower.vision_model." + n for n in clip_vision_tower_mapping().hf_names()}
+    assert tower <= {n for p in parts for n in p.hf_names()}

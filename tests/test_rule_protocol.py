@@ -138,3 +138,21 @@ def test_the_toy_rule_round_trips_through_import_and_export(src: str, tmp_path: 
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
     with open(os.path.join(src, "config.json")) as f1, open(os.path.join(back, "config.json")) as f2:
         assert json.load(f1) == json.load(f2)
+
+
+def test_mapping_hf_names_and_respelling_cover_sections_and_keep_the_expert_axis() -> None:
+    """``Mapping.hf_names`` / ``respelled_hf`` (once helpers of the LLaVA plugin) reach into
+    every section and keep each section's layer and expert counts."""
+    from nemo_convert.mapping import FuseGated
+
+    inner = Mapping((Rename("a.{i}.w", "x.{i}.w"),), layers="inner_layers", experts="inner_experts",
+                    drop_hf=("a.{i}.inv_freq",))
+    outer = Mapping((FuseGated("g", "u", "y"),)).combine(inner)
+    assert outer.hf_names() == ["g", "u", "a.{i}.w"]
+    swapped = outer.respelled_hf(lambda n: "lm." + n)
+    assert swapped.hf_names() == ["lm.g", "lm.u", "lm.a.{i}.w"]
+    parts = swapped.parts()
+    assert [(p.layers, p.experts) for p in parts] == [("num_layers", "num_moe_experts"),
+                                                      ("inner_layers", "inner_experts")]
+    assert parts[1].drop_hf == ("lm.a.{i}.inv_freq",)
+    assert [r.nemo_names() for r in parts[1].rules] == [["x.{i}.w"]]  # the NeMo side is untouched

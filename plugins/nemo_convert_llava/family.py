@@ -33,18 +33,6 @@ VISION_ENCODER = "embedding.word_embeddings.vision_encoder.vision_model."
 VISION_CFG = "mm_cfg.vision_encoder."
 
 
-# -- composition helpers (candidates for nemo_convert.mapping) ---------------------------
-def hf_names(mapping: Mapping) -> list[str]:
-    """Every HF name template the mapping's rules read (in rule order)."""
-    return [n for part in mapping.parts() for rule in part.rules for n in rule.hf_names()]
-
-
-def respell_hf(mapping: Mapping, fn: Callable[[str], str]) -> Mapping:
-    """``mapping`` with every HF name (rules and drops) passed through ``fn``."""
-    return Mapping(tuple(r.renamed(hf=fn) for r in mapping.rules), mapping.layers,
-                   tuple(fn(d) for d in mapping.drop_hf), mapping.drop_nemo, tuple(respell_hf(s, fn) for s in mapping.sections))
-
-
 def _prefix_swap(pairs: dict[str, str]) -> Callable[[str], str]:
     def fn(name: str) -> str:
         for old, new in pairs.items():
@@ -59,7 +47,7 @@ def vision_tower_mapping(spelling: str, embedded: bool) -> Mapping:
     """The CLIP vision tower's tensors, kept under their HF names (NeVA's ``from_hf`` tower),
     or declared droppable when the tower is not embedded."""
     tower = clip_vision_tower_mapping()
-    names = hf_names(tower)
+    names = tower.hf_names()
     if embedded:
         inner = Mapping(tuple(Rename(n, n) for n in names), layers=tower.layers, drop_hf=tower.drop_hf)
         return inner.nested(hf_prefix=spelling, nemo_prefix=VISION_ENCODER, cfg_prefix=VISION_CFG)
@@ -86,7 +74,7 @@ def llava_mapping(cfg: dict[str, Any]) -> Mapping:
     canonical = {"language_model.model.": spelling["language_model"],
                  "language_model.lm_head.": spelling["lm_head"]}
     if any(k != v for k, v in canonical.items()):
-        lm = respell_hf(lm, _prefix_swap(canonical))
+        lm = lm.respelled_hf(_prefix_swap(canonical))
     projector = projector_mapping().nested(hf_prefix=spelling["projector"])
     vision = vision_tower_mapping(spelling["vision_tower"], bool(cfg_get(cfg, "nemo_convert.embed_vision_tower")))
     return lm.combine(projector, vision)

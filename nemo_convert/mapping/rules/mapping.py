@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from nemo_convert.mapping.rules.base import Axes, prefix_name, prefix_path
 from nemo_convert.mapping.rules.protocol import Rule
@@ -52,6 +52,17 @@ class Mapping:
         for s in self.sections:
             out.extend(s.parts())
         return out
+
+    def hf_names(self) -> list[str]:
+        """Every HF name template the rules read, in rule order, sections included."""
+        return [n for part in self.parts() for rule in part.rules for n in rule.hf_names()]
+
+    def respelled_hf(self, fn: Callable[[str], str]) -> "Mapping":
+        """This mapping with every HF name (rules and drops, sections included) passed
+        through ``fn``: for a checkpoint that spells the same model's names another way."""
+        return Mapping(rules=tuple(r.renamed(hf=fn) for r in self.rules), layers=self.layers,
+                       drop_hf=tuple(fn(d) for d in self.drop_hf), drop_nemo=self.drop_nemo,
+                       sections=tuple(s.respelled_hf(fn) for s in self.sections), experts=self.experts)
 
     def axes(self, cfg: dict[str, Any]) -> Axes:
         """What this section's ``{i}`` and ``{e}`` range over for the NeMo config ``cfg``."""
