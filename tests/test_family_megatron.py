@@ -254,7 +254,7 @@ def test_megatron_core_logits_equal_hf(tmp_path: Any, family: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen2", "phi3"])
+@pytest.mark.parametrize("family", ["qwen2", "phi3", "qwen3_moe", "qwen2_moe", "deepseek_v3"])
 def test_megatron_core_at_tp2_loads_the_same_checkpoint(tmp_path: Any, family: str) -> None:
     """Megatron reshards the dist checkpoint on load: at TP=2 each rank's slices of the
     grouped QKV (and its bias, and Phi-3's regrouped packed projection) are whole query
@@ -276,7 +276,7 @@ def test_the_check_sees_nemos_window_convention(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss"])
 def test_megatron_core_at_ep2_loads_the_same_checkpoint(tmp_path: Any, family: str) -> None:
     """Expert parallelism: two processes, each building and loading half of the experts
     (global expert ``ep_rank * E/2 + j``) from the one dist checkpoint, give HF's logits."""
