@@ -1,0 +1,312 @@
+"""The GPT decoder's config translation: the rows every HF decoder's ``config.json``
+shares (:data:`GPT_CONFIG`), the feature rows families add (RoPE kinds, bias switches,
+activation, sliding window) and the mixture-of-experts rows. The tensor side of the GPT
+base is :mod:`nemo_convert.families.gpt`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field, Row
+from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_rope
+from nemo_convert.mapping.ops import largest_pow2_divisor
+from nemo_convert.mapping.rules import cfg_get, layer_pattern
+
+
+# -- config ------------------------------------------------------------------------------
+
+def _heads_default(hf: dict[str, Any]) -> Any:
+    return hf["num_attention_heads"]
+
+
+def _head_dim_default(hf: dict[str, Any]) -> int:
+    return int(hf["hidden_size"]) // int(hf["num_attention_heads"])
+
+
+def _nemo_head_dim(cfg: dict[str, Any]) -> int:
+    return int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
+
+
+def _head_dim_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    d = int(hf.get("head_dim") or _head_dim_default(hf))
+    # null means hidden / heads to NeMo and Megatron, and is what NeMo's converters write
+    return {"kv_channels": None if d * int(hf["num_attention_heads"]) == int(hf["hidden_size"]) else d}
+
+
+def _head_dim_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    source = cfg_get(cfg, "nemo_convert.hf_config") or {}
+    if cfg.get("kv_channels") is None and "head_dim" in source and source["head_dim"] is None:
+        return {"head_dim": None}  # the source's null (hidden / heads), as it was (Mixtral)
+    return {"head_dim": int(cfg.get("kv_channels") or _nemo_head_dim(cfg))}
+
+
+#: HF ``head_dim`` (default hidden/heads) ⇄ NeMo ``kv_channels`` (null when it is hidden/heads).
+HEAD_DIM = Derived(("head_dim",), _head_dim_to_nemo, _head_dim_to_hf, restore=True)
+
+
+def rope(*kinds: str, partial: bool = False, explicit_default: bool = False) -> Derived:
+    """RoPE in any spelling (v4 ``rope_theta`` + ``rope_scaling``, v5 ``rope_parameters``)
+    with the scaling types a family represents (``"linear"``, ``"llama3"``); any other
+    type — yarn, longrope, dynamic — is refused by name. ``partial``: the family's HF model
+    rotates only ``partial_rotary_factor`` of each head (Phi-3) ⇄ ``rotary_percentage``;
+    elsewhere a factor other than 1 is refused (transformers' Llama-style attention
+    rotates whole heads). ``explicit_default``: a synthesised ``config.json`` spells plain
+    RoPE out as ``rope_parameters`` (GPT-OSS's config class defaults to yarn)."""
+    allowed = ("default", *kinds)
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        r = read_rope(hf)
+        if r.kind not in allowed:
+            raise UnsupportedError(f"rope scaling type {r.kind!r} has no NeMo 1 equivalent (supported: "
+                                   f"{', '.join(kinds) or 'none'})")
+        factor = r.params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+        factor = float(factor) if factor is not None else 1.0
+        if factor != 1.0 and not partial:
+            raise UnsupportedError(f"partial_rotary_factor={factor} (this family's HF model rotates whole heads)")
+        out: dict[str, Any] = {
+            "rotary_base": r.theta,
+            "rotary_percentage": factor,
+            "seq_len_interpolation_factor": float(r.params["factor"]) if r.kind == "linear" else None,
+            "scale_positional_embedding": r.kind == "llama3",
+        }
+        if r.kind == "llama3":
+            out.update({
+                "scale_factor": float(r.params.get("factor", 8.0)),
+                "low_freq_factor": float(r.params.get("low_freq_factor", 1.0)),
+                "high_freq_factor": float(r.params.get("high_freq_factor", 4.0)),
+                "old_context_len": int(r.params.get("original_max_position_embeddings", 8192)),
+            })
+        return out
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"rope_theta": float(cfg.get("rotary_base", 10000.0))}
+        if cfg.get("scale_positional_embedding"):
+            out["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.get("scale_factor", 8.0),
+                                   "low_freq_factor": cfg.get("low_freq_factor", 1.0),
+                                   "high_freq_factor": cfg.get("high_freq_factor", 4.0),
+                                   "original_max_position_embeddings": cfg.get("old_context_len", 8192)}
+        elif cfg.get("seq_len_interpolation_factor"):
+            out["rope_scaling"] = {"rope_type": "linear", "factor": cfg["seq_len_interpolation_factor"]}
+        if explicit_default and "rope_scaling" not in out:
+            out["rope_parameters"] = {"rope_type": "default", "rope_theta": out["rope_theta"]}
+        if cfg.get("rotary_percentage") not in (None, 1.0):
+            if not partial:
+                raise UnsupportedError(f"rotary_percentage={cfg['rotary_percentage']}: this family's HF model "
+                                       "rotates whole heads (pass --family for the right one)")
+            out["partial_rotary_factor"] = float(cfg["rotary_percentage"])
+        return out
+
+    return Derived(("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor"), to_nemo, to_hf)
+
+
+def _dtype_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    return {"precision": precision_of(hf)}
+
+
+def _dtype_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"torch_dtype": dtype_name_of_precision(cfg.get("precision", 32))}
+
+
+#: ``torch_dtype`` (v4) or ``dtype`` (v5) ⇄ NeMo ``precision``; export keeps the source's spelling.
+DTYPE = Derived(("torch_dtype", "dtype"), _dtype_to_nemo, _dtype_to_hf)
+
+
+def linear_biases(attention: str | None = "attention_bias", mlp: str | None = "mlp_bias") -> Derived:
+    """HF bias switches: ``attention`` biases q, k, v and o; ``mlp`` the three MLP linears.
+    Megatron's ``bias`` adds every linear's bias; the HF split is kept in
+    ``nemo_convert.linear_biases`` (what the mapping reads)."""
+    keys = tuple(k for k in (attention, mlp) if k)
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        a = bool(hf.get(attention, False)) if attention else False
+        m = bool(hf.get(mlp, False)) if mlp else False
+        return {"bias": a and m, "qkv_bias": a, "nemo_convert.linear_biases": {"attention": a, "mlp": m}}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        b = cfg_get(cfg, "nemo_convert.linear_biases") or {}
+        out = {}
+        if attention:
+            out[attention] = bool(b.get("attention", cfg.get("qkv_bias") or cfg.get("bias")))
+        if mlp:
+            out[mlp] = bool(b.get("mlp", cfg.get("bias")))
+        return out
+
+    return Derived(keys, to_nemo, to_hf, restore=True)
+
+
+def activation(hf_name: str, nemo_name: str, *, key: str = "hidden_act") -> Field:
+    """The one HF activation a family runs, as NeMo's gated ``activation``; others refused."""
+    return Field(key, "activation", hf_name, to_nemo=lambda _: nemo_name, to_hf=lambda _: hf_name,
+                 accept=lambda v: v == hf_name)
+
+
+def sliding_window() -> Derived:
+    """HF ``sliding_window=W`` (query i sees keys i-W < j ≤ i: W keys) ⇄ Megatron
+    ``window_size=[W-1, 0]`` (it keeps i-w0 ≤ j ≤ i+w1). NeMo's own importer writes
+    ``[W, 0]`` (one key too many); a ``.nemo`` without our record is read that way."""
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        w = hf.get("sliding_window")
+        if w is None:
+            return {"window_size": None}
+        return {"window_size": [int(w) - 1, 0], "nemo_convert.sliding_window": int(w)}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        w = cfg_get(cfg, "nemo_convert.sliding_window")
+        ws = cfg.get("window_size")
+        if w is None and isinstance(ws, (list, tuple)) and ws and ws[0] is not None and int(ws[0]) >= 0:
+            w = int(ws[0])  # NeMo's importer convention [W, 0]
+        return {"sliding_window": w}
+
+    return Derived(("sliding_window",), to_nemo, to_hf, restore=True)
+
+
+def no_per_layer_windows(hf: dict[str, Any]) -> str | None:
+    """Qwen2/Qwen3: per-layer sliding windows are refused (Megatron-Core has one window)."""
+    if hf.get("use_sliding_window"):
+        return (f"use_sliding_window=True (sliding windows on layers ≥ max_window_layers="
+                f"{hf.get('max_window_layers')})")
+    types = hf.get("layer_types")
+    if isinstance(types, list) and any(t != "full_attention" for t in types):
+        return f"layer_types={types!r} (per-layer attention kinds)"
+    return None
+
+
+#: NeMo fields every GPT family writes with a fixed value (NeMo's converters' choices).
+GPT_NEMO_CONSTANTS: dict[str, Any] = {
+    "mcore_gpt": True,
+    "transformer_engine": True,
+    "micro_batch_size": 1,
+    "global_batch_size": 1,
+    "tensor_model_parallel_size": 1,
+    "pipeline_model_parallel_size": 1,
+    "normalization": "rmsnorm",
+    "bias": False,
+    "qkv_bias": False,
+    "position_embedding_type": "rope",
+    "hidden_dropout": 0.0,
+    "ffn_dropout": 0.0,
+    # NeMo's value; Megatron applies it only in fp16 (scores / layer number, multiplied back
+    # in the fp32 softmax): the same attention either way
+    "apply_query_key_layer_scaling": True,
+    "normalize_attention_scores": True,
+    "transformer_block_type": "pre_ln",
+    "megatron_amp_O2": False,
+    "persist_layer_norm": True,
+    "masked_softmax_fusion": True,
+    "apply_rope_fusion": False,
+    "nemo_convert.linear_biases": {"attention": False, "mlp": False},
+}
+
+#: The shared rows: what every HF decoder's ``config.json`` says the same way.
+GPT_CONFIG = ConfigTable(
+    rows=(
+        Field("hidden_size", "hidden_size", to_nemo=int, to_hf=int),
+        Field("num_hidden_layers", "num_layers", to_nemo=int, to_hf=int),
+        Field("num_attention_heads", "num_attention_heads", to_nemo=int, to_hf=int),
+        Field("num_key_value_heads", "num_query_groups", _heads_default, to_nemo=int, to_hf=int,
+              nemo_default=lambda c: c["num_attention_heads"]),
+        Field("intermediate_size", "ffn_hidden_size", to_nemo=int, to_hf=int),
+        HEAD_DIM,
+        Field("vocab_size", "nemo_convert.vocab_size", REQUIRED, to_nemo=int, to_hf=int, always=True,
+              nemo_default=lambda c: None),
+        Field("vocab_size", "make_vocab_size_divisible_by", REQUIRED, to_nemo=lambda v: largest_pow2_divisor(int(v)),
+              to_hf=None),
+        Field("max_position_embeddings", "max_position_embeddings", 4096, to_nemo=int, to_hf=int,
+              nemo_default=lambda c: c.get("encoder_seq_length")),
+        Field("max_position_embeddings", "encoder_seq_length", 4096, to_nemo=int, to_hf=None),
+        Field("rms_norm_eps", "layernorm_epsilon", 1e-5, to_nemo=float, to_hf=float),
+        Field("initializer_range", "init_method_std", 0.02, to_nemo=float, to_hf=float),
+        Field("tie_word_embeddings", "share_embeddings_and_output_weights", False, to_nemo=bool, to_hf=bool),
+        Field("attention_dropout", "attention_dropout", 0.0, to_nemo=float, to_hf=None),
+        activation("silu", "fast-swiglu"),
+        rope(),
+        DTYPE,
+    ),
+    nemo_constants=GPT_NEMO_CONSTANTS,
+)
+
+
+# -- mixture of experts: config ------------------------------------------------------------
+
+#: NeMo fields every MoE family writes with a fixed value (what Megatron-Core runs the HF
+#: routing with: softmax scores, no grouped GEMM needed to read the weights).
+MOE_NEMO_CONSTANTS: dict[str, Any] = {
+    "moe_router_score_function": "softmax",
+    "moe_router_load_balancing_type": "aux_loss",
+    "moe_token_dispatcher_type": "alltoall",
+    "moe_grouped_gemm": False,
+    "expert_model_parallel_size": 1,
+}
+
+
+def num_experts(*keys: str) -> Derived:
+    """The expert count, spelled ``num_local_experts`` (Mixtral; Qwen3-MoE in
+    transformers v5) or ``num_experts`` (Qwen2/3-MoE in v4) ⇄ ``num_moe_experts``; a
+    synthesised config uses the first spelling."""
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        value = next((hf[k] for k in keys if hf.get(k) is not None), None)
+        if value is None:
+            raise ConfigError(f"config.json lacks required field(s): {' or '.join(keys)}")
+        if int(value) < 1:
+            raise UnsupportedError(f"{keys[0]}={value} (a mixture-of-experts family needs experts)")
+        return {"num_moe_experts": int(value)}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        return {keys[0]: int(cfg["num_moe_experts"])}
+
+    return Derived(keys, to_nemo, to_hf)
+
+
+def moe_layers(sparse_step: str = "decoder_sparse_step", dense_layers: str = "mlp_only_layers") -> Derived:
+    """Which layers are MoE (Qwen2/3-MoE: layer i is, unless it is in ``mlp_only_layers``,
+    when ``(i + 1) % decoder_sparse_step == 0``) ⇄ Megatron's ``moe_layer_freq``: 1 when
+    every layer is, else the per-layer list (a mixed stack)."""
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        layers = int(hf["num_hidden_layers"])
+        step = int(hf.get(sparse_step) or 1)
+        dense = {int(i) for i in hf.get(dense_layers) or ()}
+        pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
+        return {"moe_layer_freq": 1 if all(pattern) else pattern}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        pattern = layer_pattern(cfg.get("moe_layer_freq", 1), int(cfg["num_layers"]))
+        return {sparse_step: 1, dense_layers: [i for i, on in enumerate(pattern) if not on]}
+
+    return Derived((sparse_step, dense_layers), to_nemo, to_hf)
+
+
+def _negate(v: Any) -> bool:
+    return not bool(v)
+
+
+#: ``norm_topk_prob`` (renormalise the top-k softmax probabilities) ⇄ Megatron's
+#: ``moe_router_pre_softmax`` = its negation: top-k of the logits then softmax over k (=
+#: softmax, top-k, renormalise) or softmax over all experts then top-k.
+NORM_TOPK_PROB = Field("norm_topk_prob", "moe_router_pre_softmax", False, to_nemo=_negate, to_hf=_negate)
+
+#: The rows every MoE family shares: top-k, the auxiliary loss and the router jitter
+#: (training-only in both), the ``output_router_logits`` switch (harmless).
+MOE_ROWS: tuple[Row, ...] = (
+    Field("num_experts_per_tok", "moe_router_topk", to_nemo=int, to_hf=int),
+    Field("router_aux_loss_coef", "moe_aux_loss_coeff", 0.001, to_nemo=float, to_hf=float),
+    Field("router_jitter_noise", "moe_input_jitter_eps", 0.0, to_nemo=lambda v: float(v) or None, to_hf=float),
+)
+MOE_HARMLESS = ("output_router_logits",)
+
+
+def _ffn_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    return {"ffn_hidden_size": int(hf["intermediate_size"]), "moe_ffn_hidden_size": int(hf["intermediate_size"])}
+
+
+def _ffn_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"intermediate_size": int(cfg.get("moe_ffn_hidden_size") or cfg["ffn_hidden_size"])}
+
+
+#: ``intermediate_size`` as the experts' ffn (Mixtral, GPT-OSS: every layer MoE) ⇄
+#: ``moe_ffn_hidden_size`` and ``ffn_hidden_size`` alike (what NeMo's converters write).
+EXPERTS_FFN = Derived(("intermediate_size",), _ffn_to_nemo, _ffn_to_hf)
