@@ -30,10 +30,10 @@ from nemo_convert.errors import (
     InputError,
     MappingError,
     NemoConvertError,
-    OutputExistsError,
     ShapeError,
     UnsupportedError,
 )
+from nemo_convert.formats.io.staging import check_target
 from nemo_convert.formats.nemo.nemo import VocabTrimView, artifact_name
 from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
 from nemo_convert.formats.ptl.ptl_ckpt import TrainingCheckpoint, locate, open_training_checkpoint
@@ -257,8 +257,8 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
     for flag, size in (("--tp", tp), ("--pp", pp)):
         if size is not None and size < 1:
             raise UnsupportedError(f"{flag} must be at least 1, got {size}")
-    if os.path.lexists(out) and not overwrite:
-        raise OutputExistsError(f"{out} exists; pass --overwrite to replace it")
+    check_target(out, overwrite=overwrite, kind="megatron-bridge" if to == TARGET else "nemo",
+                 is_dir=to == TARGET or not packed)
     loc = locate(src, checkpoint_name)
     warnings: list[str] = []
     notes: list[str] = []

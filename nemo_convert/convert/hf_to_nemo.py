@@ -180,7 +180,8 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
-    check_target(out, overwrite=overwrite)
+    check_target(out, overwrite=overwrite, kind="megatron-bridge" if to == TARGET else "nemo",
+                 is_dir=to == TARGET or not packed)
     require_kind(src, ("hf",), "a Hugging Face model folder")
     want = parse_dtype(dtype)
     hf_cfg = read_config_json(src)

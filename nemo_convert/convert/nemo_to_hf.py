@@ -88,7 +88,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
-    check_target(out, overwrite=overwrite)
+    check_target(out, overwrite=overwrite, kind="hf", is_dir=True)
     want = parse_dtype(dtype)
     ckpt = open_nemo_source(src, reg, family=family, compute=compute, trust_pickle=trust_pickle,
                             iteration=iteration)
@@ -118,7 +118,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
             for name, data in tokenizer_files(ckpt).items():
                 final.add_bytes(name, data)
 
-        stats = merge_stats(write_together(out, [], write_mine, workers=workers, overwrite=overwrite, packed=False,
+        stats = merge_stats(write_together(out, [], write_mine, workers=workers, overwrite=overwrite, packed=False, kind="hf",
                                            head=head), sequential=False)
         notes = list(getattr(ckpt, "notes", [])) + compute.notes(plan, source)
         warnings = list(getattr(ckpt, "warnings", [])) + warnings

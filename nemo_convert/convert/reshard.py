@@ -71,7 +71,8 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, ep: int = 1, layout
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
-    check_target(out, overwrite=overwrite)
+    check_target(out, overwrite=overwrite, kind="megatron-bridge" if to == TARGET else "nemo",
+                 is_dir=to == TARGET or not packed)
     ckpt = open_nemo_source(src, reg, family=family, compute=compute, trust_pickle=trust_pickle,
                             iteration=iteration)
     try:
