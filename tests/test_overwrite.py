@@ -188,6 +188,7 @@ def test_an_empty_output_path_is_refused(src, cli):
 # --------------------------------------------------------------------------- what is replaced
 
 
+@pytest.mark.slow  # every writer, three times
 def test_each_kind_replaces_its_own_output_and_an_empty_folder(src, tmp_path):
     """Run every writer twice onto one target (the second time replacing the first output),
     after starting from an empty folder; both forms of .nemo and .qnemo replace each other."""

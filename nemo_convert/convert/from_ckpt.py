@@ -223,7 +223,7 @@ def _tokenizer_files(data_of: dict[str, bytes]) -> dict[str, bytes]:
     return {"tokenizer.model": data_of["tokenizer.model"]} if "tokenizer.model" in data_of else {}
 
 
-def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | None = None,
+def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hparams: str | os.PathLike[str] | None = None, family: str | None = None,
               checkpoint_name: str | None = None, tp: int | None = None, pp: int | None = None,
               stage_layers: tuple[int, ...] | None = None, layout: str | None = None,
               vocab_size: int | None = None, allow_missing_tokenizer: bool = False, overwrite: bool = False,
@@ -250,6 +250,8 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
         run arbitrary code. Only for checkpoints you trust.
     """
     started = time.monotonic()
+    src, out = os.fspath(src), os.fspath(out)
+    hparams = None if hparams is None else os.fspath(hparams)
     check_target_kind(to, layout=layout)
     reg = registry_or_default(registry)
     if layout is not None and layout not in LAYOUTS:

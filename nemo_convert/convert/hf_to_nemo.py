@@ -147,7 +147,7 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
     return cfg, plan
 
 
-def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | torch.dtype | None = None,
+def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, family: str | None = None, dtype: str | torch.dtype | None = None,
               layout: str | None = None, overwrite: bool = False, packed: bool = True,
               progress: Progress | None = None, registry: Registry | None = None,
               allow_unmapped: tuple[str, ...] = (), trust_pickle: bool = False,
@@ -176,6 +176,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     :param to: ``"nemo"`` or ``"megatron-bridge"`` (``layout`` and ``packed`` then do not
         apply; TP × PP is recorded in ``run_config.yaml``).
     """
+    src, out = os.fspath(src), os.fspath(out)
     check_target_kind(to, workers, layout)
     compute = Compute.of(device)
     reg = registry_or_default(registry)

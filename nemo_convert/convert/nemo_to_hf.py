@@ -70,7 +70,7 @@ def plan_to_hf(ckpt: Any, fam: ModelFamily, *, rope_scaling: bool = True,
     return prep, hf_cfg, plan_conversion(fam.mapping(prep.cfg), prep.cfg, prep.source, "to_hf")
 
 
-def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, overwrite: bool = False,
+def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype: str | torch.dtype | None = None, overwrite: bool = False,
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
               progress: Progress | None = None, registry: Registry | None = None,
               trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
@@ -85,6 +85,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     A NeMo-native config is completed from the archive (:mod:`.export_config`);
     ``rope_scaling=False`` exports ``scale_positional_embedding: True`` without llama3
     RoPE scaling (NeMo's Llama converter sets it by default)."""
+    src, out = os.fspath(src), os.fspath(out)
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -263,7 +264,8 @@ def _write_output(out: str, config: dict[str, Any], job: Job, producer: Producer
         progress.finish()
 
 
-def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_data: str | None = None,
+def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: str, tp: int = 1, pp: int = 1,
+             calib_data: str | os.PathLike[str] | None = None,
              calib_size: int | None = None, calib_seq_len: int | None = None, calib_batch_size: int = 4,
              kv_cache: str = "none",
              compress: bool = False, device: str | torch.device = "cpu", overwrite: bool = False,
@@ -298,6 +300,8 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
         shared, process 0 writes the rest; the output is byte-identical to one process's.
     """
     t0 = time.perf_counter()
+    src, out = os.fspath(src), os.fspath(out)
+    calib_data = None if calib_data is None else os.fspath(calib_data)
     progress = progress or NoProgress()
     reg = registry if registry is not None else get_registry()
 
