@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from typing import Iterator, NoReturn, Sequence
 
 from nemo_convert import __version__
-from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect, cmd_plugins,  # noqa: I001
-                              cmd_quantize, cmd_reshard, cmd_tokenizer, cmd_verify)
+from nemo_convert.cli import (cmd_clean, cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect,  # noqa: I001
+                              cmd_plugins, cmd_quantize, cmd_reshard, cmd_tokenizer, cmd_verify)
 from nemo_convert.cli.plugin_options import add_plugin_options
 from nemo_convert.errors import NemoConvertError
 
@@ -30,7 +30,8 @@ PARALLEL_COMMANDS = ("import", "export", "reshard", "quantize")
 #: killed by SIGPIPE (``set -o pipefail`` sees it; ``cmd | head`` does not).
 EXIT_STDOUT_CLOSED = 128 + 13
 
-COMMANDS = (cmd_convert, cmd_reshard, cmd_from_ckpt, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
+COMMANDS = (cmd_convert, cmd_reshard, cmd_from_ckpt, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify,
+            cmd_demo, cmd_clean)
 
 
 class _Parser(argparse.ArgumentParser):
