@@ -21,6 +21,7 @@ from nemo_convert import __version__
 from nemo_convert.cli import (cmd_clean, cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect,  # noqa: I001
                               cmd_plugins, cmd_quantize, cmd_reshard, cmd_tokenizer, cmd_verify)
 from nemo_convert.cli.plugin_options import add_plugin_options
+from nemo_convert.cli.startup import start_up_done
 from nemo_convert.errors import NemoConvertError
 
 #: Commands that split their work across torchrun processes; the others run in process 0.
@@ -202,13 +203,13 @@ def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
         raise
     debug = getattr(args, "debug", False)
     from nemo_convert.formats.io.staging import install_signal_handlers  # lazy: CLI start-up time
-
-    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
-    install_signal_handlers()
-    if hasattr(signal, "SIGXFSZ"):  # a file-size limit makes writes fail with EFBIG, cleaned up like any error
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     from nemo_convert.workers import from_env, shutdown  # lazy: CLI start-up time
 
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
+    if hasattr(signal, "SIGXFSZ"):  # a file-size limit makes writes fail with EFBIG, cleaned up like any error
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    install_signal_handlers()  # from here an interrupt is handled below (the start-up guard until now)
+    start_up_done()
     try:
         args.workers = from_env()  # several processes under torchrun
         if not args.workers.is_main:
