@@ -95,12 +95,12 @@ def hf_source(args: argparse.Namespace, src: str, *, one_of_several: bool = Fals
     ``one_of_several`` (``verify A B``) ``--revision`` applies to the hub ids only."""
     import os
 
-    from nemo_convert import api  # lazy: CLI start-up time
+    from nemo_convert.formats.hf.hub import resolve_hf_source  # lazy: CLI start-up time
 
     revision = getattr(args, "revision", None)
     if one_of_several and os.path.exists(src):
         revision = None
-    return api.resolve_hf_source(src, revision)
+    return resolve_hf_source(src, revision)
 
 
 def human_bytes(n: float) -> str:

@@ -11,7 +11,8 @@ import torch
 
 from nemo_convert import __version__
 from nemo_convert.compute import Compute, DeviceOption
-from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, registry_or_default
+from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, registry_or_default,
+                                          tokenizer_rows_warning)
 from nemo_convert.convert.nemo_defaults import restore_notes, restore_warnings
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
@@ -217,6 +218,9 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
         if ckpt.generation_config is not None:
             cfg[SECTION]["hf_generation_config"] = ckpt.generation_config
         tok, refs, artifacts = pack_tokenizer(fam, ckpt.config, ckpt.extra_files, src, notes)
+        warnings += tokenizer_rows_warning({n: _read(p) for n, p in ckpt.extra_files.items()
+                                            if n in ("tokenizer.json", "tokenizer.model")},
+                                           ckpt.config.get("vocab_size"))
         if tok is not None:
             cfg["tokenizer"] = tok
             cfg[SECTION]["tokenizer_files"] = refs

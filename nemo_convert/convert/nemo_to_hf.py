@@ -15,6 +15,7 @@ from nemo_convert.convert.common import (
     finite_warning,
     open_nemo_source,
     registry_or_default,
+    tokenizer_rows_warning,
 )
 from nemo_convert.convert.export_config import ExportConfig, complete_hf_config, export_config
 from nemo_convert.dtypes import parse_dtype
@@ -99,6 +100,7 @@ def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype
         cfg, source = prep.cfg, prep.source
         plan.check_finite = check_finite
         warnings = prep.warnings + apply_dtype(plan, want)
+        warnings += tokenizer_rows_warning(tokenizer_files(ckpt), hf_cfg.get("vocab_size"))
         placed = compute.place(plan, source)
 
         def write_mine(sink: DirectorySink) -> RunStats:
