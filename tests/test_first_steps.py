@@ -260,7 +260,8 @@ def test_torchrun_bar_and_summary_say_what_they_count(capsys):
             with bar._console.capture() as cap:
                 bar._console.print(bar._bar.get_renderable())
             line = cap.get()
-            assert line.count("\n") == 1 and line.startswith("write ━━━━━━━━━━") and "600/1234 tensors" in line, line
+            assert line.count("\n") == 1 and line.startswith("write ━━━━━━━━━━"), line
+            assert "600/1234 tensors" in line, line
         bar.finish()
     assert bar._console.file.getvalue().count("note: the bar shows process 0's share of the work of 2 processes; "
                                               "the summary counts all") == 1

@@ -48,7 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--ignore-config-key", action="append", default=[], metavar="KEY",
                    help="HF source: translate config.json as if it had no KEY, knowingly dropping what KEY "
                         "says (repeatable; as import)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUTPUT if it is an output of the kind written (or an empty folder); anything else "
+                        "is refused")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
     common_flags(p)

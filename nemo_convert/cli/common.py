@@ -25,7 +25,9 @@ def common_flags(p: argparse.ArgumentParser, *, json_flag: bool = True,
 
 def output_flags(p: argparse.ArgumentParser) -> None:
     """``--overwrite`` and ``--trust-pickle``, shared by the converting commands."""
-    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUTPUT if it is an output of the kind written (or an empty folder); anything else "
+                        "is refused")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
 

@@ -70,7 +70,8 @@ CONFIG_SUMMARY_KEYS = ("architectures", "model_type", "num_hidden_layers", "num_
                        "architecture", "quantization", "mapping")
 
 
-def inspect_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = False, iteration: int | None = None) -> dict[str, Any]:
+def inspect_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = False,
+                       iteration: int | None = None) -> dict[str, Any]:
     """Format, config summary and tensor table of a checkpoint (no tensor bytes read)."""
     path = os.fspath(path)
     with open_checkpoint(path, trust_pickle=trust_pickle, iteration=iteration) as ck:

@@ -223,7 +223,8 @@ def _tokenizer_files(data_of: dict[str, bytes]) -> dict[str, bytes]:
     return {"tokenizer.model": data_of["tokenizer.model"]} if "tokenizer.model" in data_of else {}
 
 
-def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hparams: str | os.PathLike[str] | None = None, family: str | None = None,
+def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hparams: str | os.PathLike[str] | None = None,
+              family: str | None = None,
               checkpoint_name: str | None = None, tp: int | None = None, pp: int | None = None,
               stage_layers: tuple[int, ...] | None = None, layout: str | None = None,
               vocab_size: int | None = None, allow_missing_tokenizer: bool = False, overwrite: bool = False,

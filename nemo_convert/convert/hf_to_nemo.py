@@ -148,7 +148,8 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
     return cfg, plan
 
 
-def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, family: str | None = None, dtype: str | torch.dtype | None = None,
+def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, family: str | None = None,
+              dtype: str | torch.dtype | None = None,
               layout: str | None = None, overwrite: bool = False, packed: bool = True,
               progress: Progress | None = None, registry: Registry | None = None,
               allow_unmapped: tuple[str, ...] = (), trust_pickle: bool = False,

@@ -71,7 +71,8 @@ def plan_to_hf(ckpt: Any, fam: ModelFamily, *, rope_scaling: bool = True,
     return prep, hf_cfg, plan_conversion(fam.mapping(prep.cfg), prep.cfg, prep.source, "to_hf")
 
 
-def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype: str | torch.dtype | None = None, overwrite: bool = False,
+def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype: str | torch.dtype | None = None,
+              overwrite: bool = False,
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
               progress: Progress | None = None, registry: Registry | None = None,
               trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
@@ -121,7 +122,8 @@ def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype
             for name, data in tokenizer_files(ckpt).items():
                 final.add_bytes(name, data)
 
-        stats = merge_stats(write_together(out, [], write_mine, workers=workers, overwrite=overwrite, packed=False, kind="hf",
+        stats = merge_stats(write_together(out, [], write_mine, workers=workers, overwrite=overwrite, packed=False,
+                                           kind="hf",
                                            head=head), sequential=False)
         notes = list(getattr(ckpt, "notes", [])) + compute.notes(plan, source)
         warnings = list(getattr(ckpt, "warnings", [])) + warnings

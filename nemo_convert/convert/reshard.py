@@ -52,7 +52,8 @@ def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]
     return out
 
 
-def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int = 1, pp: int = 1, ep: int = 1, layout: str | None = None,
+def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int = 1, pp: int = 1, ep: int = 1,
+            layout: str | None = None,
             stage_layers: tuple[int, ...] | None = None, overwrite: bool = False, packed: bool = True,
             family: str | None = None, progress: Progress | None = None, registry: Registry | None = None,
             trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",

@@ -155,7 +155,8 @@ def is_nemo(path: str) -> bool:
 # -- the public function ------------------------------------------------------------------
 
 
-def add_tokens(src: str | os.PathLike[str], out: str | os.PathLike[str], tokens: Sequence[str], *, piece_type: PieceType = "user_defined",
+def add_tokens(src: str | os.PathLike[str], out: str | os.PathLike[str], tokens: Sequence[str], *,
+               piece_type: PieceType = "user_defined",
                skip_existing: bool = False, overwrite: bool = False,
                registry: Registry | None = None) -> AddTokensReport:
     """Write a copy of the tokenizer ``src`` with ``tokens`` appended, at ``out``.

@@ -180,7 +180,8 @@ def _write_ranks(sink: MemberSink, plan: QuantPlan, produce: Producer, *, togeth
 
 
 def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str | torch.device,
-                   dtype: str | torch.dtype | None, overwrite: bool, compress: bool) -> tuple[torch.device, torch.dtype | None]:
+                   dtype: str | torch.dtype | None, overwrite: bool,
+                   compress: bool) -> tuple[torch.device, torch.dtype | None]:
     """The one-line errors of the options alone; ``(device, dtype)``."""
     if algo not in ALGOS:
         raise UnsupportedError(f"unknown --algo {algo!r}; expected one of {', '.join(ALGOS)}")

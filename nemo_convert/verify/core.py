@@ -163,7 +163,8 @@ def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool, ro
     return out
 
 
-def verify(a: str | os.PathLike[str], b: str | os.PathLike[str], *, atol: float = 0.0, rtol: float = 0.0, family: str | None = None,
+def verify(a: str | os.PathLike[str], b: str | os.PathLike[str], *, atol: float = 0.0, rtol: float = 0.0,
+           family: str | None = None,
            registry: Registry | None = None, trust_pickle: bool = False,
            clip_image: str | os.PathLike[str] | None = None, texts: Sequence[str] | None = None,
            probe_texts: Sequence[str] = PROBE_TEXTS, allow_dtype_change: bool = False,

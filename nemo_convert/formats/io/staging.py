@@ -193,7 +193,8 @@ def staged_output(target: str | os.PathLike[str], *, overwrite: bool, is_dir: bo
     ``kind`` is the kind of output written (:data:`~nemo_convert.formats.io.replace.OutputKind`).
     :func:`check_target` runs first: before anything is written, an existing ``target`` is
     refused when ``overwrite`` is false or when it is not an output of ``kind`` (or an
-    empty folder); so is an empty path, or one ending in ``/`` for a file. The parent folder is created if missing (and the folders
+    empty folder); so is an empty path, or one ending in ``/`` for a file. The parent
+    folder is created if missing (and the folders
     created for it are removed again when the output is not installed). For ``is_dir``
     the staging folder is created empty; otherwise the caller creates the staging file.
 
