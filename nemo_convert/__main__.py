@@ -1,5 +1,5 @@
 import sys
 
-from nemo_convert.cli.main import main
+from nemo_convert.cli.startup import main
 
 sys.exit(main())

@@ -43,8 +43,14 @@ class ShapeError(ConfigError):
     """A tensor's shape contradicts the shape the config implies."""
 
 
-class OutputExistsError(NemoConvertError):
-    """The output path exists and ``overwrite`` was not given."""
+class OutputError(NemoConvertError):
+    """The output path cannot be written: empty, a folder path (``out/``) for a file
+    output, or an existing path ``--overwrite`` may not replace."""
+
+
+class OutputExistsError(OutputError):
+    """The output path exists and ``overwrite`` was not given, or what exists there is not
+    an output of the kind being written (which ``overwrite`` never replaces)."""
 
 
 class PluginError(NemoConvertError):

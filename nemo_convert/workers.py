@@ -150,7 +150,7 @@ def split_balanced(sizes: Sequence[int], parts: int) -> list[range]:
 
 
 def write_together(out: str, members: Sequence[str], write_mine: Callable[[MemberSink], T], *,
-                   workers: Workers, overwrite: bool, packed: bool,
+                   workers: Workers, overwrite: bool, packed: bool, kind: str,
                    head: Callable[[MemberSink], None] | None = None,
                    tail: Callable[[MemberSink, list[T]], None] | None = None) -> list[T]:
     """Several processes write one output (a folder, or a tar when ``packed``), atomically.
@@ -175,7 +175,7 @@ def write_together(out: str, members: Sequence[str], write_mine: Callable[[Membe
             def open_stage() -> str | None:
                 if not workers.is_main:
                     return None
-                stage = stack.enter_context(staged_output(out, overwrite=overwrite, is_dir=not packed))
+                stage = stack.enter_context(staged_output(out, overwrite=overwrite, is_dir=not packed, kind=kind))
                 if packed:
                     os.mkdir(stage + ".parts")
                     stack.callback(shutil.rmtree, stage + ".parts", True)

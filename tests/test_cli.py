@@ -227,11 +227,11 @@ def test_errors_are_one_line(argv, models, tmp_path, cli):
 
 def test_existing_output_is_refused_then_overwritten(models, tmp_path, cli):
     nemo = tmp_path / "m.nemo"
-    nemo.write_bytes(b"precious")
+    assert cli("import", models["hf"], "-o", str(nemo), "-q")[0] == 0
     before = snapshot(str(nemo))
     code, _, err = cli("import", models["hf"], "-o", str(nemo))
     assert code == 2
-    assert "--overwrite" in one_error_line(err)
+    assert one_error_line(err) == f"nemo-convert: error: {nemo} exists; pass --overwrite to replace it"
     assert snapshot(str(nemo)) == before
     assert sorted(os.listdir(tmp_path)) == ["m.nemo"]  # no staging leftovers
 
@@ -241,18 +241,33 @@ def test_existing_output_is_refused_then_overwritten(models, tmp_path, cli):
     assert sorted(os.listdir(tmp_path)) == ["m.nemo"]
 
 
+def test_a_file_that_is_not_a_nemo_is_never_overwritten(models, tmp_path, cli):
+    nemo = tmp_path / "m.nemo"
+    nemo.write_bytes(b"precious")
+    for extra in ((), ("--overwrite",)):
+        code, _, err = cli("import", models["hf"], "-o", str(nemo), *extra)
+        assert code == 2
+        assert one_error_line(err) == (
+            f"nemo-convert: error: {nemo}: is a file that is not a .nemo checkpoint (not a tar archive); refusing "
+            "to replace it (--overwrite replaces only a .nemo checkpoint or an empty folder): move it away or "
+            "choose another output")
+        assert nemo.read_bytes() == b"precious" and sorted(os.listdir(tmp_path)) == ["m.nemo"]
+
+
 def test_existing_export_folder_is_refused_then_overwritten(models, tmp_path, cli):
     out = tmp_path / "back"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    code, _, err = cli("export", models["dist"], "-o", str(out))
-    assert code == 2
-    one_error_line(err)
-    assert os.listdir(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+    for extra in ((), ("--overwrite",)):  # a folder holding the user's files: never replaced
+        code, _, err = cli("export", models["dist"], "-o", str(out), *extra)
+        assert code == 2
+        assert "holds files that are not a Hugging Face checkpoint (keep.txt)" in one_error_line(err)
+        assert os.listdir(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
 
-    code, _, _ = cli("export", models["dist"], "-o", str(out), "--overwrite", "-q")
-    assert code == 0
-    assert not (out / "keep.txt").exists() and (out / "config.json").is_file()
+    (out / "keep.txt").unlink()  # an empty folder is replaced; then our own output is
+    for _ in range(2):
+        code, _, _ = cli("export", models["dist"], "-o", str(out), "--overwrite", "-q")
+        assert code == 0 and (out / "config.json").is_file()
     assert sorted(os.listdir(tmp_path)) == ["back"]
 
 

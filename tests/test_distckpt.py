@@ -603,11 +603,28 @@ def test_truncated_data_file(tmp_path: Any) -> None:
     write_gpt(DirectorySink(str(tmp_path)), gpt_tensors())
     data = tmp_path / "model_weights" / "__0_0.distcp"
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
-    src = DistCheckpointSource.from_dir(tmp_path / "model_weights", strip_prefix="model.")
-    with pytest.raises(InputError, match="truncated"):
-        names = src.keys()
-        for k in names:
-            src.load(k)
+    # named when the checkpoint is opened (issue 20: inspect, which reads no tensor, said nothing)
+    with pytest.raises(InputError, match=r"data file __0_0.distcp is truncated: .* needs bytes \[\d+, \d+\) but it "
+                                         r"has \d+"):
+        DistCheckpointSource.from_dir(tmp_path / "model_weights", strip_prefix="model.")
+
+
+def test_inspect_checks_the_data_files_against_metadata(tmp_path: Any, cli: Any) -> None:
+    """``inspect`` exited 0 on a truncated ``.distcp``; the sizes ``.metadata`` records are
+    checked now (a stat per file; no tensor is read)."""
+    from tiny_models import make_tiny_llama
+
+    from nemo_convert import api
+
+    hf = make_tiny_llama(str(tmp_path / "hf"))
+    nemo = tmp_path / "m.nemo"
+    api.import_hf(hf, str(nemo), packed=False)
+    assert cli("inspect", str(nemo), "-q")[0] == 0
+    data = nemo / "model_weights" / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[:-1])
+    code, _, err = cli("inspect", str(nemo))
+    assert code == 2 and err.startswith(f"nemo-convert: error: {nemo}:model_weights: data file __0_0.distcp is "
+                                        "truncated: ") and err.count("\n") == 1
 
 
 def test_corrupted_chunk_is_an_input_error(tmp_path: Any) -> None:

@@ -227,6 +227,15 @@ def test_config_field_of_the_wrong_type(hf, out, change):
     fails_cleanly(lambda: api.import_hf(hf, out), ConfigError, out, hf)
 
 
+@pytest.mark.parametrize("field", ["num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                                   "intermediate_size", "vocab_size"])
+def test_a_config_size_below_one_is_named(hf, out, field):
+    """Issue 20: ``num_hidden_layers: -1`` listed 18 unconsumed tensors instead of naming the field."""
+    edit_config(hf, **{field: -1})
+    e = fails_cleanly(lambda: api.import_hf(hf, out), ConfigError, out, hf)
+    assert str(e) == f"config.json {field}=-1: must be a positive integer"
+
+
 def test_output_exists_without_overwrite(pristine, tmp_path):
     target = tmp_path / "m.nemo"
     target.write_bytes(b"an older conversion")

@@ -95,7 +95,15 @@ def test_inspect_reads_a_qnemo_folder(kinds, cli):
     assert info["num_tensors"] == sum(r["tensors"] for r in info["ranks"]) > 0
     assert all(t["name"].startswith(("rank0/", "rank1/")) for t in info["tensors"])
     code, out, _ = cli("inspect", kinds["qnemo"])
-    assert code == 0 and "rank1.safetensors:" in out and "qnemo" in out
+    assert code == 0 and "rank1.safetensors:" in out
+    # issue 20: not "family unknown", which says nothing about a TensorRT-LLM checkpoint
+    assert out.splitlines()[0].endswith("qnemo, TensorRT-LLM checkpoint, architecture LlamaForCausalLM, 2 rank files, "
+                                        f"{info['num_tensors']} tensors, 402.5 KiB") and "unknown" not in out
+
+
+def test_quantize_counts_rank_files_in_english(kinds, cli, tmp_path):
+    code, _, err = cli("quantize", kinds["nemo"], "-o", str(tmp_path / "q"), "--algo", "none")
+    assert code == 0 and "TP 1 × PP 1 (1 rank file)," in err, err
 
 
 def test_inspect_dot_does_not_search_subfolders(kinds, cli, monkeypatch):
@@ -151,6 +159,22 @@ def test_hub_id_is_read_from_the_local_cache(kinds, cli, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))
     code, _, err = cli("quantize", "tiny-org/tiny-llama", "-o", "z.qnemo", "--algo", "none", "-q")
     assert code == 0, err
+    for extra in ((), ("--revision", commit)):  # issue 20: inspect takes a cached hub id too
+        code, out, err = cli("inspect", "tiny-org/tiny-llama", "--json", *extra)
+        assert code == 0, err
+        info = json.loads(out)
+        assert info["format"] == "hf" and info["family"] == "llama" and commit in info["path"]
+
+
+def test_a_mistyped_folder_is_not_taken_for_a_hub_id(cli, tmp_path, monkeypatch):
+    """Issue 20: ``import nope -o x.nemo`` suggested ``hf download nope``. A bare name that is
+    neither a local path nor cached is a missing file; an ``org/name`` still gets the hint."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.chdir(tmp_path)
+    for argv in (("import", "nope", "-o", "x.nemo"), ("inspect", "nope"), ("verify", "nope", "nope2")):
+        code, _, err = cli(*argv)
+        assert code == 2 and err == "nemo-convert: error: nope: no such file or folder\n", (argv, err)
+    assert os.listdir(tmp_path) == []
 
 
 def test_uncached_hub_id_names_the_download_command(cli, tmp_path, monkeypatch):
@@ -224,12 +248,23 @@ def test_torchrun_bar_and_summary_say_what_they_count(capsys):
     from nemo_convert.convert.common import ConversionReport
     from nemo_convert.workers import Workers
 
+    import io
+
     args = argparse.Namespace(quiet=False, json=False, workers=Workers(0, 2))
     bar = make_progress(args)
-    bar._console = Console(file=open(os.devnull, "w"))
-    bar.start("write", 100, 0)
-    assert bar._bar.tasks[0].description == "write (process 0's share of 2)"
-    bar.finish()
+    bar._console = Console(file=io.StringIO(), width=80, color_system=None)
+    for phase in ("calibrate", "write"):
+        bar.start(phase, 1_500_000_000, 1234)
+        bar.advance(700_000_000, 600)
+        if phase == "write":  # issue 20: at 80 columns the bar was squashed by its label
+            with bar._console.capture() as cap:
+                bar._console.print(bar._bar.get_renderable())
+            line = cap.get()
+            assert line.count("\n") == 1 and line.startswith("write ━━━━━━━━━━"), line
+            assert "600/1234 tensors" in line, line
+        bar.finish()
+    assert bar._console.file.getvalue().count("note: the bar shows process 0's share of the work of 2 processes; "
+                                              "the summary counts all") == 1
     report(args, ConversionReport("out.nemo", "llama", 10, 1000, 1.0), "wrote")
     assert "all 2 processes together (the bar showed process 0's share)" in capsys.readouterr().err
 
@@ -303,6 +338,23 @@ def test_demo_from_ckpt_cleans_its_temporary_folder(cli, tmp_path, monkeypatch):
     assert not [n for n in os.listdir(tmp_path) if n.startswith("nemo-convert-demo-")]  # our folder is gone
 
 
+def test_demo_workdir_is_never_a_folder_of_the_users(kinds, cli, tmp_path):
+    """Issue 20: ``demo --workdir`` wrote its files into an existing model folder. A folder
+    holding anything but the demo's own files is refused before anything is generated."""
+    import shutil
+
+    model = tmp_path / "my-model"
+    shutil.copytree(kinds["hf"], model)
+    before = sorted(os.listdir(model))
+    code, _, err = cli("demo", "--workdir", str(model))
+    assert code == 2 and err == (f"nemo-convert: error: --workdir {model}: holds files that are not the demo's "
+                                 f"({', '.join(before)}); the demo writes tiny-llama-hf/, tiny-llama.nemo and more "
+                                 "into it: name a new or empty folder\n")
+    assert sorted(os.listdir(model)) == before
+    (tmp_path / "a-file").write_text("x")
+    assert cli("demo", "--workdir", str(tmp_path / "a-file"))[0] == 2
+
+
 @pytest.mark.slow
 def test_demo_lines_do_not_wrap_when_piped(cli, tmp_path, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
@@ -313,6 +365,8 @@ def test_demo_lines_do_not_wrap_when_piped(cli, tmp_path, monkeypatch):
     assert "tensors bit-identical: True; logits identical: True" in lines
     assert any(line.startswith("from-ckpt → ") and line.endswith("training-state tensors)") for line in lines)
     assert (work / "checkpoints" / "megatron_gpt--step=1-last.ckpt").is_file()  # --workdir is kept
+    code, _, err = cli("demo", "--workdir", str(work), "-q")  # a demo's own folder is used again
+    assert code == 0, err
 
 
 # --------------------------------------------------------------------------- calibration

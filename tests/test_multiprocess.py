@@ -71,3 +71,25 @@ def test_two_process_moe_import_and_export_are_byte_identical(tmp_path):
     run(["export", "one.nemo", "-o", "back1", "--max-shard-size", "100KB"], str(tmp_path))
     run(["export", "two.nemo", "-o", "back2", "--max-shard-size", "100KB"], str(tmp_path), procs=2)
     same_tree(str(tmp_path / "back1"), str(tmp_path / "back2"))
+
+
+def test_a_failure_is_reported_once_by_process_0(work):
+    """Issue 20, item 4: every process used to print the error, then torchrun its report.
+    Now process 0 alone prints the line; each process leaves it in torchrun's error file,
+    so torchrun's report shows it (not a link to its docs) and names process 0, exit code 2,
+    as the root cause. torchrun itself still prints its ChildFailedError traceback and exits
+    1 whatever code its processes chose (docs/cli.md says so)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+           "-m", "nemo_convert", "import", "hf", "-o", "one.nemo", "--json"]
+    r = subprocess.run(cmd, cwd=str(work), env=env, capture_output=True, text=True, timeout=300)
+    line = "nemo-convert: error: one.nemo exists; pass --overwrite to replace it"
+    assert r.returncode == 1  # torchrun's, for any failure
+    ours = [x for x in r.stderr.splitlines() if x.startswith("nemo-convert:")]
+    assert ours == [line], r.stderr
+    assert r.stdout.splitlines() == ['{"error": "one.nemo exists; pass --overwrite to replace it", '
+                                     '"kind": "OutputExistsError"}']
+    report = r.stderr[r.stderr.index("Root Cause"):]
+    assert "rank      : 0 (local_rank: 0)" in report and "exitcode  : 2 " in report, report
+    assert f"traceback : {line}" in report
+    assert "To enable traceback see" not in r.stderr

@@ -173,6 +173,7 @@ def test_explicit_stage_sizes(tmp_path, sources):
     (1, 7, None, "larger than the number of layers"),
     (1, 4, None, "evenly"),
     (1, 2, (1, 2), "do not split"),
+    (1, 1, (2, 2), r"name 2 pipeline stage\(s\) but the pipeline size is 1: pass --pp 2"),  # issue 20
 ])
 def test_geometry_errors_before_writing(tmp_path, sources, tp, pp, stages, match):
     out = tmp_path / "m.nemo"

@@ -194,3 +194,17 @@ def test_rules_tensorrt_llm_cannot_take_apart_are_refused():
     assert table is not None and gpt_trtllm("Phi3ForCausalLM") is None
     with pytest.raises(UnsupportedError, match="linear_qkv.weight: the family makes it with PackedQKV"):
         derive_spec(table, PHI3.mapping({}), {})
+
+
+def test_a_sliding_window_refusal_names_the_way_forward(tmp_path):
+    """Issue 20: the refusal said only "a runtime setting there". It now names TensorRT-LLM's
+    runtime switch with this model's window (HF sliding_window=4: 4 keys) and the way to
+    write the checkpoint without it, and that way works."""
+    src = make_model(str(tmp_path / "mistral"), "mistral")     # sliding_window=4
+    with pytest.raises(UnsupportedError) as ei:
+        quantize(src, str(tmp_path / "a"), algo="none")
+    msg = str(ei.value)
+    assert "window_size=[3, 0]: each token sees 4 keys" in msg and "--max_attention_window_size=4" in msg
+    assert "--ignore-config-key sliding_window" in msg and "nemo-convert export it first" in msg
+    rep = quantize(src, str(tmp_path / "b"), algo="none", ignore_config_keys=("sliding_window",))
+    assert rep.family == "mistral" and os.path.isfile(tmp_path / "b" / "rank0.safetensors")

@@ -21,9 +21,27 @@ def _hidden(folder) -> list[str]:
     return sorted(n for n in os.listdir(folder) if ".nemo-convert-" in n)
 
 
+def _old_nemo(target, *, folder: bool) -> None:
+    """An existing .nemo at ``target`` (a tar, or the unpacked folder) with one extra member
+    ``old.txt``: what --overwrite may replace."""
+    import io
+    import tarfile
+
+    if folder:
+        target.mkdir()
+        (target / "model_config.yaml").write_bytes(b"a: 1\n")
+        (target / "model_weights.ckpt").write_bytes(b"old")
+        return
+    with tarfile.open(str(target), "w") as tf:
+        for name, data in (("model_config.yaml", b"a: 1\n"), ("old.txt", b"old")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
 def test_file_success_renames_into_place(tmp_path):
     target = tmp_path / "out.nemo"
-    with staged_output(str(target), overwrite=False, is_dir=False) as stage:
+    with staged_output(str(target), overwrite=False, is_dir=False, kind="nemo") as stage:
         assert os.path.dirname(stage) == str(tmp_path)
         name = os.path.basename(stage)
         assert name.startswith(".out.nemo.nemo-convert-partial-") and f"-{os.getpid()}-" in name
@@ -36,7 +54,7 @@ def test_file_success_renames_into_place(tmp_path):
 
 def test_dir_success_and_parent_created(tmp_path):
     target = tmp_path / "sub" / "hf_out"
-    with staged_output(str(target), overwrite=False, is_dir=True) as stage:
+    with staged_output(str(target), overwrite=False, is_dir=True, kind="hf") as stage:
         assert os.path.isdir(stage)
         os.makedirs(os.path.join(stage, "a", "b"))
         with open(os.path.join(stage, "a", "b", "w.bin"), "wb") as f:
@@ -50,7 +68,7 @@ def test_dir_success_and_parent_created(tmp_path):
 def test_failure_leaves_nothing(tmp_path, exc, is_dir):
     target = tmp_path / "out"
     with pytest.raises(exc):
-        with staged_output(str(target), overwrite=False, is_dir=is_dir) as stage:
+        with staged_output(str(target), overwrite=False, is_dir=is_dir, kind="nemo") as stage:
             path = os.path.join(stage, "f") if is_dir else stage
             with open(path, "wb") as f:
                 f.write(b"partial")
@@ -60,27 +78,28 @@ def test_failure_leaves_nothing(tmp_path, exc, is_dir):
 
 def test_nothing_staged_is_an_error(tmp_path):
     with pytest.raises(RuntimeError, match="not a file"):
-        with staged_output(str(tmp_path / "out"), overwrite=False, is_dir=False):
+        with staged_output(str(tmp_path / "out"), overwrite=False, is_dir=False, kind="nemo"):
             pass
     assert os.listdir(tmp_path) == []
 
 
 def test_existing_target_without_overwrite(tmp_path):
     target = tmp_path / "out.nemo"
-    target.write_bytes(b"old")
+    _old_nemo(target, folder=False)
+    old = target.read_bytes()
     entered = False
     with pytest.raises(OutputExistsError) as e:
-        with staged_output(str(target), overwrite=False, is_dir=False):
+        with staged_output(str(target), overwrite=False, is_dir=False, kind="nemo"):
             entered = True
     assert not entered
     assert str(e.value) == f"{target} exists; pass --overwrite to replace it"
-    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["out.nemo"]
+    assert target.read_bytes() == old and os.listdir(tmp_path) == ["out.nemo"]
 
 
 def test_target_appearing_meanwhile_is_not_clobbered(tmp_path):
     target = tmp_path / "out"
     with pytest.raises(OutputExistsError):
-        with staged_output(str(target), overwrite=False, is_dir=False) as stage:
+        with staged_output(str(target), overwrite=False, is_dir=False, kind="nemo") as stage:
             open(stage, "wb").close()
             target.write_bytes(b"someone else's")
     assert target.read_bytes() == b"someone else's" and os.listdir(tmp_path) == ["out"]
@@ -94,13 +113,10 @@ def test_overwrite_replaces(tmp_path, monkeypatch, old_dir, new_dir, exchange):
         real = st._renameat2
         monkeypatch.setattr(st, "_renameat2", lambda a, b, flags: errno.ENOSYS if flags == 2 else real(a, b, flags))
     target = tmp_path / "out"
-    if old_dir:
-        target.mkdir()
-        (target / "old.txt").write_bytes(b"old")
-    else:
-        target.write_bytes(b"old")
-    with staged_output(str(target), overwrite=True, is_dir=new_dir) as stage:
-        assert (target / "old.txt").exists() if old_dir else target.read_bytes() == b"old"
+    _old_nemo(target, folder=old_dir)
+    old = b"" if old_dir else target.read_bytes()
+    with staged_output(str(target), overwrite=True, is_dir=new_dir, kind="nemo") as stage:
+        assert (target / "model_weights.ckpt").exists() if old_dir else target.read_bytes() == old
         with open(os.path.join(stage, "new.txt") if new_dir else stage, "wb") as f:
             f.write(b"new")
     if new_dir:
@@ -112,19 +128,20 @@ def test_overwrite_replaces(tmp_path, monkeypatch, old_dir, new_dir, exchange):
 
 def test_overwrite_failure_keeps_old(tmp_path):
     target = tmp_path / "out"
-    target.write_bytes(b"old")
+    _old_nemo(target, folder=False)
+    old = target.read_bytes()
     with pytest.raises(ValueError):
-        with staged_output(str(target), overwrite=True, is_dir=False) as stage:
+        with staged_output(str(target), overwrite=True, is_dir=False, kind="nemo") as stage:
             open(stage, "wb").write(b"half")
             raise ValueError
-    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["out"]
+    assert target.read_bytes() == old and os.listdir(tmp_path) == ["out"]
 
 
 _CHILD = textwrap.dedent("""
     import sys, time
     from nemo_convert.formats.io.staging import install_signal_handlers, staged_output
     install_signal_handlers()
-    with staged_output(sys.argv[1], overwrite=False, is_dir=False) as stage:
+    with staged_output(sys.argv[1], overwrite=False, is_dir=False, kind="nemo") as stage:
         with open(stage, "wb") as f:
             f.write(b"x" * 1000); f.flush()
             print("ready", flush=True)

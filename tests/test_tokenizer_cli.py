@@ -333,3 +333,32 @@ def test_patcher_chosen_through_registry(tmp_path: Path) -> None:
     assert (tmp_path / "out.vocab").read_text() == "a\nb\nc\n<image>"
     with pytest.raises(InputError, match="installed: none"):
         add_tokens(str(vocab), str(tmp_path / "x.vocab"), ["<image>"], registry=registry_with(entry_points=False))
+
+
+# -- a tokenizer larger than the embedding (issue 20) -----------------------------------------
+
+
+def test_a_tokenizer_with_ids_past_the_embedding_is_warned_about(llama: dict[str, str], tmp_path: Path) -> None:
+    """Tokens added to the tokenizer without resizing the embedding: import and export say
+    so (ids past the rows have no embedding row); a tokenizer within the rows says nothing."""
+    from nemo_convert.tokenizers import sentencepiece_vocab_size, tokenizer_size
+
+    hf = tmp_path / "hf"
+    shutil.copytree(llama["hf"], hf)
+    rows = json.loads((hf / "config.json").read_text())["vocab_size"]
+    pieces = sentencepiece_vocab_size((hf / "tokenizer.model").read_bytes())
+    assert pieces <= rows and api.import_hf(str(hf), str(tmp_path / "ok.nemo")).warnings == []
+    extra = [f"<new_{i}>" for i in range(rows - pieces + 2)]  # two ids past the last row
+    add_tokens(llama["sp"], str(tmp_path / "big.model"), extra)
+    shutil.copyfile(tmp_path / "big.model", hf / "tokenizer.model")
+    assert tokenizer_size({"tokenizer.model": (hf / "tokenizer.model").read_bytes()}) == ("tokenizer.model", rows + 2)
+    want = (f"tokenizer.model has {rows + 2} token ids but the embedding has {rows} rows (vocab_size): ids "
+            f"{rows}–{rows + 1} have no embedding row; resize the embedding and the output layer before using them")
+    rep = api.import_hf(str(hf), str(tmp_path / "big.nemo"))
+    assert want in rep.warnings
+    assert want in api.export_hf(str(tmp_path / "big.nemo"), str(tmp_path / "back")).warnings
+    hf_tok = _hf_tokenizer(tmp_path / "hf-tok")  # tokenizer.json: the model's vocabulary and the added tokens
+    size = tokenizer_size({"tokenizer.json": (hf_tok / "tokenizer.json").read_bytes()})
+    from transformers import AutoTokenizer
+
+    assert size == ("tokenizer.json", len(AutoTokenizer.from_pretrained(str(hf_tok))))

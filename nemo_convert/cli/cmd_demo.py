@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 from typing import Callable
 
 from rich.console import Console
 
 from nemo_convert.cli.common import common_flags, print_json
+from nemo_convert.errors import InputError
+
+#: What the demo writes into its work folder (and the staging names of those).
+DEMO_FILES = re.compile(r"^\.?(tiny-llama-hf|tiny-llama-hf-back|tiny-llama\.nemo|tiny-llama-tp\d+-pp\d+\.nemo|"
+                        r"tiny-llama-from-ckpt\.nemo|checkpoints)(\.nemo-convert-.+)?$")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -17,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description="Generate a tiny random Llama (GQA) with transformers, import it into a "
                                    ".nemo, export it back to HF, and check the tensors are bit-identical and "
                                    "the logits equal. Nothing is downloaded.")
-    p.add_argument("--workdir", help="where to write the files, kept afterwards (default: a temporary folder, "
-                                     "removed at the end)")
+    p.add_argument("--workdir", help="where to write the files, kept afterwards: a new or empty folder, or one "
+                                     "an earlier demo wrote (default: a temporary folder, removed at the end)")
     p.add_argument("--tp", type=int, default=1, help="also reshard the .nemo to this TP (legacy layout)")
     p.add_argument("--pp", type=int, default=1, help="also reshard the .nemo to this PP (legacy layout)")
     p.add_argument("--from-ckpt", action="store_true",
@@ -36,12 +42,28 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.set_verbosity_error()
     say = Console(stderr=True, quiet=args.quiet or args.json, soft_wrap=True, highlight=False).print
     if args.workdir:
+        check_workdir(args.workdir)
         os.makedirs(args.workdir, exist_ok=True)
         return _round_trip(args, args.workdir, say)
     with tempfile.TemporaryDirectory(prefix="nemo-convert-demo-") as work:  # removed however the demo ends
         code = _round_trip(args, work, say)
     say(f"removed {work} (pass --workdir to keep the files)")
     return code
+
+
+def check_workdir(path: str) -> None:
+    """Refuse a ``--workdir`` that holds anything but what a demo writes: the demo must not
+    write its files into a user's model folder (or replace what is there)."""
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path):
+        raise InputError(f"--workdir {path}: not a folder")
+    other = sorted(n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in os.listdir(path)
+                   if not DEMO_FILES.match(n))
+    if other:
+        shown = ", ".join(other[:6]) + (f" and {len(other) - 6} more" if len(other) > 6 else "")
+        raise InputError(f"--workdir {path}: holds files that are not the demo's ({shown}); the demo writes "
+                         "tiny-llama-hf/, tiny-llama.nemo and more into it: name a new or empty folder")
 
 
 def _round_trip(args: argparse.Namespace, work: str, say: Callable[..., None]) -> int:

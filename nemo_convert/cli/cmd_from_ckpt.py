@@ -42,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--allow-missing-tokenizer", action="store_true",
                    help="warn instead of failing when a tokenizer file the config names is not found")
     p.add_argument("--unpacked", action="store_true", help="write the unpacked folder form instead of a tar")
-    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUTPUT if it is an output of the kind written (or an empty folder); anything else "
+                        "is refused")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow pickles to load classes outside the allow-list, which can run arbitrary code "
                         "(DANGEROUS; only for checkpoints you trust)")

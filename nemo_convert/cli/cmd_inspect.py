@@ -7,7 +7,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from nemo_convert.cli.common import QUIET_RESULT_HELP, common_flags, human_bytes, print_json
+from nemo_convert.cli.common import QUIET_RESULT_HELP, common_flags, hf_source, human_bytes, print_json, revision_flag
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("inspect", help="show format, config summary and tensors of a checkpoint",
@@ -15,8 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "shape, dtype, bytes) without reading tensor data. Works on HF folders "
                                    "and .nemo files alike, NeMo 2.0 folders, .qnemo folders, and Megatron-Bridge / "
                                    "Megatron-LM checkpoint directories (it says which kind).")
-    p.add_argument("path", help="HF folder, .nemo file or unpacked .nemo folder, NeMo 2.0 folder, .qnemo folder, "
-                                "or Megatron-Bridge / Megatron-LM checkpoint directory")
+    p.add_argument("path", help="HF folder (or a hub id, org/name, already in the local hub cache), .nemo file or "
+                                "unpacked .nemo folder, NeMo 2.0 folder, .qnemo folder, or Megatron-Bridge / "
+                                "Megatron-LM checkpoint directory")
+    revision_flag(p)
     p.add_argument("--iteration", type=int, metavar="N",
                    help="Megatron-Bridge / Megatron-LM directory: read iter_N (default: the tracker's)")
     p.add_argument("--trust-pickle", action="store_true",
@@ -28,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from nemo_convert import api  # lazy: CLI start-up time
 
-    info = api.inspect_checkpoint(args.path, trust_pickle=args.trust_pickle, iteration=args.iteration)
+    info = api.inspect_checkpoint(hf_source(args, args.path), trust_pickle=args.trust_pickle,
+                                  iteration=args.iteration)
     if args.json:
         print_json(info)
         return 0
@@ -36,7 +40,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console = Console(soft_wrap=True)
     layout = f" ({info['layout']} layout)" if info["layout"] else ""
-    console.print(f"[bold]{info['path']}[/]: {info['format']}{layout}, family {info['family'] or 'unknown'}, "
+    if info["format"] == "qnemo":  # a TensorRT-LLM checkpoint names its TensorRT-LLM model, not our family
+        ranks = len(info.get("ranks") or [])
+        what = (f"TensorRT-LLM checkpoint, architecture {info['config'].get('architecture', 'unknown')}, "
+                f"{ranks} rank file{'s' if ranks != 1 else ''}")
+    else:
+        what = f"family {info['family'] or 'unknown'}"
+    console.print(f"[bold]{info['path']}[/]: {info['format']}{layout}, {what}, "
                   f"{info['num_tensors']} tensors, {human_bytes(info['total_bytes'])}", highlight=False)
     if info.get("iteration_dir"):
         console.print(f"  iteration folder: {info['iteration_dir']}", highlight=False)

@@ -48,7 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--ignore-config-key", action="append", default=[], metavar="KEY",
                    help="HF source: translate config.json as if it had no KEY, knowingly dropping what KEY "
                         "says (repeatable; as import)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUTPUT if it is an output of the kind written (or an empty folder); anything else "
+                        "is refused")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
     common_flags(p)
@@ -80,9 +82,10 @@ def run_quantize(args: argparse.Namespace) -> int:
     elif not args.quiet:
         algo = rep.quant_algo or "unquantized"
         kv = f", KV cache {rep.kv_cache_quant_algo}" if rep.kv_cache_quant_algo else ""
+        ranks = len([f for f in rep.files if f.startswith("rank")])
         Console(stderr=True, soft_wrap=True).print(
             f"wrote {rep.output}: {algo}{kv}, {rep.dtype}, TP {rep.tp} × PP {rep.pp} "
-            f"({len([f for f in rep.files if f.startswith('rank')])} rank files), {rep.tensors} tensors, "
+            f"({ranks} rank file{'s' if ranks != 1 else ''}), {rep.tensors} tensors, "
             f"{human_bytes(rep.bytes)} in {rep.seconds:.2f} s, family {rep.family}"
             + (f"; all {workers.world} processes together (the bar showed process 0's share)"
                if workers.world > 1 else ""), highlight=False)

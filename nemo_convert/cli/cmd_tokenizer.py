@@ -35,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(piece_type="user_defined")
     p.add_argument("--skip-existing", action="store_true",
                    help="leave out tokens the tokenizer already has instead of failing")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT if it is an output of the kind written (or an empty folder); anything else is "
+                        "refused")
     common_flags(p)
     p.set_defaults(func=run_add_tokens)
 

@@ -25,7 +25,9 @@ def common_flags(p: argparse.ArgumentParser, *, json_flag: bool = True,
 
 def output_flags(p: argparse.ArgumentParser) -> None:
     """``--overwrite`` and ``--trust-pickle``, shared by the converting commands."""
-    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUTPUT if it is an output of the kind written (or an empty folder); anything else "
+                        "is refused")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow arbitrary code in pickled weights (DANGEROUS; only for files you trust)")
 
@@ -95,12 +97,12 @@ def hf_source(args: argparse.Namespace, src: str, *, one_of_several: bool = Fals
     ``one_of_several`` (``verify A B``) ``--revision`` applies to the hub ids only."""
     import os
 
-    from nemo_convert import api  # lazy: CLI start-up time
+    from nemo_convert.formats.hf.hub import resolve_hf_source  # lazy: CLI start-up time
 
     revision = getattr(args, "revision", None)
     if one_of_several and os.path.exists(src):
         revision = None
-    return api.resolve_hf_source(src, revision)
+    return resolve_hf_source(src, revision)
 
 
 def human_bytes(n: float) -> str:

@@ -18,9 +18,10 @@ from contextlib import contextmanager
 from typing import Iterator, NoReturn, Sequence
 
 from nemo_convert import __version__
-from nemo_convert.cli import (cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect, cmd_plugins,  # noqa: I001
-                              cmd_quantize, cmd_reshard, cmd_tokenizer, cmd_verify)
+from nemo_convert.cli import (cmd_clean, cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect,  # noqa: I001
+                              cmd_plugins, cmd_quantize, cmd_reshard, cmd_tokenizer, cmd_verify)
 from nemo_convert.cli.plugin_options import add_plugin_options
+from nemo_convert.cli.startup import INTERRUPTED, start_up_done
 from nemo_convert.errors import NemoConvertError
 
 #: Commands that split their work across torchrun processes; the others run in process 0.
@@ -30,7 +31,8 @@ PARALLEL_COMMANDS = ("import", "export", "reshard", "quantize")
 #: killed by SIGPIPE (``set -o pipefail`` sees it; ``cmd | head`` does not).
 EXIT_STDOUT_CLOSED = 128 + 13
 
-COMMANDS = (cmd_convert, cmd_reshard, cmd_from_ckpt, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify, cmd_demo)
+COMMANDS = (cmd_convert, cmd_reshard, cmd_from_ckpt, cmd_quantize, cmd_inspect, cmd_plugins, cmd_tokenizer, cmd_verify,
+            cmd_demo, cmd_clean)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -159,16 +161,70 @@ def _json_error(args: argparse.Namespace, message: str, kind: str) -> None:
         pass
 
 
+def _torchrun_error_file(line: str) -> None:
+    """Under torchrun, the error line in the file the launcher reads when a process fails
+    (``TORCHELASTIC_ERROR_FILE``, in the format of torch's ``ErrorHandler.record_exception``,
+    torch/distributed/elastic/multiprocessing/errors/error_handler.py): its failure report
+    then shows the line as the process's ``traceback``, instead of a link to its docs."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import time  # lazy: only on this path
+
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                  "timestamp": str(int(time.time()))}}}, f)
+    except OSError:
+        pass
+
+
+def _report_error(args: argparse.Namespace, line: str, message: str, kind: str) -> None:
+    """An error: ``line`` on stderr and, under ``--json``, ``{"error": message, "kind": kind}``
+    on stdout. Under torchrun only process 0 speaks: a failure in any process is shared
+    (:meth:`~nemo_convert.workers.Workers.agree`), so the others would repeat it. Every
+    process leaves its own line in torchrun's error file (:func:`_torchrun_error_file`)."""
+    _torchrun_error_file(line)
+    workers = getattr(args, "workers", None)
+    if workers is not None and not workers.is_main:
+        return
+    print(line, file=sys.stderr)
+    _json_error(args, message, kind)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``nemo-convert`` program. Called without ``argv`` (the console script,
     ``python -m nemo_convert``) the process is exiting once this returns: a Ctrl-C that
     lands then — while the interpreter and torch shut down — is ignored, so it cannot
-    print a traceback or change the exit code already decided."""
+    print a traceback or change the exit code already decided.
+
+    Under torchrun, a process other than 0 that failed waits up to
+    :data:`OTHERS_WAIT_S` before it exits (silently, when torchrun stops it meanwhile), so
+    that process 0, which reports the shared error, ends first: torchrun names the first
+    process to end as the root cause, and stops the others as soon as one has ended."""
+    code = 1
     try:
-        return run(argv, exiting=argv is None)
+        code = run(argv, exiting=argv is None)
+        return code
     finally:
         if argv is None:
             _ignore_interrupts_while_exiting()
+            if code != 0 and _another_torchrun_process():
+                import time  # lazy: only on this path
+
+                time.sleep(OTHERS_WAIT_S)
+
+
+#: How long a failed process other than 0 waits for process 0 to end first (see :func:`main`).
+OTHERS_WAIT_S = 3.0
+
+
+def _another_torchrun_process() -> bool:
+    """Is this one of several processes torchrun started, and not process 0?"""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and int(os.environ.get("RANK", "0") or 0) != 0
+    except ValueError:
+        return False
 
 
 def _ignore_interrupts_while_exiting() -> None:
@@ -201,13 +257,13 @@ def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
         raise
     debug = getattr(args, "debug", False)
     from nemo_convert.formats.io.staging import install_signal_handlers  # lazy: CLI start-up time
-
-    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
-    install_signal_handlers()
-    if hasattr(signal, "SIGXFSZ"):  # a file-size limit makes writes fail with EFBIG, cleaned up like any error
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     from nemo_convert.workers import from_env, shutdown  # lazy: CLI start-up time
 
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
+    if hasattr(signal, "SIGXFSZ"):  # a file-size limit makes writes fail with EFBIG, cleaned up like any error
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    install_signal_handlers()  # from here an interrupt is handled below (the start-up guard until now)
+    start_up_done()
     try:
         args.workers = from_env()  # several processes under torchrun
         if not args.workers.is_main:
@@ -233,14 +289,12 @@ def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     except NemoConvertError as exc:
         if debug:
             raise
-        print(f"nemo-convert: error: {exc}", file=sys.stderr)
-        _json_error(args, str(exc), type(exc).__name__)
+        _report_error(args, f"nemo-convert: error: {exc}", str(exc), type(exc).__name__)
         return exc.exit_code
     except KeyboardInterrupt:
         if debug:
             raise
-        print("nemo-convert: interrupted; no output was written", file=sys.stderr)
-        _json_error(args, "interrupted; no output was written", "interrupted")
+        _report_error(args, f"nemo-convert: {INTERRUPTED}", INTERRUPTED, "interrupted")
         return 130
     except OSError as exc:
         if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
@@ -249,15 +303,14 @@ def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
         if debug:
             raise
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-        print(f"nemo-convert: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        _json_error(args, f"{where}{exc.strerror or exc}", type(exc).__name__)
+        _report_error(args, f"nemo-convert: error: {where}{exc.strerror or exc}", f"{where}{exc.strerror or exc}",
+                      type(exc).__name__)
         return 2
     except Exception as exc:  # an internal error: say so, briefly
         if debug:
             raise
-        print(f"nemo-convert: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a "
-              "traceback)", file=sys.stderr)
-        _json_error(args, f"internal error: {type(exc).__name__}: {exc}", "internal")
+        _report_error(args, f"nemo-convert: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a "
+                            "traceback)", f"internal error: {type(exc).__name__}: {exc}", "internal")
         return 1
 
 

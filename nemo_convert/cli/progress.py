@@ -20,19 +20,22 @@ class RichProgress:
         self._task: TaskID | None = None
         self._done = 0
         self._total = 0
+        self._said_share = False
 
     def start(self, description: str, total_bytes: int, total_tensors: int) -> None:
         self._done, self._total = 0, total_tensors
         if description == "calibrate":  # counts calibration rows and tokens (run once, in process 0)
             self._start_calibration(total_bytes, total_tensors)
             return
+        if self._world > 1 and not self._said_share:  # under torchrun the bar sees this process's parts; the
+            self._said_share = True                     # summary counts all. A line of its own: in the bar's
+            self._console.print(f"note: the bar shows process 0's share of the work of {self._world} processes; "
+                                "the summary counts all", highlight=False, soft_wrap=True)  # label it squashed it
         self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                              TextColumn("{task.fields[tensors]} tensors"), DownloadColumn(),
                              TransferSpeedColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
                              console=self._console)
         self._bar.start()
-        if self._world > 1:  # under torchrun the bar sees this process's parts; the summary counts all
-            description = f"{description} (process 0's share of {self._world})"
         self._task = self._bar.add_task(description, total=max(total_bytes, 1),
                                         tensors=f"0/{total_tensors}" if total_tensors else "0")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +44,12 @@ class Checkpoint:
 READABLE: tuple[Kind, ...] = ("hf", "nemo", "nemo2", "megatron", "qnemo")
 
 
-def open_checkpoint(path: str, *, trust_pickle: bool = False, accept: tuple[Kind, ...] = READABLE,
+def open_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = False, accept: tuple[Kind, ...] = READABLE,
                     what: str = "a checkpoint inspect reads", iteration: int | None = None) -> Checkpoint:
     """Open an HF folder, a ``.nemo`` (tar, gzip, unpacked folder), a NeMo 2.0 folder, a
     Megatron-Bridge / Megatron-LM directory (``iteration``: which ``iter_XXXXXXX/``) or a
     ``.qnemo`` folder lazily. Any other kind is refused, naming the command that takes it."""
+    path = os.fspath(path)
     kind = require_kind(path, accept, what).kind
     if kind == "hf" and iteration is None:
         hf = open_hf(path, trust_pickle=trust_pickle)
@@ -68,8 +70,10 @@ CONFIG_SUMMARY_KEYS = ("architectures", "model_type", "num_hidden_layers", "num_
                        "architecture", "quantization", "mapping")
 
 
-def inspect_checkpoint(path: str, *, trust_pickle: bool = False, iteration: int | None = None) -> dict[str, Any]:
+def inspect_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = False,
+                       iteration: int | None = None) -> dict[str, Any]:
     """Format, config summary and tensor table of a checkpoint (no tensor bytes read)."""
+    path = os.fspath(path)
     with open_checkpoint(path, trust_pickle=trust_pickle, iteration=iteration) as ck:
         tensors = []
         for k in ck.source.keys():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.formats.detect import require_kind
@@ -12,6 +12,7 @@ from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.mapping.planner import nemo_parallel_kinds
 from nemo_convert.plugins.manager import Registry, get_registry
+from nemo_convert.tokenizers import tokenizer_size
 
 #: The section of ``model_config.yaml`` where we keep what NeMo has no field for.
 SECTION = "nemo_convert"
@@ -42,6 +43,18 @@ def finite_warning(non_finite: dict[str, int]) -> list[str]:
     names = ", ".join(f"{k} ({n})" for k, n in sorted(non_finite.items())[:8])
     more = f" and {len(non_finite) - 8} more" if len(non_finite) > 8 else ""
     return [f"{len(non_finite)} tensor(s) hold NaN or Inf values: {names}{more}"]
+
+
+def tokenizer_rows_warning(files: Mapping[str, bytes], rows: Any) -> list[str]:
+    """A warning when the tokenizer among ``files`` has ids past the embedding's ``rows``
+    (tokens added to the tokenizer without resizing the embedding): those ids would index
+    past the embedding and the output layer."""
+    found = tokenizer_size(files)
+    if found is None or not isinstance(rows, int) or isinstance(rows, bool) or rows < 1 or found[1] <= rows:
+        return []
+    name, size = found
+    return [f"{name} has {size} token ids but the embedding has {rows} rows (vocab_size): ids {rows}–{size - 1} "
+            "have no embedding row; resize the embedding and the output layer before using them"]
 
 
 def registry_or_default(registry: Registry | None) -> Registry:

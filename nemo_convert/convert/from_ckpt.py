@@ -30,10 +30,10 @@ from nemo_convert.errors import (
     InputError,
     MappingError,
     NemoConvertError,
-    OutputExistsError,
     ShapeError,
     UnsupportedError,
 )
+from nemo_convert.formats.io.staging import check_target
 from nemo_convert.formats.nemo.nemo import VocabTrimView, artifact_name
 from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
 from nemo_convert.formats.ptl.ptl_ckpt import TrainingCheckpoint, locate, open_training_checkpoint
@@ -223,7 +223,8 @@ def _tokenizer_files(data_of: dict[str, bytes]) -> dict[str, bytes]:
     return {"tokenizer.model": data_of["tokenizer.model"]} if "tokenizer.model" in data_of else {}
 
 
-def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | None = None,
+def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hparams: str | os.PathLike[str] | None = None,
+              family: str | None = None,
               checkpoint_name: str | None = None, tp: int | None = None, pp: int | None = None,
               stage_layers: tuple[int, ...] | None = None, layout: str | None = None,
               vocab_size: int | None = None, allow_missing_tokenizer: bool = False, overwrite: bool = False,
@@ -250,6 +251,8 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
         run arbitrary code. Only for checkpoints you trust.
     """
     started = time.monotonic()
+    src, out = os.fspath(src), os.fspath(out)
+    hparams = None if hparams is None else os.fspath(hparams)
     check_target_kind(to, layout=layout)
     reg = registry_or_default(registry)
     if layout is not None and layout not in LAYOUTS:
@@ -257,8 +260,8 @@ def from_ckpt(src: str, out: str, *, hparams: str | None = None, family: str | N
     for flag, size in (("--tp", tp), ("--pp", pp)):
         if size is not None and size < 1:
             raise UnsupportedError(f"{flag} must be at least 1, got {size}")
-    if os.path.lexists(out) and not overwrite:
-        raise OutputExistsError(f"{out} exists; pass --overwrite to replace it")
+    check_target(out, overwrite=overwrite, kind="megatron-bridge" if to == TARGET else "nemo",
+                 is_dir=to == TARGET or not packed)
     loc = locate(src, checkpoint_name)
     warnings: list[str] = []
     notes: list[str] = []

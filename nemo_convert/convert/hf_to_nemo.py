@@ -11,7 +11,8 @@ import torch
 
 from nemo_convert import __version__
 from nemo_convert.compute import Compute, DeviceOption
-from nemo_convert.convert.common import SECTION, ConversionReport, finite_warning, registry_or_default
+from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, registry_or_default,
+                                          tokenizer_rows_warning)
 from nemo_convert.convert.nemo_defaults import restore_notes, restore_warnings
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
@@ -147,7 +148,8 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
     return cfg, plan
 
 
-def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | torch.dtype | None = None,
+def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, family: str | None = None,
+              dtype: str | torch.dtype | None = None,
               layout: str | None = None, overwrite: bool = False, packed: bool = True,
               progress: Progress | None = None, registry: Registry | None = None,
               allow_unmapped: tuple[str, ...] = (), trust_pickle: bool = False,
@@ -176,11 +178,13 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
     :param to: ``"nemo"`` or ``"megatron-bridge"`` (``layout`` and ``packed`` then do not
         apply; TP × PP is recorded in ``run_config.yaml``).
     """
+    src, out = os.fspath(src), os.fspath(out)
     check_target_kind(to, workers, layout)
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
-    check_target(out, overwrite=overwrite)
+    check_target(out, overwrite=overwrite, kind="megatron-bridge" if to == TARGET else "nemo",
+                 is_dir=to == TARGET or not packed)
     require_kind(src, ("hf",), "a Hugging Face model folder")
     want = parse_dtype(dtype)
     hf_cfg = read_config_json(src)
@@ -215,6 +219,9 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
         if ckpt.generation_config is not None:
             cfg[SECTION]["hf_generation_config"] = ckpt.generation_config
         tok, refs, artifacts = pack_tokenizer(fam, ckpt.config, ckpt.extra_files, src, notes)
+        warnings += tokenizer_rows_warning({n: _read(p) for n, p in ckpt.extra_files.items()
+                                            if n in ("tokenizer.json", "tokenizer.model")},
+                                           ckpt.config.get("vocab_size"))
         if tok is not None:
             cfg["tokenizer"] = tok
             cfg[SECTION]["tokenizer_files"] = refs

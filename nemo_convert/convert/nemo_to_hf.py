@@ -15,6 +15,7 @@ from nemo_convert.convert.common import (
     finite_warning,
     open_nemo_source,
     registry_or_default,
+    tokenizer_rows_warning,
 )
 from nemo_convert.convert.export_config import ExportConfig, complete_hf_config, export_config
 from nemo_convert.dtypes import parse_dtype
@@ -70,7 +71,8 @@ def plan_to_hf(ckpt: Any, fam: ModelFamily, *, rope_scaling: bool = True,
     return prep, hf_cfg, plan_conversion(fam.mapping(prep.cfg), prep.cfg, prep.source, "to_hf")
 
 
-def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, overwrite: bool = False,
+def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype: str | torch.dtype | None = None,
+              overwrite: bool = False,
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
               progress: Progress | None = None, registry: Registry | None = None,
               trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
@@ -85,10 +87,11 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
     A NeMo-native config is completed from the archive (:mod:`.export_config`);
     ``rope_scaling=False`` exports ``scale_positional_embedding: True`` without llama3
     RoPE scaling (NeMo's Llama converter sets it by default)."""
+    src, out = os.fspath(src), os.fspath(out)
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
-    check_target(out, overwrite=overwrite)
+    check_target(out, overwrite=overwrite, kind="hf", is_dir=True)
     want = parse_dtype(dtype)
     ckpt = open_nemo_source(src, reg, family=family, compute=compute, trust_pickle=trust_pickle,
                             iteration=iteration)
@@ -98,6 +101,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
         cfg, source = prep.cfg, prep.source
         plan.check_finite = check_finite
         warnings = prep.warnings + apply_dtype(plan, want)
+        warnings += tokenizer_rows_warning(tokenizer_files(ckpt), hf_cfg.get("vocab_size"))
         placed = compute.place(plan, source)
 
         def write_mine(sink: DirectorySink) -> RunStats:
@@ -119,6 +123,7 @@ def export_hf(src: str, out: str, *, dtype: str | torch.dtype | None = None, ove
                 final.add_bytes(name, data)
 
         stats = merge_stats(write_together(out, [], write_mine, workers=workers, overwrite=overwrite, packed=False,
+                                           kind="hf",
                                            head=head), sequential=False)
         notes = list(getattr(ckpt, "notes", [])) + compute.notes(plan, source)
         warnings = list(getattr(ckpt, "warnings", [])) + warnings

@@ -252,7 +252,7 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
 
 def _write_alone(out: str, cfg: dict[str, Any], parts: list[WeightPart], layout: str, overwrite: bool,
                  packed: bool, progress: Progress, artifacts: Sequence[tuple[str, bytes]]) -> RunStats:
-    with staged_output(out, overwrite=overwrite, is_dir=not packed) as stage:
+    with staged_output(out, overwrite=overwrite, is_dir=not packed, kind="nemo") as stage:
         with (TarWriter(stage) if packed else dir_sink(stage)) as sink:
             for name, data in artifacts:
                 sink.add_bytes(name, data)
@@ -284,6 +284,6 @@ def _write_together(out: str, cfg: dict[str, Any], parts: list[WeightPart], layo
             finish_dist(final, [merged[i][1] for i in range(len(parts))])
 
     results = write_together(out, [p.member for p in parts], write_mine, workers=workers, overwrite=overwrite,
-                             packed=packed, head=head, tail=tail)
+                             packed=packed, kind="nemo", head=head, tail=tail)
     merged = {i: r for d in results for i, r in d.items()}
     return merge_stats([merged[i][0] for i in range(len(parts))], sequential=False)

@@ -6,6 +6,7 @@ output tensor is assembled from just the input slices it needs, one tensor at a 
 
 from __future__ import annotations
 
+import os
 from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, open_nemo_source,
                                          registry_or_default)
@@ -51,7 +52,8 @@ def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]
     return out
 
 
-def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, ep: int = 1, layout: str | None = None,
+def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int = 1, pp: int = 1, ep: int = 1,
+            layout: str | None = None,
             stage_layers: tuple[int, ...] | None = None, overwrite: bool = False, packed: bool = True,
             family: str | None = None, progress: Progress | None = None, registry: Registry | None = None,
             trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
@@ -67,11 +69,13 @@ def reshard(src: str, out: str, *, tp: int = 1, pp: int = 1, ep: int = 1, layout
     ``device`` is where the transforms run (:mod:`nemo_convert.compute`): a reshard's
     tasks are copies, so only the per-rank writer's splits that build new tensors move.
     """
+    src, out = os.fspath(src), os.fspath(out)
     check_target_kind(to, workers, layout)
     compute = Compute.of(device)
     reg = registry_or_default(registry)
     refuse_overlap(src, out)
-    check_target(out, overwrite=overwrite)
+    check_target(out, overwrite=overwrite, kind="megatron-bridge" if to == TARGET else "nemo",
+                 is_dir=to == TARGET or not packed)
     ckpt = open_nemo_source(src, reg, family=family, compute=compute, trust_pickle=trust_pickle,
                             iteration=iteration)
     try:

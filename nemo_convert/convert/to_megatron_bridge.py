@@ -131,7 +131,7 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
     progress = progress or NoProgress()
     progress.start("write", plan.total_bytes, 0)
     try:
-        with staged_output(out, overwrite=overwrite, is_dir=True) as stage:
+        with staged_output(out, overwrite=overwrite, is_dir=True, kind="megatron-bridge") as stage:
             sink = DirectorySink(stage)
             writer = DistWeightsWriter(sink, plan.outputs(), prefix="", folder=it)
             try:

@@ -28,7 +28,7 @@ from nemo_convert.convert.nemo_defaults import complete_nemo_config
 from nemo_convert.convert.nemo_write import override_vocab_size
 from nemo_convert.errors import InputError, NemoConvertError
 from nemo_convert.formats.nemo.nemo import CONFIG_MEMBER, artifact_name, dump_yaml, load_yaml
-from nemo_convert.formats.io.staging import staged_output
+from nemo_convert.formats.io.staging import check_target, staged_output
 from nemo_convert.formats.io.tar_archive import Container, find_member, open_nemo_container
 from nemo_convert.formats.io.tar_writer import TarWriter
 from nemo_convert.plugins.manager import Registry
@@ -155,7 +155,8 @@ def is_nemo(path: str) -> bool:
 # -- the public function ------------------------------------------------------------------
 
 
-def add_tokens(src: str, out: str, tokens: Sequence[str], *, piece_type: PieceType = "user_defined",
+def add_tokens(src: str | os.PathLike[str], out: str | os.PathLike[str], tokens: Sequence[str], *,
+               piece_type: PieceType = "user_defined",
                skip_existing: bool = False, overwrite: bool = False,
                registry: Registry | None = None) -> AddTokensReport:
     """Write a copy of the tokenizer ``src`` with ``tokens`` appended, at ``out``.
@@ -170,12 +171,15 @@ def add_tokens(src: str, out: str, tokens: Sequence[str], *, piece_type: PieceTy
     :param overwrite: replace an existing ``out``.
     :param registry: where the patchers come from (default: the installed plugins).
     """
+    src, out = os.fspath(src), os.fspath(out)
     tokens = _check_args(src, out, tokens, piece_type)
     options = {"piece_type": piece_type, "skip_existing": skip_existing}
-    if is_nemo(src):
+    nemo = is_nemo(src)
+    check_target(out, overwrite=overwrite, kind="nemo" if nemo else "tokenizer", is_dir=not nemo and os.path.isdir(src))
+    if nemo:
         return _patch_nemo(src, out, tokens, options, registry, overwrite)
     patcher = choose_patcher(src, registry)
-    with staged_output(out, overwrite=overwrite, is_dir=os.path.isdir(src)) as stage:
+    with staged_output(out, overwrite=overwrite, is_dir=os.path.isdir(src), kind="tokenizer") as stage:
         res = _result(HF_FILE if os.path.isdir(src) else os.path.basename(src), patcher,
                       patcher.add_tokens(src, stage, tokens, options))
     return AddTokensReport(src, out, patcher.name, res.old_vocab_size, res.new_vocab_size, res.added, res.skipped,
@@ -339,7 +343,7 @@ def _patch_nemo(src: str, out: str, tokens: list[str], options: dict[str, Any], 
             doc = copy.copy(raw)
             doc["model"] = new_cfg
 
-        with staged_output(out, overwrite=overwrite, is_dir=False) as stage:
+        with staged_output(out, overwrite=overwrite, is_dir=False, kind="nemo") as stage:
             with TarWriter(stage) as w:
                 for name in container.names():
                     if name == cfg_name:

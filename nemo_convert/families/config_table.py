@@ -71,6 +71,18 @@ def _same(x: Any) -> Any:
     return x
 
 
+def positive_int(key: str) -> Convert:
+    """``int``, refusing a value below 1 by the config key's name (``num_hidden_layers: -1``
+    would otherwise surface later as tensors the mapping cannot place)."""
+    def convert(value: Any) -> int:
+        n = int(value)
+        if n < 1:
+            raise ConfigError(f"config.json {key}={value!r}: must be a positive integer")
+        return n
+
+    return convert
+
+
 class _Required:
     def __repr__(self) -> str:
         return "REQUIRED"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.errors import ConfigError, UnsupportedError
-from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field, Row
+from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field, Row, positive_int
 from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
 from nemo_convert.mapping.rules import cfg_get, layer_pattern
@@ -203,14 +203,16 @@ GPT_NEMO_CONSTANTS: dict[str, Any] = {
 #: The shared rows: what every HF decoder's ``config.json`` says the same way.
 GPT_CONFIG = ConfigTable(
     rows=(
-        Field("hidden_size", "hidden_size", to_nemo=int, to_hf=int),
-        Field("num_hidden_layers", "num_layers", to_nemo=int, to_hf=int),
-        Field("num_attention_heads", "num_attention_heads", to_nemo=int, to_hf=int),
-        Field("num_key_value_heads", "num_query_groups", _heads_default, to_nemo=int, to_hf=int,
+        Field("hidden_size", "hidden_size", to_nemo=positive_int("hidden_size"), to_hf=int),
+        Field("num_hidden_layers", "num_layers", to_nemo=positive_int("num_hidden_layers"), to_hf=int),
+        Field("num_attention_heads", "num_attention_heads", to_nemo=positive_int("num_attention_heads"), to_hf=int),
+        Field("num_key_value_heads", "num_query_groups", _heads_default, to_nemo=positive_int("num_key_value_heads"),
+              to_hf=int,
               nemo_default=lambda c: c["num_attention_heads"]),
-        Field("intermediate_size", "ffn_hidden_size", to_nemo=int, to_hf=int),
+        Field("intermediate_size", "ffn_hidden_size", to_nemo=positive_int("intermediate_size"), to_hf=int),
         HEAD_DIM,
-        Field("vocab_size", "nemo_convert.vocab_size", REQUIRED, to_nemo=int, to_hf=int, always=True,
+        Field("vocab_size", "nemo_convert.vocab_size", REQUIRED, to_nemo=positive_int("vocab_size"), to_hf=int,
+              always=True,
               nemo_default=lambda c: None),
         Field("vocab_size", "make_vocab_size_divisible_by", REQUIRED, to_nemo=lambda v: largest_pow2_divisor(int(v)),
               to_hf=None),

@@ -176,8 +176,13 @@ def _llama_config(cfg: dict[str, Any]) -> dict[str, Any]:
         raise UnsupportedError("linear biases are not written to TensorRT-LLM Llama checkpoints")
     ws = cfg.get("window_size")
     if isinstance(ws, (list, tuple)) and ws and ws[0] is not None and int(ws[0]) >= 0:
-        raise UnsupportedError(f"a sliding attention window (window_size={list(ws)}) is not part of a "
-                               "TensorRT-LLM Llama checkpoint (it is a runtime setting there)")
+        keys = int(ws[0]) + 1  # Megatron counts the keys before the query; HF's sliding_window and TRT-LLM all
+        raise UnsupportedError(
+            f"a sliding attention window (window_size={list(ws)}: each token sees {keys} keys) is not part of a "
+            "TensorRT-LLM Llama checkpoint: TensorRT-LLM applies it when the engine runs (run.py "
+            f"--max_attention_window_size={keys}, as its examples/llama/README.md runs Mistral 7B). To write the "
+            "checkpoint without it, quantize the Hugging Face folder with --ignore-config-key sliding_window (for "
+            "a .nemo, nemo-convert export it first), then run the engine with that window")
     return gpt_trtllm_config(cfg)
 
 

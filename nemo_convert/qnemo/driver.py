@@ -46,11 +46,11 @@ from nemo_convert.convert.hf_to_nemo import nemo_config_of
 from nemo_convert.convert.nemo_to_hf import plan_to_hf
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
-from nemo_convert.errors import OutputExistsError, UnsupportedError
+from nemo_convert.errors import UnsupportedError
 from nemo_convert.families.trtllm import TrtllmTable
 from nemo_convert.formats.nemo.nemo import dump_yaml
 from nemo_convert.formats.io.sink import MemberSink
-from nemo_convert.formats.io.staging import refuse_overlap, staged_output
+from nemo_convert.formats.io.staging import check_target, refuse_overlap, staged_output
 from nemo_convert.formats.io.tar_writer import TarWriter
 from nemo_convert.hf_config import hf_dtype_name
 from nemo_convert.mapping.rules import Parallel
@@ -180,7 +180,8 @@ def _write_ranks(sink: MemberSink, plan: QuantPlan, produce: Producer, *, togeth
 
 
 def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str | torch.device,
-                   dtype: str | torch.dtype | None, overwrite: bool) -> tuple[torch.device, torch.dtype | None]:
+                   dtype: str | torch.dtype | None, overwrite: bool,
+                   compress: bool) -> tuple[torch.device, torch.dtype | None]:
     """The one-line errors of the options alone; ``(device, dtype)``."""
     if algo not in ALGOS:
         raise UnsupportedError(f"unknown --algo {algo!r}; expected one of {', '.join(ALGOS)}")
@@ -189,8 +190,7 @@ def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str 
     dev = resolve_device(device)
     want_dtype = parse_dtype(dtype)
     refuse_overlap(src, out)
-    if os.path.lexists(out) and not overwrite:
-        raise OutputExistsError(f"{out} exists; pass --overwrite to replace it")
+    check_target(out, overwrite=overwrite, kind="qnemo", is_dir=not compress)
     return dev, want_dtype
 
 
@@ -249,7 +249,7 @@ def _write_output(out: str, config: dict[str, Any], job: Job, producer: Producer
                    sum(len(r.infos) for r in mine))
     try:
         if workers.world == 1:
-            with staged_output(out, overwrite=overwrite, is_dir=not compress) as stage, \
+            with staged_output(out, overwrite=overwrite, is_dir=not compress, kind="qnemo") as stage, \
                     (TarWriter(stage) if compress else dir_sink(stage)) as sink:
                 _write_head(sink, config, job)
                 return _write_ranks(sink, plan, producer, together=not compress, progress=progress)
@@ -258,14 +258,15 @@ def _write_output(out: str, config: dict[str, Any], job: Job, producer: Producer
         counts = write_together(
             out, [r.name for r in plan.ranks],
             lambda sink: _write_ranks(sink, plan, producer, together=True, progress=progress, owned=workers.owns),
-            workers=workers, overwrite=overwrite, packed=compress,
+            workers=workers, overwrite=overwrite, packed=compress, kind="qnemo",
             head=lambda sink: _write_head(sink, config, job))
         return sum(t for t, _ in counts), sum(n for _, n in counts)
     finally:
         progress.finish()
 
 
-def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_data: str | None = None,
+def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: str, tp: int = 1, pp: int = 1,
+             calib_data: str | os.PathLike[str] | None = None,
              calib_size: int | None = None, calib_seq_len: int | None = None, calib_batch_size: int = 4,
              kv_cache: str = "none",
              compress: bool = False, device: str | torch.device = "cpu", overwrite: bool = False,
@@ -300,12 +301,14 @@ def quantize(src: str, out: str, *, algo: str, tp: int = 1, pp: int = 1, calib_d
         shared, process 0 writes the rest; the output is byte-identical to one process's.
     """
     t0 = time.perf_counter()
+    src, out = os.fspath(src), os.fspath(out)
+    calib_data = None if calib_data is None else os.fspath(calib_data)
     progress = progress or NoProgress()
     reg = registry if registry is not None else get_registry()
 
     def prepare() -> tuple[Job, torch.device]:
         dev, want_dtype = _check_options(src, out, algo=algo, kv_cache=kv_cache, device=device, dtype=dtype,
-                                         overwrite=overwrite)
+                                         overwrite=overwrite, compress=compress)
         return _open_and_plan(src, reg, family=family, trust_pickle=trust_pickle, algo=algo, tp=tp, pp=pp,
                               dtype=want_dtype, group_size=group_size, kv_cache=kv_cache,
                               rope_scaling=rope_scaling, ignore_config_keys=tuple(ignore_config_keys)), dev

@@ -21,8 +21,12 @@ class PipelineParallel:
             raise UnsupportedError(f"this model family has no pipeline-parallel layout (no decoder layers to "
                                    f"split into stages); it is written at PP=1 only, not {pp}")
         if sizes is not None:
-            if len(sizes) != pp or sum(sizes) != num_layers or any(s < 1 for s in sizes):
-                raise UnsupportedError(f"stage sizes {list(sizes)} do not split {num_layers} layers into {pp} stages")
+            if len(sizes) != pp:
+                raise UnsupportedError(f"stage sizes {list(sizes)} name {len(sizes)} pipeline stage(s) but the "
+                                       f"pipeline size is {pp}: pass --pp {len(sizes)} (pp={len(sizes)}) with them")
+            if sum(sizes) != num_layers or any(s < 1 for s in sizes):
+                raise UnsupportedError(f"stage sizes {list(sizes)} do not split {num_layers} layers into {pp} stages "
+                                       f"(they must add up to {num_layers}, each at least 1)")
         else:
             if pp > max(num_layers, 1):
                 raise UnsupportedError(f"pipeline size {pp} is larger than the number of layers ({num_layers})")

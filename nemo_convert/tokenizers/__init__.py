@@ -9,8 +9,10 @@ ids and the encoding of text without the new tokens do not change.
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from nemo_convert.errors import InputError
 from nemo_convert.tokenizers.hf_patch import add_tokens_hf
@@ -30,6 +32,7 @@ __all__ = [
     "detect_tokenizer_kind",
     "encode_probe",
     "sentencepiece_vocab_size",
+    "tokenizer_size",
 ]
 
 TokenizerKind = Literal["sentencepiece", "hf"]
@@ -78,3 +81,38 @@ def detect_tokenizer_kind(path: str | os.PathLike[str]) -> TokenizerKind:
             ) from exc
         return "sentencepiece"
     raise InputError(f"{p} does not exist")
+
+
+def _tokenizer_json_size(data: bytes) -> int | None:
+    """One past the largest id of an HF ``tokenizer.json``: its model's vocabulary (a
+    ``{token: id}`` map, or a Unigram list whose index is the id) and its added tokens."""
+    try:
+        doc: Any = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    ids: list[int] = []
+    vocab = (doc.get("model") or {}).get("vocab") if isinstance(doc, dict) else None
+    if isinstance(vocab, dict):
+        ids += [v for v in vocab.values() if isinstance(v, int)]
+    elif isinstance(vocab, list):
+        ids.append(len(vocab) - 1)
+    for t in (doc.get("added_tokens") or []) if isinstance(doc, dict) else []:
+        if isinstance(t, dict) and isinstance(t.get("id"), int):
+            ids.append(t["id"])
+    return max(ids) + 1 if ids else None
+
+
+def tokenizer_size(files: Mapping[str, bytes]) -> tuple[str, int] | None:
+    """``(file, number of ids)`` of the tokenizer among ``files`` (name → bytes): its
+    ``tokenizer.json`` (what transformers loads first), else its SentencePiece
+    ``tokenizer.model``; None when there is neither or it cannot be read."""
+    if "tokenizer.json" in files:
+        size = _tokenizer_json_size(files["tokenizer.json"])
+        if size is not None:
+            return "tokenizer.json", size
+    if "tokenizer.model" in files:
+        try:
+            return "tokenizer.model", sentencepiece_vocab_size(files["tokenizer.model"])
+        except InputError:
+            return None
+    return None

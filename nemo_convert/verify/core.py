@@ -163,9 +163,10 @@ def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool, ro
     return out
 
 
-def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str | None = None,
+def verify(a: str | os.PathLike[str], b: str | os.PathLike[str], *, atol: float = 0.0, rtol: float = 0.0,
+           family: str | None = None,
            registry: Registry | None = None, trust_pickle: bool = False,
-           clip_image: str | None = None, texts: Sequence[str] | None = None,
+           clip_image: str | os.PathLike[str] | None = None, texts: Sequence[str] | None = None,
            probe_texts: Sequence[str] = PROBE_TEXTS, allow_dtype_change: bool = False,
            rope_scaling: bool = True, options: Mapping[str, Any] | None = None) -> VerifyReport:
     """Compare checkpoints ``a`` and ``b`` (HF folders or ``.nemo`` in any layout).
@@ -193,6 +194,8 @@ def verify(a: str, b: str, *, atol: float = 0.0, rtol: float = 0.0, family: str 
         image on both sides (needs ``transformers.CLIPModel``).
     :raises NemoConvertError: bad input (unreadable checkpoint, unknown family, …).
     """
+    a, b = os.fspath(a), os.fspath(b)
+    clip_image = None if clip_image is None else os.fspath(clip_image)
     for label, v in (("atol", atol), ("rtol", rtol)):
         if not v >= 0:
             raise InputError(f"{label} must be a number >= 0, not {v}")

@@ -86,6 +86,7 @@ class DistCheckpointSource:
         self._raw: dict[str, tuple[tuple[int, ...], torch.dtype, list[_Chunk]]] = {}
         self._objects: dict[str, _Chunk] = {}
         self._index_storage()
+        self._check_sizes()
         self._views = self._build_views(strip_prefix, unstack)
         self.object_keys: list[str] = list(self._objects)
         self.extra_state_keys: list[str] = [k for k in self._objects if "_extra_state" in k]
@@ -200,6 +201,16 @@ class DistCheckpointSource:
                     raise InputError(f"{self._where}: {key} has a chunk outside its shape {list(shape)}")
                 chunks.append(_Chunk(offs, sizes, self._check_path(info.relative_path), info.offset, info.length))
             self._raw[key] = (shape, item.properties.dtype, chunks)
+
+    def _check_sizes(self) -> None:
+        """Every item's bytes lie inside its data file, as ``.metadata`` records them: a
+        truncated ``.distcp`` is named when the checkpoint is opened (``inspect`` too, which
+        reads no tensor), not when a tensor is read. One size per data file; nothing read."""
+        for key, (_, _, chunks) in self._raw.items():
+            for c in chunks:
+                self._item_region(key, c)
+        for key, c in self._objects.items():
+            self._item_region(key, c)
 
     def _check_path(self, rel: str) -> str:
         if not isinstance(rel, str) or rel in ("", ".", "..") or "/" in rel or "\\" in rel:

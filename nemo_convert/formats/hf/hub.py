@@ -69,11 +69,13 @@ def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: str | 
     return snap if os.path.isfile(os.path.join(snap, "config.json")) else None
 
 
-def resolve_hf_source(src: str, revision: str | None = None) -> str:
+def resolve_hf_source(src: str | os.PathLike[str], revision: str | None = None) -> str:
     """``src`` itself when it exists locally; else, when it looks like a hub id, its snapshot
     folder in the local hub cache. Raises :class:`InputError` naming the download command
-    when a hub id is not cached; a missing path that is no hub id is returned unchanged (the
-    command then says it does not exist)."""
+    when a hub id ``org/name`` is not cached; a missing path that is no hub id, or a bare
+    ``name`` that is not cached (more likely a mistyped folder than a model id), is returned
+    unchanged (the command then says it does not exist)."""
+    src = os.fspath(src)
     if os.path.exists(src):
         if revision:
             raise InputError(f"{src}: --revision applies to Hugging Face hub ids; this is a local path")
@@ -83,6 +85,8 @@ def resolve_hf_source(src: str, revision: str | None = None) -> str:
     snap = cached_snapshot(src, revision)
     if snap is not None:
         return snap
+    if "/" not in src and not revision:
+        return src
     at = f" at revision {revision}" if revision else ""
     raise InputError(f"{src}: no such local folder, and the Hugging Face model {src}{at} is not in the hub "
                      f"cache ({hub_cache_dir()}); nemo-convert never downloads: run "

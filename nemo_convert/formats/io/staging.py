@@ -8,7 +8,13 @@ complete output, or the new complete output: never a partial file or folder.
   ``KeyboardInterrupt``, so the same cleanup runs when a job is terminated.
 * ``SIGKILL`` (or a power cut) cannot be caught: it leaves a hidden staging entry named
   ``.<name>.nemo-convert-partial-<pid>-<random>`` beside the target, never a partial
-  target. :func:`cleanup_stale_staging` removes such leftovers once their process is gone.
+  target. Nothing removes it behind the user's back: the next run writing into that folder
+  warns about it (:func:`warn_about_partials`), and ``nemo-convert clean FOLDER``
+  (:func:`find_partials`, :func:`remove_partials`) removes such leftovers once their process
+  is gone.
+* ``--overwrite`` replaces only an output of the kind being written, or an empty folder
+  (:mod:`~nemo_convert.formats.io.replace`), checked before any work (:func:`check_target`)
+  and again just before the install.
 """
 
 from __future__ import annotations
@@ -21,16 +27,21 @@ import secrets
 import shutil
 import signal
 import time
+import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Iterator
 
 from nemo_convert.errors import OutputExistsError
+from nemo_convert.formats.io.replace import check_not_empty, check_output_path, check_replaceable
 
 _PARTIAL = "partial"
 _OLD = "old"
 _UNSUPPORTED = (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EPERM)
-_STAGING_RE = re.compile(r"^\..+\.nemo-convert-(partial|old)-(\d+)-[0-9a-f]+$")
+#: Our staging entries: ``.<name>.nemo-convert-partial-<pid>-<hex>`` (and ``-old-``, an old
+#: output renamed aside; ``.parts``, the parts folder of a several-process tar).
+_STAGING_RE = re.compile(r"^\..+\.nemo-convert-(partial|old)-(\d+)-[0-9a-f]+(\.parts)?$")
 
 
 class Terminated(KeyboardInterrupt):
@@ -78,6 +89,16 @@ def _remove(path: str) -> None:
             pass
 
 
+def _discard(path: str) -> None:
+    """:func:`_remove` for the cleanup after a failure: best effort, it never raises. On a
+    read-only file system even unlinking a name that was never created fails (``EROFS``);
+    that must not replace the error that made the run fail."""
+    try:
+        _remove(path)
+    except OSError:
+        pass
+
+
 _AT_FDCWD = -100
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 
@@ -93,8 +114,10 @@ def _renameat2(src: str, dst: str, flags: int) -> int:
     return ctypes.get_errno() or errno.EIO
 
 
-def _install(staging: str, target: str, shown: str, *, overwrite: bool) -> None:
-    """Move the finished ``staging`` entry to ``target`` (see :func:`staged_output`)."""
+def _install(staging: str, target: str, shown: str, *, overwrite: bool, kind: str) -> None:
+    """Move the finished ``staging`` entry to ``target`` (see :func:`staged_output`); an
+    existing target is checked again (:func:`~nemo_convert.formats.io.replace.check_replaceable`):
+    something may have appeared there while the output was written."""
     if not os.path.lexists(target):
         err = _renameat2(staging, target, _RENAME_NOREPLACE)  # no race with a new target
         if err == 0:
@@ -104,6 +127,7 @@ def _install(staging: str, target: str, shown: str, *, overwrite: bool) -> None:
             return
         if err not in _UNSUPPORTED and err != errno.EEXIST:
             raise OSError(err, os.strerror(err), target)
+    check_replaceable(target, kind, shown=shown)
     if not overwrite:
         raise OutputExistsError(f"{shown} exists; pass --overwrite to replace it")
     staged_is_dir = os.path.isdir(staging)
@@ -163,11 +187,14 @@ def _name_the_target(exc: BaseException, staging: str, shown: str) -> None:
 
 
 @contextmanager
-def staged_output(target: str, *, overwrite: bool, is_dir: bool) -> Iterator[str]:
+def staged_output(target: str | os.PathLike[str], *, overwrite: bool, is_dir: bool, kind: str) -> Iterator[str]:
     """Yield a hidden staging path beside ``target``; install it there on success.
 
-    Raises :class:`OutputExistsError` before anything is written when ``target`` exists
-    and ``overwrite`` is false. The parent folder is created if missing (and the folders
+    ``kind`` is the kind of output written (:data:`~nemo_convert.formats.io.replace.OutputKind`).
+    :func:`check_target` runs first: before anything is written, an existing ``target`` is
+    refused when ``overwrite`` is false or when it is not an output of ``kind`` (or an
+    empty folder); so is an empty path, or one ending in ``/`` for a file. The parent
+    folder is created if missing (and the folders
     created for it are removed again when the output is not installed). For ``is_dir``
     the staging folder is created empty; otherwise the caller creates the staging file.
 
@@ -179,9 +206,9 @@ def staged_output(target: str, *, overwrite: bool, is_dir: bool) -> Iterator[str
     exception the staging entry is removed and the exception propagates, with the
     staging path in an ``OSError``'s file names (or the message) replaced by ``target``.
     """
-    shown, target = target, os.path.abspath(target)
-    if os.path.lexists(target) and not overwrite:
-        raise OutputExistsError(f"{shown} exists; pass --overwrite to replace it")
+    shown = os.fspath(target)
+    check_target(shown, overwrite=overwrite, kind=kind, is_dir=is_dir, warn=False)
+    target = os.path.abspath(shown)
     parent = os.path.dirname(target)
     created = _missing_ancestors(parent)
     try:
@@ -189,10 +216,6 @@ def staged_output(target: str, *, overwrite: bool, is_dir: bool) -> Iterator[str
     except BaseException:
         _remove_created(created)
         raise
-    try:  # leftovers of killed runs (hours old, their process gone)
-        cleanup_stale_staging(parent)
-    except OSError:
-        pass
     staging = _hidden_name(target, _PARTIAL)
     try:
         if is_dir:
@@ -205,12 +228,12 @@ def staged_output(target: str, *, overwrite: bool, is_dir: bool) -> Iterator[str
             _fsync_tree(staging)
         else:
             _fsync_path(staging, directory=False)
-        _install(staging, target, shown, overwrite=overwrite)
+        _install(staging, target, shown, overwrite=overwrite, kind=kind)
         _fsync_path(parent, directory=True)
     except BaseException as exc:
-        _remove(staging)
-        _remove_created(created)
         _name_the_target(exc, staging, shown)
+        _discard(staging)
+        _remove_created(created)
         raise
 
 
@@ -242,20 +265,48 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def cleanup_stale_staging(folder: str, *, max_age_s: float = 3600.0) -> list[str]:
-    """Remove staging leftovers (``.<name>.nemo-convert-partial-…`` and ``…-old-…``) in
-    ``folder`` that were last modified more than ``max_age_s`` seconds ago and whose
-    process is no longer running on this machine. Returns the removed paths.
+@dataclass(frozen=True)
+class Partial:
+    """A staging entry of ours in a folder: left by a killed run when its process is gone."""
 
-    The pid test only means something on the machine that wrote the entry; the age
-    threshold is what protects a run on another host sharing the folder.
+    path: str
+    pid: int
+    nbytes: int
+    alive: bool
+    age_s: float
+
+
+def _tree_bytes(path: str) -> int:
+    """Bytes of the file ``path``, or of every file below the folder ``path`` (no links followed)."""
+    try:
+        if not os.path.isdir(path) or os.path.islink(path):
+            return os.lstat(path).st_size
+        total = 0
+        for folder, _, files in os.walk(path):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(folder, name)).st_size
+                except OSError:
+                    pass
+        return total
+    except OSError:
+        return 0
+
+
+def find_partials(folder: str | os.PathLike[str]) -> list[Partial]:
+    """Our staging entries in ``folder`` (names matching ``.<name>.nemo-convert-partial-<pid>-<hex>``,
+    ``…-old-…`` and their ``.parts``), sorted by name; an absent folder has none.
+
+    ``alive`` says whether a process with that id runs on *this* machine: an entry written
+    from another host sharing the folder looks dead here (see :func:`remove_partials`).
     """
-    removed: list[str] = []
+    folder = os.fspath(folder)
+    found: list[Partial] = []
     now = time.time()
     try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return removed
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return found
     for entry in entries:
         m = _STAGING_RE.match(entry.name)
         if not m:
@@ -264,21 +315,86 @@ def cleanup_stale_staging(folder: str, *, max_age_s: float = 3600.0) -> list[str
             age = now - entry.stat(follow_symlinks=False).st_mtime
         except FileNotFoundError:
             continue
-        if age >= max_age_s and not _pid_alive(int(m.group(2))):
-            _remove(entry.path)
-            removed.append(entry.path)
+        pid = int(m.group(2))
+        found.append(Partial(entry.path, pid, _tree_bytes(entry.path), _pid_alive(pid), age))
+    return found
+
+
+def remove_partials(partials: list[Partial], *, max_age_s: float = 0.0) -> list[Partial]:
+    """Delete the entries of ``partials`` whose process is gone (checked again now) and
+    that were last modified at least ``max_age_s`` seconds ago; returns those deleted.
+    Never anything else: each name is checked again against our staging pattern.
+
+    The process test only means something on the machine that wrote the entry; an age
+    threshold is what protects a run on another host sharing the folder."""
+    removed: list[Partial] = []
+    for p in partials:
+        if p.alive or p.age_s < max_age_s or not _STAGING_RE.match(os.path.basename(p.path)) \
+                or _pid_alive(p.pid):
+            continue
+        _remove(p.path)
+        removed.append(p)
     return removed
 
 
-def check_target(target: str, *, overwrite: bool) -> None:
-    """Fail early (before any work) when ``target`` exists and ``overwrite`` is false."""
-    if os.path.lexists(target) and not overwrite:
-        raise OutputExistsError(f"{target} exists; pass --overwrite to replace it")
+def cleanup_stale_staging(folder: str | os.PathLike[str], *, max_age_s: float = 3600.0) -> list[str]:
+    """Remove staging leftovers (``.<name>.nemo-convert-partial-…`` and ``…-old-…``) in
+    ``folder`` that were last modified more than ``max_age_s`` seconds ago and whose
+    process is no longer running on this machine (:func:`remove_partials`). Returns the
+    removed paths. Nothing calls it on its own: ``nemo-convert clean`` is the command."""
+    return [p.path for p in remove_partials(find_partials(folder), max_age_s=max_age_s)]
 
 
-def refuse_overlap(src: str, target: str) -> None:
+class PartialsWarning(UserWarning):
+    """A folder an output is written into holds partial outputs of killed runs."""
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def warn_about_partials(folder: str) -> list[Partial]:
+    """Warn (one line, a :class:`PartialsWarning`) when ``folder`` holds partial outputs of
+    runs whose process is gone, naming them, their size and ``nemo-convert clean``;
+    returns them."""
+    dead = [p for p in find_partials(folder or ".") if not p.alive]
+    if dead:
+        shown = ", ".join(f"{os.path.basename(p.path)} ({human_size(p.nbytes)})" for p in dead[:3])
+        more = f" and {len(dead) - 3} more" if len(dead) > 3 else ""
+        where = folder or "."
+        warnings.warn(f"{where} holds {len(dead)} partial output(s) of killed runs "
+                      f"({human_size(sum(p.nbytes for p in dead))}): {shown}{more}; remove them with "
+                      f"`nemo-convert clean {where}`", PartialsWarning, stacklevel=3)
+    return dead
+
+
+def check_target(target: str | os.PathLike[str], *, overwrite: bool, kind: str, is_dir: bool,
+                 warn: bool = True) -> None:
+    """Fail early (before any work) when ``target`` cannot be written: an empty path, a
+    path ending in ``/`` for a file output (:func:`~nemo_convert.formats.io.replace.check_output_path`),
+    an existing target that ``--overwrite`` would not replace
+    (:func:`~nemo_convert.formats.io.replace.check_replaceable`: not an output of ``kind``,
+    nor an empty folder), or any existing target when ``overwrite`` is false. With
+    ``warn``, also warn about partial outputs of killed runs in its folder
+    (:func:`warn_about_partials`)."""
+    target = os.fspath(target)
+    check_output_path(target, kind, is_dir=is_dir)
+    if os.path.lexists(target):
+        check_replaceable(target, kind, shown=target)
+        if not overwrite:
+            raise OutputExistsError(f"{target} exists; pass --overwrite to replace it")
+    if warn:
+        warn_about_partials(os.path.dirname(target.rstrip("/" + os.sep)))
+
+
+def refuse_overlap(src: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
     """Refuse an output that is the input, lies inside it, or contains it: overwriting it
-    would destroy the input."""
+    would destroy the input. An empty ``target`` is refused first (it is no output)."""
+    check_not_empty(os.fspath(target))
     a, b = os.path.realpath(src), os.path.realpath(target)
     if a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep):
         raise OutputExistsError(f"{target}: the output would overwrite or sit inside the input {src}; "

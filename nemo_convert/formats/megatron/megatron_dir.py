@@ -81,9 +81,10 @@ def _iteration_folders(root: str) -> list[str]:
     return sorted(n for n in os.listdir(root) if _ITER.match(n) and os.path.isdir(os.path.join(root, n)))
 
 
-def is_megatron_dir(path: str) -> bool:
+def is_megatron_dir(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a Megatron-Bridge / Megatron-LM checkpoint directory, or one
     of its ``iter_XXXXXXX`` / ``release`` folders."""
+    path = os.fspath(path)
     if not os.path.isdir(path):
         return False
     if os.path.isfile(os.path.join(path, TRACKER)):
