@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet:  # exit 0: the checkpoint could be read (2, with an error line, when not)
         return 0
     console = Console(soft_wrap=True)
-    layout = f" ({info['layout']} layout)" if info["layout"] else ""
+    layout = f" ({info['layout']} layout{', ' + info['backend'] if info.get('backend') else ''})" \
+        if info["layout"] else ""
     console.print(f"[bold]{info['path']}[/]: {info['format']}{layout}, family {info['family'] or 'unknown'}, "
                   f"{info['num_tensors']} tensors, {human_bytes(info['total_bytes'])}", highlight=False)
     if info.get("iteration_dir"):
