@@ -143,6 +143,26 @@ def test_each_layer_is_read_from_its_own_chunks_in_place(name: str) -> None:
         whole.close()
 
 
+def test_few_chunk_files_are_open_at_once(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unpacked folder has one file per chunk (thousands for Nemotron-4-340B): at most
+    ``max_open_maps`` stay mapped, and what was handed out before stays valid."""
+    monkeypatch.setattr(ZarrCheckpointSource, "max_open_maps", 2)
+    src = ZarrCheckpointSource.from_dir(os.path.join(fixture("llama-tp2-fp32"), "model_weights"),
+                                        strip_prefix="model.")
+    try:
+        held = {k: src.load(k) for k in src.keys()}
+        assert len(src._maps) == 2
+        fresh = ZarrCheckpointSource.from_dir(os.path.join(fixture("llama-tp2-fp32"), "model_weights"),
+                                              strip_prefix="model.", mmap=False)
+        assert all(torch.equal(held[k], fresh.load(k)) for k in held)
+        fresh.close()
+    finally:
+        src.close()
+    api.export_hf(fixture("llama-tp2-fp32"), str(tmp_path / "hf"))
+    want, got = source("llama", torch.float32), hf_tensors(str(tmp_path / "hf"))
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
 def _rechunk(folder: str, key: str, chunks: list[int], pad: float, separator: str = ".") -> torch.Tensor:
     """Rewrite array ``key`` of an unpacked fixture with other chunks (edge chunks padded with
     ``pad``, as zarr stores them whole), returning the array as first read."""

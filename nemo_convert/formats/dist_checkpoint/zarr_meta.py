@@ -210,9 +210,9 @@ def _owner(name: str, arrays: dict[str, Any]) -> str | None:
 def _chunk_index(rest: str, meta: dict[str, Any]) -> tuple[int, ...] | None:
     """The grid index a chunk file name spells, or None when it is not one of the grid's."""
     ndim = len(meta["shape"])
-    parts = rest.split(meta["separator"]) if meta["separator"] == "." else rest.split("/")
     if meta["separator"] == "." and "/" in rest:
-        return None
+        return None  # a sub-folder: not a chunk of a "."-separated array
+    parts = rest.split(meta["separator"])
     if ndim == 0:
         return () if parts == ["0"] else None
     if len(parts) != ndim or not all(_INDEX.fullmatch(p) for p in parts):

@@ -30,6 +30,12 @@ from nemo_convert.formats.dist_checkpoint.zarr_meta import METADATA_JSON, ZarrAr
 from nemo_convert.formats.io.tar_archive import DirectoryContainer
 from nemo_convert.tensors.base import ByteRegion, FileMap
 
+#: At most this many chunk files mapped at once. An unpacked folder has one file per chunk
+#: (Nemotron-4-340B: thousands), and a map holds its file open; the least recently opened
+#: map is closed first. Tensors already handed out stay valid (they keep their pages); a
+#: writer then copies them from memory instead of file to file.
+MAX_OPEN_MAPS = 64
+
 #: At most this many chunks per array when missing ones are filled from ``fill_value``
 #: (Megatron-Core writes every chunk and no fill value; a huge grid is a ``.zarray`` lying).
 MAX_FILLED_GRID = 1 << 20
@@ -47,6 +53,7 @@ class ZarrCheckpointSource(DistCheckpointSource):
     """
 
     BACKEND = "zarr"
+    max_open_maps = MAX_OPEN_MAPS
 
     def __init__(self, open_region: Callable[[str], ByteRegion], names: Iterable[str], **kwargs: Any) -> None:
         self._names = list(names)
@@ -100,16 +107,22 @@ class ZarrCheckpointSource(DistCheckpointSource):
             return self._bytes(region, 0, arr.itemsize, (), dtype)
         row = math.prod(stored[1:]) * arr.itemsize
         if self._mmap and region.offset % arr.itemsize == 0:
-            fmap = self._maps.get(region.path)
-            if fmap is None:
-                fmap = self._maps[region.path] = FileMap(region.path)
-            t = fmap.tensor(region.offset + lo * row, (hi - lo,) + stored[1:], dtype)
+            t = self._map(region.path).tensor(region.offset + lo * row, (hi - lo,) + stored[1:], dtype)
         else:
             t = self._bytes(region, lo * row, (hi - lo) * row, (hi - lo,) + stored[1:], dtype)
         for d in range(1, len(stored)):
             if c.sizes[d] != stored[d]:
                 t = t.narrow(d, 0, c.sizes[d])  # the padding of an edge chunk
         return t
+
+    def _map(self, path: str) -> FileMap:
+        fmap = self._maps.pop(path, None)
+        if fmap is None:
+            while len(self._maps) >= self.max_open_maps:
+                self._maps.pop(next(iter(self._maps))).close()
+            fmap = FileMap(path)
+        self._maps[path] = fmap  # most recently used last
+        return fmap
 
     @staticmethod
     def _bytes(region: ByteRegion, start: int, size: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

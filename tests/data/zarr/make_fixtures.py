@@ -88,15 +88,16 @@ def make_hf(family: str, folder: str, vocab: int) -> None:
     model.save_pretrained(folder, safe_serialization=True)
 
 
-def megatron_global(family: str, hf: dict[str, Any], padded: int, dtype: Any) -> dict[str, Any]:
+def megatron_global(family: str, hf: dict[str, Any], padded: int, dtype: Any,
+                    shape: dict[str, int] = SHAPE) -> dict[str, Any]:
     """Megatron's global local-spec tensors of an HF model: per query group ``[q…, k, v]`` rows
     in ``linear_qkv`` (nemo-formats.md §2.3), ``linear_fc1 = [gate; up]`` when gated (§2.4),
     vocabulary rows padded with random values (so a missing trim shows)."""
     import torch
 
     g = torch.Generator().manual_seed(5)
-    h, nh, ng, nl = SHAPE["hidden_size"], SHAPE["num_attention_heads"], SHAPE["num_key_value_heads"], \
-        SHAPE["num_hidden_layers"]
+    h, nh, ng, nl = shape["hidden_size"], shape["num_attention_heads"], shape["num_key_value_heads"], \
+        shape["num_hidden_layers"]
     d = h // nh
 
     def pad(t: Any) -> Any:
@@ -127,7 +128,8 @@ def megatron_global(family: str, hf: dict[str, Any], padded: int, dtype: Any) ->
     return {k: v.to(dtype).contiguous() for k, v in out.items()}
 
 
-def nemo_config(family: str, vocab: int, tp: int, dtype: str, tokenizer_ref: str) -> dict[str, Any]:
+def nemo_config(family: str, vocab: int, tp: int, dtype: str, tokenizer_ref: str,
+                shape: dict[str, int] = SHAPE) -> dict[str, Any]:
     """A ``model_config.yaml`` as NeMo 1.2x wrote it for an mcore GPT saved in zarr:
     ``megatron_gpt_config.yaml``'s model section (NeMo examples/nlp/language_modeling/conf)
     with the converter's overrides (nemo-formats.md §2.6), ``dist_ckpt_format: zarr`` (the
@@ -138,9 +140,10 @@ def nemo_config(family: str, vocab: int, tp: int, dtype: str, tokenizer_ref: str
         "mcore_gpt": True, "micro_batch_size": 1, "global_batch_size": 8,
         "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": 1,
         "virtual_pipeline_model_parallel_size": None,
-        "encoder_seq_length": SEQ, "max_position_embeddings": SEQ,
-        "num_layers": SHAPE["num_hidden_layers"], "hidden_size": SHAPE["hidden_size"],
-        "ffn_hidden_size": SHAPE["intermediate_size"], "num_attention_heads": SHAPE["num_attention_heads"],
+        "encoder_seq_length": shape["max_position_embeddings"],
+        "max_position_embeddings": shape["max_position_embeddings"],
+        "num_layers": shape["num_hidden_layers"], "hidden_size": shape["hidden_size"],
+        "ffn_hidden_size": shape["intermediate_size"], "num_attention_heads": shape["num_attention_heads"],
         "init_method_std": 0.02, "use_scaled_init_method": True,
         "hidden_dropout": 0.0, "attention_dropout": 0.0, "ffn_dropout": 0.0,
         "kv_channels": None, "apply_query_key_layer_scaling": True,
@@ -152,7 +155,7 @@ def nemo_config(family: str, vocab: int, tp: int, dtype: str, tokenizer_ref: str
         "normalize_attention_scores": True, "position_embedding_type": "rope",
         "rotary_percentage": 1.0 if llama else 0.5, "attention_type": "multihead",
         "share_embeddings_and_output_weights": False, "overlap_p2p_comm": False, "batch_p2p_comm": True,
-        "num_query_groups": SHAPE["num_key_value_heads"],
+        "num_query_groups": shape["num_key_value_heads"],
         "tokenizer": {"library": "sentencepiece", "type": None, "model": tokenizer_ref, "vocab_file": None,
                       "merge_file": None, "delimiter": None, "sentencepiece_legacy": False},
         "native_amp_init_scale": 4294967296, "native_amp_growth_interval": 1000, "hysteresis": 2,
@@ -285,6 +288,7 @@ def worker(job: str, rank: int, tp: int) -> None:
         spec = json.load(f)
     llama = spec["family"] == "llama"
     dtype = getattr(torch, spec["dtype"])
+    shape = spec.get("shape", SHAPE)  # bench/bench_zarr.py passes a bigger one, and "backend"
     dist.init_process_group("gloo", init_method=f"file://{job}/pg", rank=rank, world_size=tp)
     parallel_state.initialize_model_parallel(tp, 1)
 
@@ -292,15 +296,16 @@ def worker(job: str, rank: int, tp: int) -> None:
         return torch.pow(fn.relu(x), 2)
 
     cfg = TransformerConfig(
-        num_layers=SHAPE["num_hidden_layers"], hidden_size=SHAPE["hidden_size"],
-        num_attention_heads=SHAPE["num_attention_heads"], num_query_groups=SHAPE["num_key_value_heads"],
-        ffn_hidden_size=SHAPE["intermediate_size"], gated_linear_unit=llama,
+        num_layers=shape["num_hidden_layers"], hidden_size=shape["hidden_size"],
+        num_attention_heads=shape["num_attention_heads"], num_query_groups=shape["num_key_value_heads"],
+        ffn_hidden_size=shape["intermediate_size"], gated_linear_unit=llama,
         activation_func=fn.silu if llama else squared_relu,
         normalization="RMSNorm" if llama else "LayerNorm", layernorm_epsilon=1e-5, add_bias_linear=False,
         use_cpu_initialization=True, attention_dropout=0.0, hidden_dropout=0.0, tensor_model_parallel_size=tp,
         params_dtype=dtype, bf16=dtype == torch.bfloat16)
     model = GPTModel(cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization=cfg.normalization),
-                     vocab_size=spec["padded"], max_sequence_length=SEQ, position_embedding_type="rope",
+                     vocab_size=spec["padded"], max_sequence_length=shape["max_position_embeddings"],
+                     position_embedding_type="rope",
                      rotary_percent=1.0 if llama else 0.5, rotary_base=10000,
                      share_embeddings_and_output_weights=False).to(dtype)
     full = torch.load(os.path.join(job, "global.pt"), weights_only=True)
@@ -314,10 +319,12 @@ def worker(job: str, rank: int, tp: int) -> None:
     if rank == 0:
         os.makedirs(out)
     dist.barrier()
-    dist_checkpointing.save(model.sharded_state_dict(prefix="model."), out, sharded_strategy=("zarr", 1))
+    backend = spec.get("backend", "zarr")  # bench/bench_zarr.py also saves torch_dist (Megatron's default)
+    dist_checkpointing.save(model.sharded_state_dict(prefix="model."), out,
+                            sharded_strategy=(backend, 1) if backend == "zarr" else None)
     dist.barrier()
     dist.destroy_process_group()
-    if rank == 0:
+    if rank == 0 and backend == "zarr":
         from importlib.metadata import version
 
         names = ("megatron-core", "zarr", "tensorstore", "numcodecs", "numpy", "ml_dtypes")
