@@ -190,7 +190,7 @@ class DistCheckpointSource:
 
     def _index_storage(self) -> None:
         """Fill ``_raw`` (every tensor's global shape, dtype and chunks) and ``_objects``."""
-        self.metadata = load_metadata(self._member(DCP_METADATA, required=True).read(), self._where)
+        self.metadata = load_metadata(self._region(DCP_METADATA).read(), self._where)
         storage = self.metadata.storage_data
         for key, item in self.metadata.state_dict_metadata.items():
             if isinstance(item, BytesStorageMetadata):

@@ -110,7 +110,8 @@ def parse_zarray(data: bytes, where: str) -> dict[str, Any]:
     if meta.get("zarr_format") != 2:
         raise InputError(f"{where}: zarr_format {meta.get('zarr_format')!r}; only zarr v2 (what Megatron-Core "
                          "writes) is read")
-    shape, chunks = meta.get("shape"), meta.get("chunks")
+    shape: Any = meta.get("shape")
+    chunks: Any = meta.get("chunks")
     if not _ints(shape, 0) or not _ints(chunks, 1) or len(shape) != len(chunks):
         raise InputError(f"{where}: bad shape {shape!r} or chunks {chunks!r} (lists of non-negative and "
                          "positive integers of one length)")
@@ -172,16 +173,16 @@ def index_zarr(names: Iterable[str], read: Callable[[str], bytes], size: Callabl
     ignored: list[str] = []
     loose: dict[str, str] = {}  # folder -> a chunk-like file in it that no .zarray owns
     for name in names:
-        folder = _owner(name, metas)
-        if folder is not None:
-            rest = name[len(folder) + 1:]
+        owner = _owner(name, metas)
+        if owner is not None:
+            rest = name[len(owner) + 1:]
             if rest in (ZARRAY, ZATTRS):
                 continue
-            index = _chunk_index(rest, metas[folder])
+            index = _chunk_index(rest, metas[owner])
             if index is None:
-                raise InputError(f"{where}/{name}: not a chunk of array {folder} (.zarray shape "
-                                 f"{list(metas[folder]['shape'])}, chunks {list(metas[folder]['chunks'])})")
-            files[folder][index] = name
+                raise InputError(f"{where}/{name}: not a chunk of array {owner} (.zarray shape "
+                                 f"{list(metas[owner]['shape'])}, chunks {list(metas[owner]['chunks'])})")
+            files[owner][index] = name
         elif name.endswith(".pt") and name != COMMON_PT:
             objects[name[:-3]] = name
         elif name in (METADATA_JSON, COMMON_PT, ZGROUP, ZATTRS):
