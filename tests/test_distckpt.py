@@ -575,9 +575,11 @@ def test_missing_metadata_json(tmp_path: Any) -> None:
         DistCheckpointSource.from_dir(tmp_path)
 
 
-def test_zarr_is_refused(tmp_path: Any) -> None:
+def test_zarr_is_refused_by_the_torch_dist_reader(tmp_path: Any) -> None:
+    # zarr is read where a .nemo opens its model_weights/ (tests/test_zarr.py); the torch_dist
+    # reader that Megatron directories and training checkpoints use says so
     (tmp_path / "metadata.json").write_text(json.dumps({"sharded_backend": "zarr", "sharded_backend_version": 1}))
-    with pytest.raises(InputError, match="zarr backend, which is not supported"):
+    with pytest.raises(InputError, match="zarr backend, which nemo-convert reads inside a .nemo"):
         DistCheckpointSource.from_dir(tmp_path)
 
 

@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet:  # exit 0: the checkpoint could be read (2, with an error line, when not)
         return 0
     console = Console(soft_wrap=True)
-    layout = f" ({info['layout']} layout)" if info["layout"] else ""
+    layout = f" ({info['layout']} layout{', ' + info['backend'] if info.get('backend') else ''})" \
+        if info["layout"] else ""
     if info["format"] == "qnemo":  # a TensorRT-LLM checkpoint names its TensorRT-LLM model, not our family
         ranks = len(info.get("ranks") or [])
         what = (f"TensorRT-LLM checkpoint, architecture {info['config'].get('architecture', 'unknown')}, "

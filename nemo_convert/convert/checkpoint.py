@@ -100,6 +100,10 @@ def inspect_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = Fal
                 pass
         out = {"path": path, "format": ck.format, "layout": ck.layout, "family": family, "config": summary,
                "num_tensors": len(tensors), "total_bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}
+        if getattr(ck.handle, "backend", None) == "zarr":
+            out["backend"] = "zarr"
+            notes.append("weights in Megatron-Core's zarr backend: read chunk by chunk in place; reshard writes "
+                         "torch_dist")
         if ck.format in ("megatron-bridge", "megatron-lm"):
             out["iteration_dir"] = ck.handle.iteration_dir
             notes = list(ck.handle.notes) + list(ck.handle.warnings) + notes

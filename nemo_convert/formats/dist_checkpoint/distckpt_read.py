@@ -71,7 +71,13 @@ class DistCheckpointSource:
     ``FileNotFoundError`` or ``KeyError`` when there is none. ``strip_prefix`` (e.g.
     ``"model."`` or ``"module."``) is removed from names that start with it. With
     ``unstack=False`` stacked tensors keep their ``[L, …]`` shape (and load whole).
+
+    Another backend's reader (:class:`~.zarr_read.ZarrCheckpointSource`) subclasses it: it
+    sets :attr:`BACKEND` and overrides :meth:`_index_storage` and :meth:`_chunk_rows`; the
+    views (unstacked layers, experts, gated halves) and the assembly of chunks are this class's.
     """
+
+    BACKEND = "torch_dist"
 
     def __init__(self, open_region: Callable[[str], ByteRegion], *, strip_prefix: str | None = None,
                  unstack: bool = True, name: str = "dist checkpoint", mmap: bool = True) -> None:
@@ -82,7 +88,6 @@ class DistCheckpointSource:
         self._maps: dict[str, FileMap] = {}
         self._layouts: dict[_Chunk, ChunkLayout | None] = {}
         self.config = self._read_config()
-        self.metadata = load_metadata(self._member(DCP_METADATA, required=True).read(), self._where)
         self._raw: dict[str, tuple[tuple[int, ...], torch.dtype, list[_Chunk]]] = {}
         self._objects: dict[str, _Chunk] = {}
         self._index_storage()
@@ -174,14 +179,19 @@ class DistCheckpointSource:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{self._where}: metadata.json is not valid JSON ({exc})") from exc
         backend = config.get("sharded_backend") if isinstance(config, dict) else None
-        if backend == "zarr":
-            raise InputError(f"{self._where} uses the zarr backend, which is not supported: convert it to "
-                             "torch_dist first (NeMo: scripts/checkpoint_converters/convert_zarr_to_torch_dist.py)")
-        if backend != "torch_dist":
-            raise InputError(f"{self._where}: unsupported sharded_backend {backend!r} (only torch_dist is supported)")
+        if backend != self.BACKEND:
+            raise InputError(self._wrong_backend(backend))
         return config
 
+    def _wrong_backend(self, backend: Any) -> str:
+        if backend == "zarr":  # zarr_read.ZarrCheckpointSource reads it, where a .nemo opens it
+            return (f"{self._where} uses the zarr backend, which nemo-convert reads inside a .nemo (its "
+                    "model_weights/) only; pack this folder as a .nemo's model_weights/, or save it as torch_dist")
+        return f"{self._where}: unsupported sharded_backend {backend!r} (only torch_dist and zarr are supported)"
+
     def _index_storage(self) -> None:
+        """Fill ``_raw`` (every tensor's global shape, dtype and chunks) and ``_objects``."""
+        self.metadata = load_metadata(self._region(DCP_METADATA).read(), self._where)
         storage = self.metadata.storage_data
         for key, item in self.metadata.state_dict_metadata.items():
             if isinstance(item, BytesStorageMetadata):

@@ -1,8 +1,8 @@
 """NeMo 1 ``.nemo`` checkpoints: open any layout lazily; write config and artifacts.
 
 Reading: a plain tar read in place, a gzipped tar (old NeMo), or the unpacked folder;
-weights in the ``dist`` layout (``model_weights/``) or the ``legacy`` one
-(``model_weights.ckpt``). Tensors come out under their *logical* names (per layer, no
+weights in the ``dist`` layout (``model_weights/``, Megatron-Core's ``torch_dist`` or
+``zarr`` backend) or the ``legacy`` one (``model_weights.ckpt``). Tensors come out under their *logical* names (per layer, no
 ``model.`` prefix), whatever the layout.
 """
 
@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from nemo_convert.errors import InputError
-from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.dist_checkpoint.zarr_read import open_dist_checkpoint
 from nemo_convert.formats.nemo2.nemo2 import open_nemo2
 from nemo_convert.formats.nemo.nemo_checkpoint import (  # noqa: F401  (re-exported)
     CONFIG_MEMBER, KindsFor, NemoCheckpoint, VocabTrimView, dump_yaml, load_yaml)
@@ -69,12 +69,16 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
         config = load_yaml(container.read_bytes(cfg_name), f"{path}:{cfg_name}")
         kinds = kinds_for(config) if kinds_for is not None else {}
         extra: list[str] = []
+        backend = None
         if container.exists(prefix + "model_weights/metadata.json"):
-            dist = DistCheckpointSource(lambda n: container.region(prefix + "model_weights/" + n),
+            root = prefix + "model_weights/"
+            dist = open_dist_checkpoint(lambda n: container.region(root + n),
+                                        lambda: [n[len(root):] for n in container.names() if n.startswith(root)],
                                         name=f"{path}:model_weights")
             source: TensorSource = PrefixView(dist, "model.")
             layout = "dist"
             extra = list(getattr(dist, "extra_state_keys", []))
+            backend = dist.BACKEND
         elif container.exists(prefix + "model_weights.ckpt"):
             zs = TorchZipSource(container.region(prefix + "model_weights.ckpt"), trust_pickle=trust_pickle)
             source, layout = PrefixView(zs, "model."), "legacy"
@@ -96,7 +100,7 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
         vocab = (config.get("nemo_convert") or {}).get("vocab_size")
         if vocab:
             source = VocabTrimView(source, {k for k, v in kinds.items() if v is Parallel.VOCAB}, int(vocab))
-        return NemoCheckpoint(path, container, prefix, config, layout, source, extra)
+        return NemoCheckpoint(path, container, prefix, config, layout, source, extra, backend)
     except BaseException:
         container.close()
         raise

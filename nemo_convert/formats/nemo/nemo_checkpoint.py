@@ -52,6 +52,7 @@ class NemoCheckpoint:
     layout: str
     source: TensorSource
     extra_state_keys: list[str] = field(default_factory=list)
+    backend: str | None = None  # the dist layout's Megatron-Core backend: "torch_dist" or "zarr"
 
     def artifact(self, ref: str) -> bytes:
         """The bytes of an artifact referenced as ``nemo:<name>`` (or a bare member name)."""
