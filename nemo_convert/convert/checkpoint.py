@@ -98,7 +98,7 @@ def inspect_checkpoint(path: str, *, trust_pickle: bool = False, iteration: int 
                "num_tensors": len(tensors), "total_bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}
         if ck.format in ("megatron-bridge", "megatron-lm"):
             out["iteration_dir"] = ck.handle.iteration_dir
-            notes = list(ck.handle.notes) + list(ck.handle.warnings) + notes
+        notes = list(getattr(ck.handle, "notes", [])) + list(getattr(ck.handle, "warnings", [])) + notes
         if notes:
             out["notes"] = notes
         return out

@@ -52,6 +52,7 @@ class NemoCheckpoint:
     layout: str
     source: TensorSource
     extra_state_keys: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how it was read (shown by inspect and in reports)
 
     def artifact(self, ref: str) -> bytes:
         """The bytes of an artifact referenced as ``nemo:<name>`` (or a bare member name)."""
