@@ -20,6 +20,7 @@ from nemo_convert.formats.nemo.nemo_checkpoint import (  # noqa: F401  (re-expor
 from nemo_convert.formats.nemo.nemo_legacy import (DROPPED, LEGACY_STACK, LegacyGPTNames, dropped_note,
                                                    has_legacy_names, is_gated, legacy_config, legacy_kind)
 from nemo_convert.formats.nemo.nemo_ranks import PerRankSource
+from nemo_convert.formats.nemo.nemo_targets import reward_model_config
 from nemo_convert.formats.io.sink import MemberSink
 from nemo_convert.formats.io.tar_archive import Container, find_member, open_nemo_container
 from nemo_convert.mapping.rules import Parallel
@@ -77,8 +78,8 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
         cfg_name = find_member(container, CONFIG_MEMBER)
         prefix = cfg_name[: -len(CONFIG_MEMBER)]
         config = load_yaml(container.read_bytes(cfg_name), f"{path}:{cfg_name}")
+        config, notes = reward_model_config(config)
         extra: list[str] = []
-        notes: list[str] = []
         vocab_names: set[str] = set()
         if container.exists(prefix + "model_weights/metadata.json"):
             kinds = kinds_for(config) if kinds_for is not None else {}
@@ -92,7 +93,8 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
             source, layout = PrefixView(zs, "model."), "legacy"
             if has_legacy_names(source.keys()):  # NeMo's pre-Megatron-Core GPT (mcore_gpt: false)
                 own = config
-                config, notes = legacy_config(config, path)
+                config, legacy_notes = legacy_config(config, path)
+                notes += legacy_notes
                 try:
                     legacy = LegacyGPTNames(source, own, where=f"{path}:model_weights.ckpt")
                 except BaseException:
@@ -111,8 +113,8 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
             first = _rank_names(container, prefix, rank_dir(0, 0, pp), trust_pickle)
             if has_legacy_names(first):
                 own = config
-                config, notes = legacy_config(config, path)
-                notes += [dropped_note(n) for n in DROPPED if n in first]
+                config, legacy_notes = legacy_config(config, path)
+                notes += legacy_notes + [dropped_note(n) for n in DROPPED if n in first]
                 gated = is_gated(own)
                 tied = own.get("share_embeddings_and_output_weights", True)  # megatron_gpt_model.py line 506
                 rank_view = lambda s, where: LegacyGPTNames(s, own, where=where, tp=tp)  # noqa: E731
