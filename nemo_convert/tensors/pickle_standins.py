@@ -102,10 +102,12 @@ class EnumStandIn(StandIn):
 
     names: dict[Any, str] = {}
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> StandIn:
+    def __new__(cls, *args: Any, **kwargs: Any) -> EnumStandIn:
         if kwargs or len(args) != 1 or isinstance(args[0], bool) or not isinstance(args[0], (int, str)):
             raise InputError(f"pickle builds {cls.source} from unexpected arguments")
-        return super().__new__(cls, *args)
+        obj = super().__new__(cls, *args)
+        assert isinstance(obj, EnumStandIn)
+        return obj
 
     def __setstate__(self, state: Any) -> None:
         raise InputError(f"pickle sets state on an enum member of {self.source}")
