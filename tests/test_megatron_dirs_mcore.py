@@ -22,10 +22,10 @@ import pytest
 pytest.importorskip("megatron.core")
 
 SEQ = 16
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _worker(root: str, tp: int, rank: int) -> None:  # runs in a subprocess, one per TP rank
-    import argparse
     import contextlib
     import dataclasses
     import random
@@ -93,24 +93,14 @@ def _worker(root: str, tp: int, rank: int) -> None:  # runs in a subprocess, one
                                                              data=data)
     rng = ShardedObject("rng_state", [{"random_rng_state": random.getstate(), "torch_rng_state": torch.get_rng_state(),
                                        "rng_tracker_states": {}}], (1, tp), (0, rank), replica_id=0)
-    # megatron/training/arguments.py at core_v0.16.1: the TransformerConfig-derived names
-    # (line 1621), the network-size group (lines 1630-1697), params_dtype (lines 701-713).
-    args = argparse.Namespace(
-        num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.ffn_hidden_size,
-        num_attention_heads=cfg.num_attention_heads, group_query_attention=True, num_query_groups=cfg.num_query_groups,
-        kv_channels=cfg.kv_channels, max_position_embeddings=run_config["seq_length"], seq_length=SEQ,
-        swiglu=True, normalization="RMSNorm", layernorm_epsilon=cfg.layernorm_epsilon,
-        position_embedding_type="rope", rotary_base=int(run_config["rotary_base"]), rotary_percent=1.0,
-        rotary_seq_len_interpolation_factor=None, use_rope_scaling=False, rope_scaling_factor=8.0,
-        untie_embeddings_and_output_weights=True, add_bias_linear=False, add_qkv_bias=False, qk_layernorm=False,
-        layernorm_zero_centered_gamma=False, apply_residual_connection_post_layernorm=False,
-        multi_latent_attention=False, num_experts=None, rotary_interleaved=False, squared_relu=False,
-        quick_geglu=False, openai_gelu=False, window_size=None, hidden_dropout=0.0, attention_dropout=0.0,
-        init_method_std=0.02, tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{root}/tok",
-        vocab_size=None, make_vocab_size_divisible_by=128, padded_vocab_size=run_config["vocab_size"],
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, bf16=False, fp16=False,
-        params_dtype=torch.float32, transformer_impl="local", ckpt_format="torch_dist", world_size=tp,
-        data_parallel_size=1, iteration=100, lr=3e-4, min_lr=3e-5, train_iters=100)
+    # The args of a real run: what Megatron-LM core_v0.16.1's own parse_args + validate_args
+    # made for this tiny Llama (tests/data/megatron_lm_args/make_args.py), with the fields
+    # this run's command line would set differently (TP, its tokenizer folder, fp32).
+    with open(f"{REPO}/tests/data/megatron_lm_args/core_v0.16.1.common.pt", "rb") as f:
+        args = torch.load(f, weights_only=False)["args"]  # holds AttnBackend, ModelType, signal.Signals
+    args.tensor_model_parallel_size, args.world_size = tp, tp
+    args.tokenizer_model, args.vocab_size, args.padded_vocab_size = f"{root}/tok", None, run_config["vocab_size"]
+    args.bf16, args.params_dtype = False, torch.float32
     state = {
         "model": sd, "optimizer": {"state": opt, "param_groups": [{"lr": 0.0, "wd_mult": 1.0}, {"lr": 0.0, "wd_mult": 0.0}]},
         "rng_state": rng, "args": args, "checkpoint_version": 3.0, "iteration": 100,

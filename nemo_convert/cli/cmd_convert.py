@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--no-rope-scaling", action="store_true",
                    help="export scale_positional_embedding: True without llama3 RoPE scaling (NeMo's Llama "
                         "converter sets it by default, also on Llama 2 models; default: as NeMo runs it)")
+    e.add_argument("--drop-head", action="store_true",
+                   help="write a NeMo-Aligner reward model's language model, leaving out its reward head "
+                        "(rm_head), which no Hugging Face class holds exactly (default: refused)")
     output_flags(e)
     finite_flag(e)
     device_flag(e, what="the dtype casts (an export's splits are views and stay on the CPU)")
@@ -150,6 +153,6 @@ def run_export(args: argparse.Namespace) -> int:
                         max_shard_bytes=parse_size(args.max_shard_size), progress=make_progress(args),
                         trust_pickle=args.trust_pickle, check_finite=args.check_finite, device=args.device,
                         workers=args.workers, iteration=args.iteration,
-                        rope_scaling=not args.no_rope_scaling)
+                        rope_scaling=not args.no_rope_scaling, drop_head=args.drop_head)
     report(args, rep, "wrote")
     return 0

@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--no-rope-scaling", dest="rope_scaling", action="store_false",
                    help="read a NeMo-written .nemo's scale_positional_embedding: True as no RoPE scaling "
                         "(as export --no-rope-scaling does) instead of llama3 scaling as NeMo runs it")
+    p.add_argument("--drop-head", action="store_true",
+                   help="compare a NeMo-Aligner reward model's language model, its reward head (rm_head) left "
+                        "out, as export --drop-head writes it (default: such a .nemo is refused)")
     p.add_argument("--family", help="model family of .nemo inputs (default: from their config)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many worst tensors to list (default 10)")
     p.add_argument("--trust-pickle", action="store_true",
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--top must be >= 0")
     rep = verify(hf_source(args, args.a, one_of_several=True), hf_source(args, args.b, one_of_several=True), atol=args.atol, rtol=args.rtol, family=args.family,
                  trust_pickle=args.trust_pickle, allow_dtype_change=args.allow_dtype_change,
-                 rope_scaling=args.rope_scaling,
+                 rope_scaling=args.rope_scaling, drop_head=args.drop_head,
                  options=plugin_option_values(args))  # the plugins' verifiers' (CLIP's --clip-image --texts)
     code = 0 if rep.ok else 1
     if args.json:

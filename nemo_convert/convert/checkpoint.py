@@ -106,7 +106,7 @@ def inspect_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = Fal
                          "torch_dist")
         if ck.format in ("megatron-bridge", "megatron-lm"):
             out["iteration_dir"] = ck.handle.iteration_dir
-            notes = list(ck.handle.notes) + list(ck.handle.warnings) + notes
+        notes = list(getattr(ck.handle, "notes", [])) + list(getattr(ck.handle, "warnings", [])) + notes
         if notes:
             out["notes"] = notes
         return out

@@ -49,6 +49,7 @@ class ExportConfig:
     source: TensorSource
     hf_defaults: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def _recorded(cfg: dict[str, Any], key: str) -> Any:

@@ -22,7 +22,8 @@ from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, RunStats, apply_dtype, merge_stats, run_plan
 from nemo_convert.formats.hf.hf import HFWeightsWriter, json_bytes
 from nemo_convert.formats.nemo.nemo import NemoCheckpoint
-from nemo_convert.errors import ConfigError
+from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.formats.nemo.nemo_targets import head_names, without
 from nemo_convert.formats.io.sink import DirectorySink, MemberSink
 from nemo_convert.formats.io.staging import check_target, refuse_overlap
 from nemo_convert.hf_config import dtype_name_of_precision, set_dtype_name
@@ -61,12 +62,31 @@ def hf_config_of(fam: ModelFamily, cfg: dict[str, Any], dtype: torch.dtype | Non
     return hf_cfg
 
 
+def drop_reward_head(ckpt: Any, prep: ExportConfig, drop_head: bool) -> None:
+    """NeMo-Aligner's reward head (:mod:`~nemo_convert.formats.nemo.nemo_targets`): no HF class
+    holds it exactly (every ``*ForSequenceClassification.score`` is a ``Linear`` without bias,
+    transformers 5.24 ``modeling_layers.py`` line 138), so it is refused by name, or with
+    ``drop_head`` left out of ``prep.source`` (noted): the language model is what is written."""
+    head = head_names(prep.source)
+    if not head:
+        return
+    shapes = " + ".join(f"{k} {list(prep.source.info(k).shape)}" for k in head)
+    if not drop_head:
+        raise UnsupportedError(f"{ckpt.path}: the checkpoint holds NeMo-Aligner's reward head ({shapes}), which no "
+                               "Hugging Face class holds exactly (*ForSequenceClassification.score has no bias); "
+                               "pass --drop-head to write the language model without it")
+    prep.source = without(prep.source, head)
+    prep.notes.append(f"left out the reward head ({shapes}, --drop-head): the language model is written")
+
+
 def plan_to_hf(ckpt: Any, fam: ModelFamily, *, rope_scaling: bool = True,
-               dtype: torch.dtype | None = None) -> tuple[ExportConfig, dict[str, Any], Plan]:
+               dtype: torch.dtype | None = None, drop_head: bool = False) -> tuple[ExportConfig, dict[str, Any], Plan]:
     """A ``.nemo`` as export sees it (also ``verify`` and ``quantize``): its config completed
     (:func:`~nemo_convert.convert.export_config.export_config`), the ``config.json`` written
-    for it (with an optional cast) and the ``to_hf`` plan over the completed source."""
+    for it (with an optional cast) and the ``to_hf`` plan over the completed source; a reward
+    head refused or, with ``drop_head``, left out (:func:`drop_reward_head`)."""
     prep = export_config(ckpt, fam, rope_scaling=rope_scaling)
+    drop_reward_head(ckpt, prep, drop_head)
     hf_cfg = hf_config_of(fam, prep.cfg, dtype, prep.hf_defaults)
     return prep, hf_cfg, plan_conversion(fam.mapping(prep.cfg), prep.cfg, prep.source, "to_hf")
 
@@ -77,7 +97,7 @@ def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype
               progress: Progress | None = None, registry: Registry | None = None,
               trust_pickle: bool = False, check_finite: bool = False, device: DeviceOption = "cpu",
               workers: Workers = SINGLE, iteration: int | None = None,
-              rope_scaling: bool = True) -> ConversionReport:
+              rope_scaling: bool = True, drop_head: bool = False) -> ConversionReport:
     """Convert a ``.nemo`` (any layout) into a Hugging Face folder that ``transformers``
     loads with no missing or unexpected keys. With several ``workers`` each process
     writes the safetensors shards it owns. ``device`` is where the transforms run
@@ -86,7 +106,8 @@ def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype
     directory (``iteration`` picks its ``iter_XXXXXXX/``).
     A NeMo-native config is completed from the archive (:mod:`.export_config`);
     ``rope_scaling=False`` exports ``scale_positional_embedding: True`` without llama3
-    RoPE scaling (NeMo's Llama converter sets it by default)."""
+    RoPE scaling (NeMo's Llama converter sets it by default). A NeMo-Aligner reward model's
+    head is refused by name unless ``drop_head``: then the language model is written (noted)."""
     src, out = os.fspath(src), os.fspath(out)
     compute = Compute.of(device)
     reg = registry_or_default(registry)
@@ -97,7 +118,7 @@ def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype
                             iteration=iteration)
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ckpt.config)
-        prep, hf_cfg, plan = plan_to_hf(ckpt, fam, rope_scaling=rope_scaling, dtype=want)
+        prep, hf_cfg, plan = plan_to_hf(ckpt, fam, rope_scaling=rope_scaling, dtype=want, drop_head=drop_head)
         cfg, source = prep.cfg, prep.source
         plan.check_finite = check_finite
         warnings = prep.warnings + apply_dtype(plan, want)
@@ -125,7 +146,7 @@ def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype
         stats = merge_stats(write_together(out, [], write_mine, workers=workers, overwrite=overwrite, packed=False,
                                            kind="hf",
                                            head=head), sequential=False)
-        notes = list(getattr(ckpt, "notes", [])) + compute.notes(plan, source)
+        notes = list(getattr(ckpt, "notes", [])) + prep.notes + compute.notes(plan, source)
         warnings = list(getattr(ckpt, "warnings", [])) + warnings
     finally:
         ckpt.close()

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import pluggy
 
 from nemo_convert.errors import PluginError
+from nemo_convert.formats.nemo.nemo_targets import canonical_target
 from nemo_convert.plugins import hookspecs
 from nemo_convert.plugins.records import CommandOption, ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
 
@@ -98,7 +99,7 @@ class Registry:
         ours = (config.get("nemo_convert") or {}).get("family")
         if ours:
             return self.family(ours)
-        target = config.get("target")
+        target = canonical_target(config.get("target"))  # NeMo SFT / NeMo-Aligner classes: MegatronGPTModel
         same = [p.record for p in self.families.values() if target and target == p.record.nemo.target]
         claimed = [f for f in same if f.claims_nemo_config is not None and f.claims_nemo_config(config)]
         if len(claimed) > 1:
@@ -111,7 +112,8 @@ class Registry:
         for p in self.families.values():
             if target2 and target2 in p.record.nemo.nemo2_targets:
                 return p.record
-        raise PluginError(f"no installed model family handles NeMo target {target or config.get('nemo2_target')!r}; "
+        raise PluginError(f"no installed model family handles NeMo target "
+                          f"{config.get('target') or config.get('nemo2_target')!r}; "
                           "pass --family")
 
     def command_options(self) -> list[CommandOption]:

@@ -95,6 +95,72 @@ class AttributeDictStandIn(dict, metaclass=_FrozenMeta):
     source: str = "?"
 
 
+class EnumStandIn(StandIn):
+    """A member of a foreign ``enum.Enum``: a pickle builds it as ``Class(value)`` (what
+    ``Enum.__reduce_ex__`` writes); only the scalar value is recorded. ``names`` maps the
+    values whose name is the same in every release read to that name."""
+
+    names: dict[Any, str] = {}
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> EnumStandIn:
+        if kwargs or len(args) != 1 or isinstance(args[0], bool) or not isinstance(args[0], (int, str)):
+            raise InputError(f"pickle builds {cls.source} from unexpected arguments")
+        obj = super().__new__(cls, *args)
+        assert isinstance(obj, EnumStandIn)
+        return obj
+
+    def __setstate__(self, state: Any) -> None:
+        raise InputError(f"pickle sets state on an enum member of {self.source}")
+
+    @property
+    def value(self) -> Any:
+        return self.args[0]  # type: ignore[attr-defined]
+
+    def plain(self) -> str:
+        """``Class.name`` (as ``str()`` of the enum member), or ``Class(value)`` where the
+        value's name is not known or differs between releases."""
+        short = self.source.rsplit(".", 1)[-1]
+        name = self.names.get(self.value)
+        return f"{short}.{name}" if name else f"{short}({self.value!r})"
+
+
+#: Megatron enums a Megatron-LM training run puts in ``args`` (``common.pt``,
+#: ``model_optim_rng.pt``), with the values whose names agree in every release
+#: core_r0.8.0 … core_v0.19.0 (``megatron/core/enums.py``, ``megatron/core/transformer/enums.py``
+#: at each tag). How each gets there, and the pickles that show it, are in
+#: ``tests/data/megatron_lm_args/`` (written by Megatron-LM's own argument code per release):
+#:
+#: * ``megatron.core.enums.ModelType`` — ``args.model_type = model_type`` in
+#:   ``megatron/training/training.py`` ``pretrain`` (every release). Only 1 is
+#:   ``encoder_or_decoder`` in all of them: 2 is ``encoder_and_decoder`` up to core_v0.13 and
+#:   ``retro_encoder`` in core_v0.14–0.15 (removed from core_v0.16).
+#: * ``megatron.core.transformer.enums.AttnBackend`` — ``--attention-backend``
+#:   (``arguments.py``, from core_r0.11.0; default ``auto``).
+#: * ``megatron.core.transformer.enums.CudaGraphScope`` — ``--cuda-graph-scope`` (core_v0.16–0.17).
+#: * ``megatron.core.transformer.enums.CudaGraphModule`` — ``--cuda-graph-modules`` (core_v0.18+).
+#: * ``megatron.core.transformer.enums.InferenceCudaGraphScope`` — set by ``validate_args``
+#:   (``_normalize_inference_cuda_graph_scope_arg``, core_v0.18+), in every such ``args``.
+#: * ``signal.Signals`` — ``--exit-signal`` (default ``SIGTERM``, core_v0.16+): a standard-library
+#:   enum, named from Linux's numbers.
+MEGATRON_ENUMS: dict[str, dict[Any, str]] = {
+    "megatron.core.enums.ModelType": {1: "encoder_or_decoder"},
+    "megatron.core.transformer.enums.AttnBackend": {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"},
+    "megatron.core.transformer.enums.CudaGraphScope": {1: "full_iteration", 2: "attn", 3: "mlp", 4: "moe",
+                                                       5: "moe_router", 6: "moe_preprocess", 7: "mamba",
+                                                       8: "full_iteration_inference"},
+    "megatron.core.transformer.enums.CudaGraphModule": {1: "attn", 2: "mlp", 3: "moe", 4: "moe_router",
+                                                        5: "moe_preprocess", 6: "mamba"},
+    "megatron.core.transformer.enums.InferenceCudaGraphScope": {1: "none", 2: "layer", 3: "block"},
+    "signal.Signals": {1: "SIGHUP", 2: "SIGINT", 9: "SIGKILL", 10: "SIGUSR1", 12: "SIGUSR2", 15: "SIGTERM"},
+}
+
+
+def enum_standin(source: str, names: dict[Any, str]) -> type:
+    """A new :class:`EnumStandIn` subclass for the foreign enum ``source``."""
+    ns = {"source": source, "names": dict(names), "__module__": __name__}
+    return _FrozenMeta(source.rsplit(".", 1)[-1], (EnumStandIn,), ns)
+
+
 def _standin(base: type, source: str) -> type:
     """A new stand-in subclass of ``base`` for the foreign global ``source``."""
     ns = {"source": source, "__module__": __name__}

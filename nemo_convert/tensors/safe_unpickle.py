@@ -5,7 +5,8 @@ A pickle runs code only through the globals it names, which ``pickle`` resolves 
 rest (:class:`~nemo_convert.errors.UnsafePickleError`) and never imports what a pickle
 names. It hands out harmless builtins and torch dtypes, immutable tokens, argument-checked
 functions, and *stand-ins* that only record pickled state: OmegaConf configs, Lightning's
-``AttributeDict``, ``argparse.Namespace``, numpy arrays and dtypes. :func:`to_plain`
+``AttributeDict``, ``argparse.Namespace``, the enums Megatron-LM puts in its ``args``
+(:data:`~nemo_convert.tensors.pickle_standins.MEGATRON_ENUMS`), numpy arrays and dtypes. :func:`to_plain`
 turns stand-ins into plain dicts, lists, scalars and numpy arrays. Callers add what their
 format needs through ``extra_globals`` (e.g. lazy tensor rebuilders). ``trust=True``
 resolves unlisted names normally, running what the pickle asks: callers must warn loudly.
@@ -30,6 +31,8 @@ from nemo_convert.tensors.pickle_standins import (  # noqa: F401  (re-exported)
     AttrObject,
     AttributeDictStandIn,
     Checked,
+    EnumStandIn,
+    MEGATRON_ENUMS,
     NumpyArray,
     NumpyDtype,
     OmegaContainer,
@@ -50,6 +53,7 @@ from nemo_convert.tensors.pickle_standins import (  # noqa: F401  (re-exported)
     _real_dtype,
     _reconstructor,
     _standin,
+    enum_standin,
     _torch_device,
     _torch_size,
     TRUST_HINT,
@@ -93,6 +97,8 @@ def _base_globals() -> dict[str, Any]:
         g[f"pathlib.{name}"] = posix
     g["pathlib.WindowsPath"] = g["pathlib.PureWindowsPath"] = windows
     g["argparse.Namespace"] = _standin(AttrObject, "argparse.Namespace")
+    for src, names in MEGATRON_ENUMS.items():  # Megatron-LM's args: inert members, no Megatron code
+        g[src] = enum_standin(src, names)
     for module in _ATTRIBUTE_DICTS:
         g[f"{module}.AttributeDict"] = _standin(AttributeDictStandIn, f"{module}.AttributeDict")
     for src, base in (("omegaconf.dictconfig.DictConfig", OmegaContainer),
@@ -220,6 +226,8 @@ def _plain(obj: Any, memo: dict[int, Any]) -> Any:
         result = _real_dtype(obj)
     elif isinstance(obj, OmegaValue):
         result = _plain(_state_get(obj, "_val", "val"), memo)
+    elif isinstance(obj, EnumStandIn):
+        result = obj.plain()
     elif isinstance(obj, AttrObject):
         return _plain_container(obj, obj.state if isinstance(obj.state, dict) else obj.kwargs, memo)
     elif isinstance(obj, (dict, list)):

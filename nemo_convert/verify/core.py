@@ -71,7 +71,8 @@ def _read_folder_files(folder: str, names: Sequence[str]) -> dict[str, bytes]:
     return out
 
 
-def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool, rope_scaling: bool) -> _Side:
+def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool, rope_scaling: bool,
+               drop_head: bool = False) -> _Side:
     if require_kind(path, ("hf", "nemo", "nemo2", "megatron"), "a Hugging Face folder or a .nemo").kind == "hf":
         hf = open_hf(path, trust_pickle=trust_pickle)
         try:
@@ -99,12 +100,12 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool,
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
         native = not isinstance((ck.config.get(SECTION) or {}).get("hf_config"), dict)
-        prep, hf_config, plan = plan_to_hf(ck, fam, rope_scaling=rope_scaling)  # as export sees it
+        prep, hf_config, plan = plan_to_hf(ck, fam, rope_scaling=rope_scaling, drop_head=drop_head)  # as export
         cfg = prep.cfg
         side = _Side(SideInfo(path, getattr(ck, "kind", "nemo"), ck.layout, fam.name), ck, HFView(prep.source, plan),
                      hf_config, fam, tokenizer_files(ck),
                      (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped),
-                     warnings=list(getattr(ck, "warnings", [])) + prep.warnings, native=native)
+                     warnings=list(getattr(ck, "warnings", [])) + prep.warnings + prep.notes, native=native)
         side.tied, side.drops = _mapping_facts(fam, cfg)
         return side
     except BaseException:
@@ -153,13 +154,14 @@ def _dtype_changes(config: list[ConfigDiff]) -> tuple[list[ConfigDiff], list[Con
     return dtype, other
 
 
-def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool, rope_scaling: bool) -> str:
+def _hf_folder(side: _Side, tmp: str, registry: Registry, trust_pickle: bool, rope_scaling: bool,
+               drop_head: bool = False) -> str:
     if side.info.format == "hf":
         return side.info.path
 
     out = os.path.join(tmp, "b" if os.path.exists(os.path.join(tmp, "a")) else "a")
     export_hf(side.info.path, out, family=side.info.family, registry=registry, trust_pickle=trust_pickle,
-              rope_scaling=rope_scaling)
+              rope_scaling=rope_scaling, drop_head=drop_head)
     return out
 
 
@@ -168,7 +170,8 @@ def verify(a: str | os.PathLike[str], b: str | os.PathLike[str], *, atol: float 
            registry: Registry | None = None, trust_pickle: bool = False,
            clip_image: str | os.PathLike[str] | None = None, texts: Sequence[str] | None = None,
            probe_texts: Sequence[str] = PROBE_TEXTS, allow_dtype_change: bool = False,
-           rope_scaling: bool = True, options: Mapping[str, Any] | None = None) -> VerifyReport:
+           rope_scaling: bool = True, options: Mapping[str, Any] | None = None,
+           drop_head: bool = False) -> VerifyReport:
     """Compare checkpoints ``a`` and ``b`` (HF folders or ``.nemo`` in any layout).
 
     Both sides are brought to HF tensor names (a ``.nemo`` is streamed through its
@@ -186,6 +189,8 @@ def verify(a: str | os.PathLike[str], b: str | os.PathLike[str], *, atol: float 
         dtypes only). Every change is still listed (in the tensor notes and the report notes).
     :param rope_scaling: False: complete a NeMo-native ``scale_positional_embedding: True``
         without llama3 RoPE scaling, as ``export_hf(rope_scaling=False)`` does.
+    :param drop_head: compare a NeMo-Aligner reward model's language model, its reward head
+        left out (as ``export_hf(drop_head=True)``; without it such a side is refused).
     :param options: the options of plugin-provided verifiers (``nemo_convert_verifiers``),
         by key; each verifier with a given option runs on both sides (as HF folders) after
         the comparison, its result in ``VerifyReport.extra[name]`` (informational).
@@ -203,9 +208,9 @@ def verify(a: str | os.PathLike[str], b: str | os.PathLike[str], *, atol: float 
     given.update({k: v for k, v in (("clip_image", clip_image), ("texts", texts)) if v is not None})
     reg = registry_or_default(registry)
     verifiers = _verifiers_for(reg, given)
-    side_a = _open_side(a, family, reg, trust_pickle, rope_scaling)
+    side_a = _open_side(a, family, reg, trust_pickle, rope_scaling, drop_head)
     try:
-        side_b = _open_side(b, family, reg, trust_pickle, rope_scaling)
+        side_b = _open_side(b, family, reg, trust_pickle, rope_scaling, drop_head)
     except BaseException:
         side_a.ckpt.close()
         raise
@@ -263,8 +268,8 @@ def verify(a: str | os.PathLike[str], b: str | os.PathLike[str], *, atol: float 
 
     if verifiers:
         with tempfile.TemporaryDirectory(prefix="nemo-convert-verify-") as tmp:
-            fa = _hf_folder(side_a, tmp, reg, trust_pickle, rope_scaling)
-            fb = _hf_folder(side_b, tmp, reg, trust_pickle, rope_scaling)
+            fa = _hf_folder(side_a, tmp, reg, trust_pickle, rope_scaling, drop_head)
+            fb = _hf_folder(side_b, tmp, reg, trust_pickle, rope_scaling, drop_head)
             for v, opts in verifiers:
                 rep.extra[v.name] = v.run(fa, fb, opts)
     return rep

@@ -70,6 +70,10 @@ class ZarrCheckpointSource(DistCheckpointSource):
 
     # ------------------------------------------------------------------ set-up
 
+    def _check_sizes(self) -> None:
+        """Nothing more to check: :func:`index_zarr` compared every chunk file's size with its
+        ``.zarray`` (a chunk left out reads as the fill value)."""
+
     def _index_storage(self) -> None:
         index = index_zarr(self._names, lambda n: self._region(n).read(), lambda n: self._region(n).length,
                            self._where)

@@ -82,6 +82,12 @@ GPT_PROVIDER = "megatron.bridge.models.gpt_provider.GPTModelProvider"
 NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
 
 
+#: ``args.model_type`` of a GPT run as the safe unpickler presents it (``training.py``
+#: ``pretrain``: ``args.model_type = model_type``; ``pretrain_gpt.py`` passes
+#: ``ModelType.encoder_or_decoder``, value 1 in every release; see ``MEGATRON_ENUMS``).
+DECODER_MODEL_TYPE = "ModelType.encoder_or_decoder"
+
+
 MISTRAL_PROVIDER = "megatron.bridge.models.mistral.mistral_provider.MistralModelProvider"
 GEMMA_PROVIDER = "megatron.bridge.models.gemma.gemma_provider.GemmaModelProvider"
 #: Megatron-Bridge's multi-latent-attention provider (``mla_provider.py``: Megatron-Core's
@@ -652,6 +658,10 @@ def args_to_nemo(args: dict[str, Any], where: str) -> dict[str, Any]:
     if missing:
         raise ConfigError(f"{where}: args lacks {', '.join(missing)}")
     _refuse_non_neutral(args, f"{where}: args")
+    model_type = args.get("model_type")
+    if model_type is not None and model_type != DECODER_MODEL_TYPE:
+        raise UnsupportedError(f"{where}: args: model_type={model_type} is not a decoder-only GPT model "
+                               f"({DECODER_MODEL_TYPE}); only those are read")
     if args.get("layernorm_zero_centered_gamma"):
         raise UnsupportedError(f"{where}: args: layernorm_zero_centered_gamma=True (Gemma's norms) without the "
                                "embedding scaling Megatron-LM's GPT model does not have is not supported")

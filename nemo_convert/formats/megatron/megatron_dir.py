@@ -137,7 +137,6 @@ class MegatronCheckpoint(NemoCheckpoint):
 
     kind: str = "megatron-lm"
     iteration_dir: str = ""
-    notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
 

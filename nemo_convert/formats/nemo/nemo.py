@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from typing import Any, Callable
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.dist_checkpoint.zarr_read import open_dist_checkpoint
 from nemo_convert.formats.nemo2.nemo2 import open_nemo2
 from nemo_convert.formats.nemo.nemo_checkpoint import (  # noqa: F401  (re-exported)
     CONFIG_MEMBER, KindsFor, NemoCheckpoint, VocabTrimView, dump_yaml, load_yaml)
+from nemo_convert.formats.nemo.nemo_legacy import (DROPPED, LEGACY_STACK, LegacyGPTNames, dropped_note,
+                                                   has_legacy_names, is_gated, legacy_config, legacy_kind)
 from nemo_convert.formats.nemo.nemo_ranks import PerRankSource
+from nemo_convert.formats.nemo.nemo_targets import reward_model_config
 from nemo_convert.formats.io.sink import MemberSink
 from nemo_convert.formats.io.tar_archive import Container, find_member, open_nemo_container
 from nemo_convert.mapping.rules import Parallel
@@ -32,19 +35,27 @@ def _rank_folders(container: Container, prefix: str) -> list[str]:
     return sorted(t for t in tops if parse_rank_dir(t) is not None)
 
 
+def _rank_names(container: Container, prefix: str, folder: str, trust_pickle: bool) -> list[str]:
+    """The tensor names (``model.`` removed) of one rank folder's weights file."""
+    zs = TorchZipSource(container.region(f"{prefix}{folder}/model_weights.ckpt"), trust_pickle=trust_pickle)
+    try:
+        return [k.removeprefix("model.") for k in zs.keys()]
+    finally:
+        zs.close()
+
+
 def _stage_sizes(container: Container, prefix: str, tp_pp: tuple[int, int], trust_pickle: bool) -> list[int]:
-    """Layers per pipeline stage, counted from each stage's TP-rank-0 file."""
+    """Layers per pipeline stage, counted from each stage's TP-rank-0 file (Megatron-Core
+    ``decoder.layers.N`` names, or NeMo's legacy ``language_model.encoder.layers.N``)."""
     tp, pp = tp_pp
     sizes = []
     for p in range(pp):
-        zs = TorchZipSource(container.region(f"{prefix}{rank_dir(0, p, pp)}/model_weights.ckpt"),
-                            trust_pickle=trust_pickle)
-        try:
-            idx = {parts[1] for k in zs.keys() if (parts := split_layer_name(k.removeprefix("model.")))
-                   and parts[0] == "decoder.layers"}
-        finally:
-            zs.close()
+        names = _rank_names(container, prefix, rank_dir(0, p, pp), trust_pickle)
+        idx = {parts[1] for k in names if (parts := split_layer_name(k)) and parts[0] in ("decoder.layers", LEGACY_STACK)}
         sizes.append(len(idx))
+    if sum(sizes) == 0:
+        raise InputError(f"{container.path}: the per-rank weights hold no decoder layers (neither Megatron-Core "
+                         f"decoder.layers.N nor NeMo's legacy {LEGACY_STACK}.N names)")
     return sizes
 
 
@@ -67,10 +78,12 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
         cfg_name = find_member(container, CONFIG_MEMBER)
         prefix = cfg_name[: -len(CONFIG_MEMBER)]
         config = load_yaml(container.read_bytes(cfg_name), f"{path}:{cfg_name}")
-        kinds = kinds_for(config) if kinds_for is not None else {}
+        config, notes = reward_model_config(config)
         extra: list[str] = []
         backend = None
+        vocab_names: set[str] = set()
         if container.exists(prefix + "model_weights/metadata.json"):
+            kinds = kinds_for(config) if kinds_for is not None else {}
             root = prefix + "model_weights/"
             dist = open_dist_checkpoint(lambda n: container.region(root + n),
                                         lambda: [n[len(root):] for n in container.names() if n.startswith(root)],
@@ -82,25 +95,55 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
         elif container.exists(prefix + "model_weights.ckpt"):
             zs = TorchZipSource(container.region(prefix + "model_weights.ckpt"), trust_pickle=trust_pickle)
             source, layout = PrefixView(zs, "model."), "legacy"
+            if has_legacy_names(source.keys()):  # NeMo's pre-Megatron-Core GPT (mcore_gpt: false)
+                own = config
+                config, legacy_notes = legacy_config(config, path)
+                notes += legacy_notes
+                try:
+                    legacy = LegacyGPTNames(source, own, where=f"{path}:model_weights.ckpt")
+                except BaseException:
+                    source.close()
+                    raise
+                notes += [dropped_note(n) for n in legacy.dropped]
+                source = legacy
+                vocab_names = {k for k in source.keys() if legacy_kind(k, False) is Parallel.VOCAB}
+            kinds = kinds_for(config) if kinds_for is not None else {}
         elif folders := _rank_folders(container, prefix):
             tp, pp = detect_ranks(folders)
-            if tp > 1 and not kinds:
+            sizes = _stage_sizes(container, prefix, (tp, pp), trust_pickle)
+            rank_view: Callable[[TensorSource, str], TensorSource] | None = None
+            kind_of: Callable[[str], Parallel | None] | None = None
+            tied = config.get("share_embeddings_and_output_weights")
+            first = _rank_names(container, prefix, rank_dir(0, 0, pp), trust_pickle)
+            if has_legacy_names(first):
+                own = config
+                config, legacy_notes = legacy_config(config, path)
+                notes += legacy_notes + [dropped_note(n) for n in DROPPED if n in first]
+                gated = is_gated(own)
+                tied = own.get("share_embeddings_and_output_weights", True)  # megatron_gpt_model.py line 506
+                rank_view = lambda s, where: LegacyGPTNames(s, own, where=where, tp=tp)  # noqa: E731
+                kind_of = lambda name: legacy_kind(name, gated)  # noqa: E731
+            kinds = kinds_for(config) if kinds_for is not None else {}
+            if tp > 1 and not kinds and kind_of is None:
                 raise InputError(f"{path}: per-rank weights at TP={tp} can only be merged through the model "
                                  "family's mapping, and no installed family handles this config (pass --family)")
-            sizes = _stage_sizes(container, prefix, (tp, pp), trust_pickle)
-            playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes,
-                                          tied=bool(config.get("share_embeddings_and_output_weights")))
+            playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes, tied=bool(tied))
             vocab = (config.get("nemo_convert") or {}).get("vocab_size")
             source = PerRankSource(container, prefix, playout, kinds, vocab=vocab, trust_pickle=trust_pickle,
-                                   tensor_parallel=tensor_parallel)
+                                   tensor_parallel=tensor_parallel, rank_view=rank_view, kind_of=kind_of)
+            if kind_of is not None:
+                notes.append(f"merged TP={tp} PP={pp} rank files by NeMo's legacy split rules "
+                             "(megatron_change_num_partitions.py)")
+                vocab_names = {k for k in source.keys() if kind_of(k) is Parallel.VOCAB}
             layout = "legacy"
         else:
             raise InputError(f"{path}: has {CONFIG_MEMBER} but no weights (model_weights/, model_weights.ckpt "
                              "or per-rank folders)")
         vocab = (config.get("nemo_convert") or {}).get("vocab_size")
         if vocab:
-            source = VocabTrimView(source, {k for k, v in kinds.items() if v is Parallel.VOCAB}, int(vocab))
-        return NemoCheckpoint(path, container, prefix, config, layout, source, extra, backend)
+            vocab_names |= {k for k, v in kinds.items() if v is Parallel.VOCAB}
+            source = VocabTrimView(source, vocab_names, int(vocab))
+        return NemoCheckpoint(path, container, prefix, config, layout, source, extra, backend, notes)
     except BaseException:
         container.close()
         raise

@@ -53,6 +53,7 @@ class NemoCheckpoint:
     source: TensorSource
     extra_state_keys: list[str] = field(default_factory=list)
     backend: str | None = None  # the dist layout's Megatron-Core backend: "torch_dist" or "zarr"
+    notes: list[str] = field(default_factory=list)  # how it was read (shown by inspect and in reports)
 
     def artifact(self, ref: str) -> bytes:
         """The bytes of an artifact referenced as ``nemo:<name>`` (or a bare member name)."""

@@ -10,7 +10,7 @@ file by rank file with no temporary copy.
 
 from __future__ import annotations
 
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 import torch
 
@@ -20,7 +20,7 @@ from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout
 from nemo_convert.sharding.tensor import TensorParallel, deferred
-from nemo_convert.tensors.base import TensorInfo
+from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy, materialize
 from nemo_convert.tensors.torch_zip_source import TorchZipSource
 from nemo_convert.tensors.views import PrefixView
@@ -34,18 +34,41 @@ class PerRankSource:
 
     def __init__(self, container: Container, prefix: str, layout: ParallelLayout,
                  kinds: dict[str, Parallel], *, vocab: int | None = None, trust_pickle: bool = False,
-                 tensor_parallel: TensorParallel | None = None) -> None:
+                 tensor_parallel: TensorParallel | None = None,
+                 rank_view: Callable[[TensorSource, str], TensorSource] | None = None,
+                 kind_of: Callable[[str], Parallel | None] | None = None) -> None:
+        """``rank_view(source, where)`` presents each rank file's (``model.``-less) tensors
+        under other names (legacy NeMo names: :mod:`.nemo_legacy`); ``kind_of(name)``, when it
+        answers, decides a tensor's parallel kind before ``kinds``."""
         self._tp = tensor_parallel or _TP
         self._layout = layout
         self._kinds = kinds
+        self._kind_of = kind_of
         self._vocab = vocab
-        self._ranks: dict[tuple[int, int], PrefixView] = {}
-        for p, t, folder in layout.rank_dirs():
-            member = f"{prefix}{folder}/{WEIGHTS}"
-            if not container.exists(member):
-                raise InputError(f"{container.path}: {folder}/ has no {WEIGHTS}")
-            zs = TorchZipSource(container.region(member), trust_pickle=trust_pickle)
-            self._ranks[(p, t)] = PrefixView(zs, "model.")
+        self._ranks: dict[tuple[int, int], TensorSource] = {}
+        try:
+            for p, t, folder in layout.rank_dirs():
+                member = f"{prefix}{folder}/{WEIGHTS}"
+                if not container.exists(member):
+                    raise InputError(f"{container.path}: {folder}/ has no {WEIGHTS}")
+                zs = TorchZipSource(container.region(member), trust_pickle=trust_pickle)
+                view: TensorSource = PrefixView(zs, "model.")
+                if rank_view is not None:
+                    try:
+                        view = rank_view(view, f"{container.path}:{folder}")
+                    except BaseException:
+                        view.close()
+                        raise
+                self._ranks[(p, t)] = view
+        except BaseException:
+            self.close()
+            raise
+        for (p, t), rank in self._ranks.items():
+            if t and set(rank.keys()) != set(self._ranks[(p, 0)].keys()):
+                odd = sorted(set(rank.keys()) ^ set(self._ranks[(p, 0)].keys()))
+                self.close()
+                raise InputError(f"{container.path}: {layout.rank_dirs()[p * layout.tp + t][2]}/ and tensor-parallel "
+                                 f"rank 0 of its stage hold different tensors (e.g. {odd[0]})")
         self._where: dict[str, tuple[int, str]] = {}
         for p in range(layout.pp):
             for local in self._ranks[(p, 0)].keys():
@@ -58,7 +81,8 @@ class PerRankSource:
         self._infos: dict[str, TensorInfo] = {}
 
     def _kind(self, key: str) -> Parallel:
-        return self._kinds.get(key, Parallel.REPLICATED)
+        kind = self._kind_of(key) if self._kind_of is not None else None
+        return kind or self._kinds.get(key, Parallel.REPLICATED)
 
     def keys(self) -> list[str]:
         return list(self._where)
