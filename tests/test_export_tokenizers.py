@@ -274,6 +274,12 @@ def test_hf_tokenizer_from_the_hub_cache_or_one_line(tmp_path: Any, monkeypatch:
     assert cfg["bos_token_id"] == nemo_tok.bos_token_id and cfg["eos_token_id"] == nemo_tok.eos_token_id
     _same_ids(AutoTokenizer.from_pretrained(out), lambda t: nemo_tok.convert_tokens_to_ids(nemo_tok.tokenize(t)))
 
+    # tokens the section makes NeMo add at load time (auto_tokenizer.py L95-165) are said, not applied
+    _set_tokenizer(nemo, {"library": "huggingface", "type": "tiny-org/tiny-llama3", "use_fast": True,
+                          "special_tokens": {"pad_token": "<pad>"}})
+    rep = _export(nemo, str(tmp_path / "added"))
+    assert len(rep.warnings) == 1 and "(<pad>)" in rep.warnings[0] and "does not have them" in rep.warnings[0]
+
 
 def test_hf_tokenizer_packed_in_the_archive(tmp_path: Any, monkeypatch: Any) -> None:
     """HF files packed as artifacts (``vocab_file: nemo:…tokenizer.json``) are copied,
@@ -301,6 +307,15 @@ def test_hf_tokenizer_packed_in_the_archive(tmp_path: Any, monkeypatch: Any) -> 
     _set_tokenizer(nemo, {"library": "huggingface", "type": "nemo:hf_tokenizer", "use_fast": True})
     rep = _export(nemo, str(tmp_path / "out2"))
     assert rep.warnings == [] and (tmp_path / "out2" / "tokenizer_config.json").read_bytes() == tok_cfg
+
+    # a folder on this machine, where from_pretrained looks first; a path that is nowhere
+    _set_tokenizer(nemo, {"library": "huggingface", "type": src, "use_fast": True})
+    rep = _export(nemo, str(tmp_path / "out3"))
+    assert rep.warnings == [] and [n for n in rep.notes if f"the local folder {src}" in n]
+    assert (tmp_path / "out3" / "tokenizer.json").read_bytes() == tok_json
+    _set_tokenizer(nemo, {"library": "huggingface", "type": "/data/tokenizer", "use_fast": True})
+    rep = _export(nemo, str(tmp_path / "out4"))
+    assert [w for w in rep.warnings if "'/data/tokenizer'" in w and "neither in the .nemo nor on this machine" in w]
 
 
 # ------------------------------------------------------------------ tiktoken / Tekken (library: tiktoken)
@@ -407,7 +422,7 @@ def test_mistral_tekken_json_as_an_artifact(tmp_path: Any) -> None:
     special names; small sizes here."""
     from transformers import AutoTokenizer
 
-    ranks = _learn_bpe(_texts_for_bpe(), NEMO_TIKTOKEN_PATTERN, 300)
+    ranks = _learn_bpe(corpus(100, seed=5) + CORPUS, NEMO_TIKTOKEN_PATTERN, 200)
     specials = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "<pad>"]
     num_special = 20
     size = num_special + len(ranks) - 5  # the last five ranks are past default_vocab_size
