@@ -5,9 +5,11 @@ true vocabulary size (the embedding may hold Megatron's padding rows), the token
 special ids or the source model's RoPE scaling. This module completes such a config for
 any family, from what the archive holds:
 
-- the true vocabulary: the SentencePiece tokenizer's size; else the embedding's rows
-  (with a warning that they may be padded). Vocab-parallel tensors are trimmed to it;
-- ``bos``/``eos``/``pad`` token ids from the SentencePiece tokenizer;
+- the true vocabulary: the tokenizer's size (any kind :mod:`.nemo_tokenizer` reads:
+  SentencePiece, Hugging Face files, GPT-2 BPE, tiktoken) when it is the embedding's rows
+  or Megatron's padding of it at the saved TP; else the embedding's rows (with a warning
+  that they may be padded). Vocab-parallel tensors are trimmed to it;
+- ``bos``/``eos``/``pad`` token ids from that tokenizer;
 - ``torch_dtype`` from ``precision`` and ``tie_word_embeddings`` from
   ``share_embeddings_and_output_weights``, where the family's ``config.json`` lacks them;
 - RoPE scaling as NeMo runs the model: ``scale_positional_embedding: True`` is llama3
@@ -26,15 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_convert.convert.common import SECTION
-from nemo_convert.convert.from_ckpt import true_vocab_size
-from nemo_convert.errors import InputError
+from nemo_convert.convert.from_ckpt import NEMO_DEFAULT_DIVISIBLE_BY
+from nemo_convert.convert.nemo_tokenizer import ExportTokenizer, export_tokenizer
 from nemo_convert.formats.nemo.nemo import NemoCheckpoint, VocabTrimView
 from nemo_convert.hf_config import dtype_name_of_precision
+from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import nemo_parallel_kinds
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.plugins.records import ModelFamily
 from nemo_convert.tensors.base import TensorSource
-from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_special_ids, sentencepiece_vocab_size
 
 #: rotary_base of Llama 1/2 (and of most models that NeMo's converter marks for llama3 scaling).
 _LLAMA2_ROPE_BASE = 10000.0
@@ -42,14 +44,16 @@ _LLAMA2_ROPE_BASE = 10000.0
 
 @dataclass
 class ExportConfig:
-    """The NeMo config an export plans with, the source it reads, and what ``config.json``
-    gets where the family's ``config_to_hf`` leaves a key out."""
+    """The NeMo config an export plans with, the source it reads, what ``config.json``
+    gets where the family's ``config_to_hf`` leaves a key out, and the tokenizer export
+    writes (its own warnings and notes are the tokenizer's: ``reshard`` writes none)."""
 
     cfg: dict[str, Any]
     source: TensorSource
     hf_defaults: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    tokenizer: ExportTokenizer = field(default_factory=lambda: ExportTokenizer("none"))
 
 
 def _recorded(cfg: dict[str, Any], key: str) -> Any:
@@ -57,12 +61,14 @@ def _recorded(cfg: dict[str, Any], key: str) -> Any:
     return ours.get(key) if isinstance(ours, dict) else None
 
 
-def _sentencepiece_model(ckpt: NemoCheckpoint) -> bytes | None:
-    tok = ckpt.config.get("tokenizer") or {}
-    model = tok.get("model")
-    if str(tok.get("library", "sentencepiece")).lower() != "sentencepiece" or not isinstance(model, str) or not model:
+def _true_vocab(tokens: int | None, rows: int, cfg: dict[str, Any]) -> int | None:
+    """``tokens`` when the embedding holds exactly them, or Megatron's padding of them at the
+    saved TP (``make_vocab_size_divisible_by`` × TP, NeMo's ``_vocab_size_with_padding``)."""
+    if tokens is None or tokens > rows:
         return None
-    return ckpt.artifact(model)
+    div = int(cfg.get("make_vocab_size_divisible_by") or NEMO_DEFAULT_DIVISIBLE_BY)
+    tp = int(cfg.get("tensor_model_parallel_size") or 1)
+    return tokens if tokens == rows or padded_vocab_size(tokens, div, tp) == rows else None
 
 
 def _rope(cfg: dict[str, Any], rope_scaling: bool, warnings: list[str]) -> None:
@@ -85,23 +91,16 @@ def complete_config(ckpt: NemoCheckpoint, fam: ModelFamily) -> ExportConfig:
     source ``config.json`` was recorded. A config we wrote from HF goes through unchanged."""
     cfg = copy.deepcopy(ckpt.config)
     if _recorded(cfg, "hf_config") is not None:
-        return ExportConfig(cfg, ckpt.source)
+        return ExportConfig(cfg, ckpt.source, tokenizer=export_tokenizer(ckpt, facts=False))
     warnings: list[str] = []
     defaults: dict[str, Any] = {}
     if "precision" in cfg:
         defaults["torch_dtype"] = dtype_name_of_precision(cfg["precision"])
     if "share_embeddings_and_output_weights" in cfg:
         defaults["tie_word_embeddings"] = bool(cfg["share_embeddings_and_output_weights"])
-    tokens: int | None = None
-    model = _sentencepiece_model(ckpt)
-    if model is not None:
-        try:
-            tokens = sentencepiece_vocab_size(model)
-            defaults.update(sentencepiece_special_ids(model))
-        except InputError as exc:
-            model = None
-            warnings.append(f"the tokenizer model in the .nemo could not be read ({exc}); "
-                            "config.json has no special token ids")
+    tok = export_tokenizer(ckpt)
+    tokens = tok.vocab_size
+    defaults.update(tok.special_ids)
     source = ckpt.source
     keys = set(source.keys())
     kinds = nemo_parallel_kinds(fam.mapping(cfg), cfg)
@@ -111,12 +110,10 @@ def complete_config(ckpt: NemoCheckpoint, fam: ModelFamily) -> ExportConfig:
         defaults["vocab_size"] = recorded  # open_nemo trimmed to it already
     elif names:
         rows = min(source.info(k).shape[0] for k in names)
-        tp = int(cfg.get("tensor_model_parallel_size") or 1)
-        # the tokenizer's size when it is the rows, or Megatron's padding of it at the saved TP is
-        vocab = tokens if tokens == rows else true_vocab_size(cfg, source, kinds, tp, None, model)[0]
+        vocab = _true_vocab(tokens, rows, cfg)
         if vocab is None:
             vocab = rows
-            why = ("has no SentencePiece tokenizer" if tokens is None
+            why = ("has no tokenizer export can read" if tokens is None
                    else f"has a tokenizer of {tokens} tokens, which padding does not take to {rows}")
             warnings.append(f"the true vocabulary size is unknown (the .nemo {why}): config.json has vocab_size "
                             f"{rows}, the embedding's rows, which may include Megatron's padding")
@@ -125,7 +122,7 @@ def complete_config(ckpt: NemoCheckpoint, fam: ModelFamily) -> ExportConfig:
         defaults["vocab_size"] = vocab
         if vocab < rows:
             source = VocabTrimView(source, names, vocab)
-    return ExportConfig(cfg, source, defaults, warnings)
+    return ExportConfig(cfg, source, defaults, warnings, tokenizer=tok)
 
 
 def export_config(ckpt: NemoCheckpoint, fam: ModelFamily, *, rope_scaling: bool = True) -> ExportConfig:

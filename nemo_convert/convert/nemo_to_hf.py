@@ -18,6 +18,7 @@ from nemo_convert.convert.common import (
     tokenizer_rows_warning,
 )
 from nemo_convert.convert.export_config import ExportConfig, complete_hf_config, export_config
+from nemo_convert.convert.nemo_tokenizer import export_tokenizer
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, RunStats, apply_dtype, merge_stats, run_plan
 from nemo_convert.formats.hf.hf import HFWeightsWriter, json_bytes
@@ -36,14 +37,10 @@ DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float3
 
 
 def tokenizer_files(ckpt: NemoCheckpoint) -> dict[str, bytes]:
-    """The tokenizer files a ``.nemo`` carries, under their HF names."""
-    files = (ckpt.config.get(SECTION) or {}).get("tokenizer_files") or {}
-    if files:
-        return {os.path.basename(n): ckpt.artifact(ref) for n, ref in files.items()}
-    model = (ckpt.config.get("tokenizer") or {}).get("model")
-    if isinstance(model, str) and model:
-        return {"tokenizer.model": ckpt.artifact(model)}
-    return {}
+    """The tokenizer files export writes for a ``.nemo``, under their HF names
+    (:mod:`~nemo_convert.convert.nemo_tokenizer`: the HF originals our section names, else the
+    tokenizer NeMo's ``tokenizer:`` section describes)."""
+    return export_tokenizer(ckpt, facts=False).files()
 
 
 def hf_config_of(fam: ModelFamily, cfg: dict[str, Any], dtype: torch.dtype | None = None,
@@ -121,8 +118,9 @@ def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype
         prep, hf_cfg, plan = plan_to_hf(ckpt, fam, rope_scaling=rope_scaling, dtype=want, drop_head=drop_head)
         cfg, source = prep.cfg, prep.source
         plan.check_finite = check_finite
-        warnings = prep.warnings + apply_dtype(plan, want)
-        warnings += tokenizer_rows_warning(tokenizer_files(ckpt), hf_cfg.get("vocab_size"))
+        tok_files = prep.tokenizer.files()  # before writing: a conversion that fails is a warning
+        warnings = prep.warnings + prep.tokenizer.warnings + apply_dtype(plan, want)
+        warnings += tokenizer_rows_warning(tok_files, hf_cfg.get("vocab_size"))
         placed = compute.place(plan, source)
 
         def write_mine(sink: DirectorySink) -> RunStats:
@@ -140,13 +138,13 @@ def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype
             gen = (cfg.get(SECTION) or {}).get("hf_generation_config")
             if gen is not None:
                 final.add_bytes("generation_config.json", json_bytes(gen))
-            for name, data in tokenizer_files(ckpt).items():
+            for name, data in tok_files.items():
                 final.add_bytes(name, data)
 
         stats = merge_stats(write_together(out, [], write_mine, workers=workers, overwrite=overwrite, packed=False,
                                            kind="hf",
                                            head=head), sequential=False)
-        notes = list(getattr(ckpt, "notes", [])) + prep.notes + compute.notes(plan, source)
+        notes = list(getattr(ckpt, "notes", [])) + prep.notes + prep.tokenizer.notes + compute.notes(plan, source)
         warnings = list(getattr(ckpt, "warnings", [])) + warnings
     finally:
         ckpt.close()

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Sequence
 
 from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
-from nemo_convert.convert.nemo_to_hf import export_hf, plan_to_hf, tokenizer_files
+from nemo_convert.convert.nemo_to_hf import export_hf, plan_to_hf
 from nemo_convert.errors import InputError, PluginError
 from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.hf.hf import HFCheckpoint, open_hf
@@ -102,10 +102,12 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool,
         native = not isinstance((ck.config.get(SECTION) or {}).get("hf_config"), dict)
         prep, hf_config, plan = plan_to_hf(ck, fam, rope_scaling=rope_scaling, drop_head=drop_head)  # as export
         cfg = prep.cfg
+        tok_files = prep.tokenizer.files()  # what export writes (its warnings come with it)
         side = _Side(SideInfo(path, getattr(ck, "kind", "nemo"), ck.layout, fam.name), ck, HFView(prep.source, plan),
-                     hf_config, fam, tokenizer_files(ck),
+                     hf_config, fam, tok_files,
                      (cfg.get(SECTION) or {}).get("hf_generation_config"), dropped=list(plan.dropped),
-                     warnings=list(getattr(ck, "warnings", [])) + prep.warnings + prep.notes, native=native)
+                     warnings=list(getattr(ck, "warnings", [])) + prep.warnings + prep.notes
+                     + prep.tokenizer.warnings, native=native)
         side.tied, side.drops = _mapping_facts(fam, cfg)
         return side
     except BaseException:

@@ -18,6 +18,7 @@ from nemo_convert.verify.report import EncodingDiff, TokenizerFileDiff, Tokenize
 
 SP_FILE = "tokenizer.model"
 HF_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
 
 PROBE_TEXTS: tuple[str, ...] = (
     "The quick brown fox jumps over the lazy dog.",
@@ -55,6 +56,17 @@ def _hf_special(text: str) -> list[str]:
     return [str(t.get("content")) for t in data.get("added_tokens") or [] if isinstance(t, dict)]
 
 
+def _splits_special_tokens(config: bytes | None) -> bool:
+    """Whether ``tokenizer_config.json`` asks ``AutoTokenizer`` to encode special tokens'
+    text as plain text (``split_special_tokens``: a Tekken tokenizer export writes, as NeMo
+    and mistral-common encode)."""
+    try:
+        obj = json.loads(config.decode("utf-8")) if config is not None else None
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(obj, dict) and obj.get("split_special_tokens") is True
+
+
 def probe_texts(tokens: Iterable[str], base: Iterable[str] = PROBE_TEXTS) -> list[str]:
     """The probe set: ``base`` plus each token alone, glued to words and in a sentence."""
     out = list(base)
@@ -83,6 +95,9 @@ class _Side:
                 self.hf = Tokenizer.from_str(files[HF_FILE].decode("utf-8"))
             except Exception as exc:  # tokenizers raises plain Exception
                 self.errors.append(f"{HF_FILE} does not load: {exc}")
+            else:
+                if _splits_special_tokens(files.get(CONFIG_FILE)):
+                    self.hf.encode_special_tokens = True  # as AutoTokenizer runs it
 
     def special(self, kind: str) -> list[str]:
         try:

@@ -47,9 +47,12 @@ def download_command(repo_id: str, revision: str | None = None) -> str:
     return f"hf download {repo_id}{rev}"
 
 
-def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: str | None = None) -> str | None:
+def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: str | None = None,
+                    needs: tuple[str, ...] = ("config.json",)) -> str | None:
     """The snapshot folder of ``repo_id`` at ``revision`` (a branch, tag or commit; default
-    ``main``) in the hub cache, or None when it is not there."""
+    ``main``) in the hub cache, or None when it is not there or holds none of the files
+    ``needs`` names (a model needs ``config.json``; a tokenizer fetched alone has only its
+    ``tokenizer*`` files)."""
     cache = cache_dir or hub_cache_dir()
     repo = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
     rev = revision or "main"
@@ -66,7 +69,7 @@ def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: str | 
     if not commit or "/" in commit or commit in (".", ".."):
         return None
     snap = os.path.join(repo, "snapshots", commit)
-    return snap if os.path.isfile(os.path.join(snap, "config.json")) else None
+    return snap if any(os.path.isfile(os.path.join(snap, n)) for n in needs) else None
 
 
 def resolve_hf_source(src: str | os.PathLike[str], revision: str | None = None) -> str:
