@@ -530,6 +530,7 @@ def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
     if cfg["kv_lora_rank"] is None:
         raise ConfigError(f"{where}: multi-latent attention without kv_lora_rank")
     cfg["kv_channels"] = cfg["v_head_dim"]
+    cfg["num_query_groups"] = int(cfg["num_attention_heads"])  # MLA has one key and value per head
     cfg["qk_layernorm"] = True  # MLA's latent norms (the DeepSeek-V3 family's constant)
     groups = int(values.get("moe_router_num_groups") or 1)
     factor_k = values.get("moe_router_topk_scaling_factor")
