@@ -229,3 +229,40 @@ def test_gpt2_refuses_grouped_query_attention_on_export(tmp_path):
     with pytest.raises(UnsupportedError, match="num_query_groups=2: GPT2LMHeadModel computes 4"):
         api.export_hf(nemo, str(tmp_path / "out"))
     shutil.rmtree(nemo)
+
+
+@pytest.mark.slow
+def test_the_hubs_unprefixed_gpt2_layout_imports_and_exports_alike(tmp_path):
+    """``openai-community/gpt2``'s own files: names without ``transformer.``, the causal-mask
+    buffers ``h.N.attn.bias`` / ``attn.masked_bias`` beside the weights, no ``lm_head``.
+    Import reads the spelling from the names, drops the buffers (reported) and writes the
+    same NeMo tensors as the prefixed layout; export writes the hub's spelling back, which
+    transformers loads with the source's logits."""
+    from safetensors.torch import load_file, save_file
+    from tiny_models import hf_tensors
+
+    src = make_model(str(tmp_path / "hf"), "gpt2")
+    hub_dir = str(tmp_path / "hub")
+    os.makedirs(hub_dir)
+    tensors = {k.removeprefix("transformer."): v for k, v in load_file(os.path.join(src, "model.safetensors")).items()
+               if k != "lm_head.weight"}
+    for i in range(2):
+        tensors[f"h.{i}.attn.bias"] = torch.tril(torch.ones(64, 64)).view(1, 1, 64, 64)
+        tensors[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    save_file(tensors, os.path.join(hub_dir, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(src, "config.json"), hub_dir)
+    assert torch.equal(logits(src), logits(hub_dir))
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    api.import_hf(src, a, packed=False)
+    rep = api.import_hf(hub_dir, b, packed=False)
+    assert sorted(rep.dropped) == sorted(f"h.{i}.attn.{n}" for i in range(2) for n in ("bias", "masked_bias"))
+    with api.open_checkpoint(a) as ca, api.open_checkpoint(b) as cb:
+        assert cb.config["nemo_convert"]["hf_names"] == "unprefixed" and "hf_names" not in ca.config["nemo_convert"]
+        assert sorted(ca.source.keys()) == sorted(cb.source.keys())
+        assert all(torch.equal(ca.source.load(k), cb.source.load(k)) for k in ca.source.keys())
+    back = str(tmp_path / "back")
+    api.export_hf(b, back)
+    out = hf_tensors(back)
+    assert set(out) == {k for k in tensors if ".attn.bias" not in k and "masked_bias" not in k}
+    assert all(torch.equal(out[k], tensors[k]) for k in out)
+    assert torch.equal(logits(back), logits(src))

@@ -17,20 +17,43 @@ approximation when ``openai_gelu`` is set or Megatron's fused bias-GeLU kernel r
 that say which. Refused by name: ``scale_attn_weights: false``,
 ``scale_attn_by_inverse_layer_idx``, ``reorder_and_upcast_attn``, ``add_cross_attention``,
 and any other activation.
+
+The hub's own ``openai-community/gpt2`` files name the tensors without the ``transformer.``
+prefix (``h.0.attn.c_attn.weight``, ``wte.weight``) and keep the causal-mask buffers
+``h.N.attn.bias`` / ``attn.masked_bias``; transformers loads either spelling. Import reads
+the spelling from the tensor names (the ``hf_names`` option), drops the buffers (reported)
+and records the spelling; export writes it back.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Sequence
 
+from nemo_convert import FamilyOptions
+from nemo_convert.errors import ConfigError
 from nemo_convert.families import (GELU_ERF, GELU_TANH, GPT_CONFIG, Check, Derived, Field, activation_choice,
-                                   gpt_family)
+                                   gpt_family, set_path)
 from nemo_convert.mapping import Mapping
 from nemo_convert.mapping.rules import PackedQKV, Parallel, Rename, Rule, Tied, Transposed
 
 
+#: Where import records the HF checkpoint's tensor-name spelling (``"unprefixed"``: the hub's).
+HF_NAMES = "nemo_convert.hf_names"
+HF_NAME_SPELLINGS = ("prefixed", "unprefixed")
+
+
 def gpt2_mapping(cfg: dict[str, Any]) -> Mapping:
-    """HF GPT-2 names ⇄ NeMo mcore GPT names (logical, per layer, no ``model.`` prefix)."""
+    """HF GPT-2 names ⇄ NeMo mcore GPT names (logical, per layer, no ``model.`` prefix), in
+    the spelling import recorded."""
+    mapping = _prefixed_mapping(cfg)
+    if (cfg.get("nemo_convert") or {}).get("hf_names") == "unprefixed":
+        return mapping.respelled_hf(lambda n: n.removeprefix("transformer."))
+    return mapping
+
+
+def _prefixed_mapping(cfg: dict[str, Any]) -> Mapping:
+    """The names ``GPT2LMHeadModel.save_pretrained`` writes (``transformer.h.{i}.…``)."""
     t, h, n = "transformer.", "transformer.h.{i}.", "decoder.layers.{i}."
     a, m = n + "self_attention.", n + "mlp."
     vocab, hidden = ("nemo_convert.vocab_size", "hidden_size"), ("hidden_size",)
@@ -117,3 +140,26 @@ GPT2 = gpt_family(
     claims=lambda cfg: str(cfg.get("position_embedding_type") or "learned_absolute") == "learned_absolute",
     description="GPT-2, NeMo's GPT-3-style models (learned positions, LayerNorm and linear biases, GeLU, tied)",
 )
+
+
+def hf_names_of(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The ``hf_names`` import option read from the source's tensor names."""
+    prefixed = any(k.startswith("transformer.") for k in keys)
+    return {"hf_names": "prefixed" if prefixed or not keys else "unprefixed"}
+
+
+def _with_names(to_nemo: Any) -> Any:
+    def config_to_nemo(hf: dict[str, Any], hf_names: str = "prefixed") -> dict[str, Any]:
+        if hf_names not in HF_NAME_SPELLINGS:
+            raise ConfigError(f"hf_names={hf_names!r} is not a GPT-2 tensor-name spelling "
+                              f"(use {' or '.join(HF_NAME_SPELLINGS)})")
+        cfg = to_nemo(hf)
+        if hf_names == "unprefixed":
+            set_path(cfg, HF_NAMES, hf_names)
+        return cfg
+
+    return config_to_nemo
+
+
+GPT2 = dataclasses.replace(GPT2, config_to_nemo=_with_names(GPT2.config_to_nemo),
+                           options=FamilyOptions(keys=("hf_names",), from_source=hf_names_of))
