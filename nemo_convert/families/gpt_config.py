@@ -151,7 +151,8 @@ def partial_rope(default: float, *kinds: str) -> Derived:
     inner = rope(*kinds, partial=True)
 
     def present(hf: dict[str, Any]) -> bool:
-        params = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
+        raw = hf.get("rope_parameters")
+        params: dict[str, Any] = raw if isinstance(raw, dict) else {}
         return hf.get("partial_rotary_factor") is not None or params.get("partial_rotary_factor") is not None
 
     def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
