@@ -78,7 +78,22 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
                  "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.bias",
                  "decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.bias",
                  "decoder.layers.0.self_attention.linear_proj.bias")),
+    "nemotron": ("NemotronConfig", dict(head_dim=32, attention_bias=True, mlp_bias=True),
+                 {"normalization": "layernorm1p", "layernorm_zero_centered_gamma": True, "activation": "squared-relu",
+                  "rotary_percentage": 0.5, "bias": True, "kv_channels": 32, "num_query_groups": 2},
+                 ("decoder.layers.0.self_attention.linear_qkv.layer_norm_bias", "decoder.layers.1.mlp.linear_fc1.bias",
+                  "decoder.layers.0.mlp.linear_fc1.layer_norm_bias", "decoder.final_layernorm.bias",
+                  "output_layer.weight")),
+    "gpt2": ("GPT2Config", dict(),
+             {"position_embedding_type": "learned_absolute", "normalization": "layernorm", "bias": True,
+              "activation": "gelu", "openai_gelu": True, "bias_activation_fusion": False,
+              "share_embeddings_and_output_weights": True, "ffn_hidden_size": 96},
+             ("embedding.position_embeddings.weight", "decoder.layers.0.self_attention.linear_qkv.bias",
+              "decoder.layers.1.mlp.linear_fc2.bias", "decoder.final_layernorm.bias", "!output_layer.weight")),
 }
+#: GPT-2's config names the same sizes its own way (and has no GQA).
+BASE_OF = {"gpt2": dict(n_embd=64, n_inner=96, n_layer=2, n_head=4, vocab_size=128, n_positions=64, bos_token_id=1,
+                        eos_token_id=2, pad_token_id=0)}
 MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss")
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
 
@@ -88,7 +103,7 @@ def make_model(folder: str, family: str, **overrides) -> str:
     import transformers
 
     cls_name, extra, _, _ = FAMILIES[family]
-    cfg = getattr(transformers, cls_name)(**{**BASE, **extra, **overrides})
+    cfg = getattr(transformers, cls_name)(**{**BASE_OF.get(family, BASE), **extra, **overrides})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     randomize_(model, seed=sum(map(ord, family)))  # deterministic (str hash is salted per process)
@@ -309,7 +324,7 @@ def test_nemo_native_config_is_synthesised(tmp_path, models, family):
     out = read_json(os.path.join(back, "config.json"))
     want = read_json(os.path.join(src, "config.json"))
     assert out["architectures"] == want["architectures"] and out["model_type"] == want["model_type"]
-    assert "rope_theta" in out and "torch_dtype" in out  # the spelling v4 reads and v5 accepts
+    assert ("rope_theta" in out or family == "gpt2") and "torch_dtype" in out  # the spelling v4 reads and v5 accepts
     if family == "phi3":  # Phi3Config's default pad_token_id=32000 lies outside the tiny vocabulary
         out["pad_token_id"] = None
         with open(os.path.join(back, "config.json"), "w") as f:

@@ -448,7 +448,14 @@ FAMILY_PROVIDERS: dict[str, dict] = {
                     "moe_router_dtype": "fp32", "make_vocab_size_divisible_by": 1280, "rope_type": "yarn",
                     "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                     "share_embeddings_and_output_weights": False, "add_bias_linear": False, "mtp_num_layers": None},
+    # nemotron/nemotron_bridge.py (v0.6.0) lines 56-72 over the base bridge's GPTModelProvider
+    "nemotron": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "normalization": "LayerNorm",
+                 "gated_linear_unit": False, "layernorm_zero_centered_gamma": True, "add_bias_linear": False,
+                 "activation_func": {"_target_": "megatron.core.activations.squared_relu", "_call_": False},
+                 "rotary_percent": 0.5, "kv_channels": 32, "num_query_groups": 2},
 }
+#: The tiny models as each provider's bridge takes them (Megatron-Bridge's Nemotron has no biases).
+PROVIDER_MODEL_OVERRIDES: dict = {"nemotron": dict(attention_bias=False, mlp_bias=False)}
 
 
 @pytest.fixture(scope="module")
@@ -456,7 +463,7 @@ def family_models(tmp_path_factory):  # type: ignore[no-untyped-def]
     from test_family_matrix import make_model
 
     root = tmp_path_factory.mktemp("mb-families")
-    return {f: make_model(str(root / f), f) for f in FAMILY_PROVIDERS}
+    return {f: make_model(str(root / f), f, **PROVIDER_MODEL_OVERRIDES.get(f, {})) for f in FAMILY_PROVIDERS}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_PROVIDERS))

@@ -184,7 +184,7 @@ def _family_worker(root: str) -> None:
     Shims as in tests/test_family_megatron.py: the sliding-window mask on the CPU, and for
     GemmaModelProvider what its provide() and Transformer Engine's norm add to the local
     spec (embedding × sqrt(hidden), Megatron-Bridge gemma/modules.py lines 27-40; the
-    zero-centred norm's 1 + w)."""
+    zero-centred norm's 1 + w, Gemma's RMSNorm and Nemotron's LayerNorm alike)."""
     import contextlib
     import dataclasses
     import importlib
@@ -216,8 +216,10 @@ def _family_worker(root: str) -> None:
     module, name = m["activation_func"]["_target_"].rsplit(".", 1)
     act = getattr(importlib.import_module(module), name)
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    cpu = ("bias_activation_fusion", "masked_softmax_fusion", "bias_dropout_fusion", "persist_layer_norm",
+           "gradient_accumulation_fusion", "apply_rope_fusion", "attention_softmax_in_fp32")  # set for the CPU below
     kw = {k: v for k, v in m.items() if k in fields and not isinstance(v, dict) and k not in (
-        "bf16", "fp16", "layernorm_zero_centered_gamma", "window_size")}  # the local spec's norm: shim below
+        "bf16", "fp16", "layernorm_zero_centered_gamma", "window_size", *cpu)}  # the local spec's norm: shim below
     if m.get("num_moe_experts"):
         # the CPU settings of tests/test_family_megatron.py: SequentialMLP (no grouped GEMM
         # or permute fusion, both Transformer Engine's), the all-gather dispatcher, no
@@ -313,6 +315,7 @@ def _family_worker(root: str) -> None:
     ("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {}), ("gemma", {}), ("qwen3_moe", {}),
     ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[1])),  # moe_layer_freq [1, 0, 1]
     ("deepseek_v3", {}),  # MLAModelProvider: MLA, moe_layer_freq [0, 1, 1, 1], sigmoid + expert bias, shared
+    ("nemotron", dict(attention_bias=False, mlp_bias=False)),  # LayerNorm 1p, squared ReLU, half rotary, GQA
 ])
 def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family: str, over: dict[str, Any]) -> None:
     import torch

@@ -172,7 +172,6 @@ def test_gpt3_style_reads_as_megatron_core_tensors(tmp_path: Any, tp: int, pp: i
     assert all(tuple(infos[k].shape) == tuple(mcore[k].shape) for k in mcore)
 
 
-@pytest.mark.xfail(reason="GPT-2 family lands in a parallel branch", strict=False)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_gpt3_style_legacy_exports(tmp_path: Any, tp: int) -> None:
     """Export to HF's GPT-2 class, which loads it; importing that folder back gives the

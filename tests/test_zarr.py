@@ -401,7 +401,6 @@ def test_the_nemotron_fixture_is_read(cli: Any) -> None:
         src.close()
 
 
-@pytest.mark.xfail(reason="Nemotron family lands in a parallel branch", raises=NemoConvertError, strict=True)
 def test_the_nemotron_fixture_exports(tmp_path: Any) -> None:
     api.export_hf(fixture("nemotron-tp2-bf16"), str(tmp_path / "hf"))
     want, got = source("nemotron", torch.bfloat16), hf_tensors(str(tmp_path / "hf"))

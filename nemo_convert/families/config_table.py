@@ -8,7 +8,9 @@ A family declares its translation once, as rows; both directions are derived fro
   for what one key cannot say (RoPE, spelled three ways; the dtype);
 * :class:`Check` — HF keys that change nothing *as long as* a condition holds (Qwen2's
   ``sliding_window`` while ``use_sliding_window`` is false); otherwise the import is
-  refused with the reason.
+  refused with the reason;
+* :class:`NemoCheck` — the same on the NeMo side: a NeMo config whose math the family's HF
+  class does not compute is refused on export, by name (:meth:`ConfigTable.refuse_nemo`).
 
 **Strict, like the tensors.** Every key of ``config.json`` is translated by a row, or is one
 of the keys known not to change the model's math (:data:`HARMLESS_KEYS` plus the family's
@@ -146,7 +148,23 @@ class Check:
     refuse: Callable[[dict[str, Any]], str | None]
 
 
-Row = Union[Field, Derived, Check]
+@dataclass(frozen=True)
+class NemoCheck:
+    """NeMo fields the family's HF class computes only in some settings: ``refuse(nemo_config)``
+    returns None when it computes this config, else the reason (one line, naming the
+    field and its value). Run on export before anything is written, and when a family is
+    chosen for a NeMo-native config. ``name`` identifies the check: a table's ``extend``
+    with a check of the same name replaces it."""
+
+    name: str
+    refuse: Callable[[dict[str, Any]], str | None]
+
+    @property
+    def hf_keys(self) -> tuple[str, ...]:
+        return ()
+
+
+Row = Union[Field, Derived, Check, NemoCheck]
 
 
 def set_path(cfg: dict[str, Any], path: str, value: Any) -> None:
@@ -190,7 +208,9 @@ class ConfigTable:
         gone = set(drop)
         for r in rows:
             gone.update(r.hf_keys)
-        kept = tuple(r for r in self.rows if not gone.intersection(r.hf_keys))
+        checks = {r.name for r in rows if isinstance(r, NemoCheck)}
+        kept = tuple(r for r in self.rows if not gone.intersection(r.hf_keys)
+                     and not (isinstance(r, NemoCheck) and r.name in checks))
         return replace(self, rows=kept + rows, nemo_constants={**self.nemo_constants, **(nemo_constants or {})},
                        harmless=tuple(dict.fromkeys((*self.harmless, *harmless))),
                        hf_constants={**self.hf_constants, **(hf_constants or {})})
@@ -252,6 +272,16 @@ class ConfigTable:
 
     def always_written(self) -> set[str]:
         return {r.hf for r in self.rows if isinstance(r, Field) and r.always}
+
+    def refuse_nemo(self, nemo: dict[str, Any]) -> str | None:
+        """Why the family's HF class does not compute the NeMo config (its :class:`NemoCheck`
+        rows, in order), or None."""
+        for r in self.rows:
+            if isinstance(r, NemoCheck):
+                reason = r.refuse(nemo)
+                if reason is not None:
+                    return reason
+        return None
 
     def to_hf(self, nemo: dict[str, Any]) -> dict[str, Any]:
         """NeMo config → HF ``config.json``: the recorded source restored (NeMo's fields

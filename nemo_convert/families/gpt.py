@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from nemo_convert.errors import ConfigError
+from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.families.architecture import linear_bias_pattern, nemo_refusal
 from nemo_convert.families.config_table import ConfigTable, set_path
 from nemo_convert.families.trtllm import gpt_trtllm
 from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
@@ -50,6 +51,11 @@ class GPTFeatures:
     :param zero_centred_norms: the HF norms compute ``rmsnorm(x)·(1 + w)`` (Gemma). NeMo
         runs them with ``layernorm_zero_centered_gamma: true`` and stores ``w`` as HF does;
         a ``.nemo`` without that flag (NeMo 1's converter) stores ``1 + w`` and is read so.
+    :param norm_bias: the norms are LayerNorms with a bias (Nemotron): HF ``*.bias`` beside
+        each norm weight ⇄ ``linear_qkv.layer_norm_bias``, ``linear_fc1.layer_norm_bias``,
+        ``final_layernorm.bias``.
+    :param gated_mlp: the MLP is gated (``gate_proj``, ``up_proj``); False: one ``up_proj``
+        ⇄ ``linear_fc1`` and the activation alone (Nemotron's squared ReLU).
     """
 
     packed_qkv: bool = False
@@ -59,6 +65,8 @@ class GPTFeatures:
     moe: "MoEBlock | None" = None
     mla: bool = False
     attention_sinks: bool = False
+    norm_bias: bool = False
+    gated_mlp: bool = True
 
 
 @dataclass(frozen=True)
@@ -123,21 +131,26 @@ def hf_experts_layout(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]
     return {"hf_experts": "fused" if fused else "per_expert"}
 
 
-def _biases(cfg: dict[str, Any]) -> tuple[bool, bool, bool]:
-    """(qkv, o_proj, mlp) biases of this config: our record, else NeMo's switches."""
-    b = cfg_get(cfg, "nemo_convert.linear_biases") or {}
-    attention = b.get("attention", bool(cfg.get("qkv_bias") or cfg.get("bias")))
-    qkv = b.get("qkv", attention)
-    proj = b.get("proj", attention if "attention" in b else bool(cfg.get("bias")))
-    return bool(qkv), bool(proj), bool(b.get("mlp", cfg.get("bias")))
+#: (qkv, o_proj, mlp) biases of a NeMo config (:func:`~nemo_convert.families.architecture.linear_bias_pattern`).
+_biases = linear_bias_pattern
 
 
-def norm_rules(features: GPTFeatures, hf: str, nemo: str) -> list[Rule]:
-    """One RMSNorm weight: as HF stores it, or (NeMo 1 Gemma) with the +1 baked in."""
+def _norm_bias(rules: list[Rule], features: GPTFeatures, hf: str, nemo: str, shape: tuple[Any, ...]) -> list[Rule]:
+    """``rules`` and, for LayerNorms with a bias, the bias beside the weight
+    (``*.weight`` ⇄ ``*.bias``, ``*layer_norm_weight`` ⇄ ``*layer_norm_bias``)."""
+    if not features.norm_bias:
+        return rules
+    bias = nemo[: -len("weight")] + "bias" if nemo.endswith("weight") else nemo + "_bias"
+    return [*rules, Rename(hf[: -len("weight")] + "bias", bias, shape=shape)]
+
+
+def norm_rules(features: GPTFeatures, hf: str, nemo: str, shape: tuple[Any, ...] = ("hidden_size",)) -> list[Rule]:
+    """One norm weight: as HF stores it, or (NeMo 1 Gemma) with the +1 baked in; and its
+    bias, for LayerNorms with one."""
     if not features.zero_centred_norms:
-        return [Rename(hf, nemo, shape=("hidden_size",))]
-    return [Rename(hf, nemo, shape=("hidden_size",), when="layernorm_zero_centered_gamma"),
-            Offset(hf, nemo, 1.0, when="!layernorm_zero_centered_gamma")]
+        return _norm_bias([Rename(hf, nemo, shape=shape)], features, hf, nemo, shape)
+    return _norm_bias([Rename(hf, nemo, shape=shape, when="layernorm_zero_centered_gamma"),
+                       Offset(hf, nemo, 1.0, when="!layernorm_zero_centered_gamma")], features, hf, nemo, shape)
 
 
 def mla_attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
@@ -195,14 +208,18 @@ MOE_LAYERS, DENSE_LAYERS = "{i:moe_layer_freq}", "{i:!moe_layer_freq}"
 
 def dense_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = "{i}") -> list[Rule]:
     """The gated MLP: ``linear_fc1`` = ``[gate; up]``, ``linear_fc2`` = ``down_proj``
-    (on the layers of the ``layers`` template: all of them, or a mixed stack's dense ones)."""
+    (on the layers of the ``layers`` template: all of them, or a mixed stack's dense ones);
+    without ``features.gated_mlp``, ``linear_fc1`` = ``up_proj``."""
     _, _, bias = _biases(cfg)
     m, n = f"model.layers.{layers}.mlp.", f"decoder.layers.{layers}.mlp."
     rules: list[Rule] = norm_rules(features, f"model.layers.{layers}.post_attention_layernorm.weight",
                                    n + "linear_fc1.layer_norm_weight")
     suffixes = ("weight", "bias") if bias else ("weight",)
     for s in suffixes:
-        if features.packed_gate_up:
+        if not features.gated_mlp:
+            rules.append(Rename(m + "up_proj." + s, n + "linear_fc1." + s, Parallel.COLUMN,
+                                shape=("ffn_hidden_size", "hidden_size") if s == "weight" else ("ffn_hidden_size",)))
+        elif features.packed_gate_up:
             rules.append(Rename(m + "gate_up_proj." + s, n + "linear_fc1." + s, Parallel.GATED_FC1))
         else:
             rules.append(FuseGated(m + "gate_proj." + s, m + "up_proj." + s, n + "linear_fc1." + s))
@@ -314,10 +331,24 @@ def _with_expert_layout(to_nemo: Callable[..., dict[str, Any]], family: str) -> 
     return config_to_nemo
 
 
+def checked_to_hf(to_hf: Callable[[dict[str, Any]], dict[str, Any]], refuse: Callable[[dict[str, Any]], str | None],
+                  family: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """``config_to_hf`` that first refuses, by name, a NeMo config whose math the family's
+    HF class does not compute (:func:`~nemo_convert.families.architecture.nemo_refusal`)."""
+
+    def config_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        reason = refuse(cfg)
+        if reason is not None:
+            raise UnsupportedError(f"{reason} (family {family} cannot export it exactly; --family chooses another)")
+        return to_hf(cfg)
+
+    return config_to_hf
+
+
 def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigTable,
                features: GPTFeatures = GPTFeatures(), nemo2_targets: tuple[str, ...] = (),
                description: str = "", claims: Callable[[dict[str, Any]], bool] | None = None,
-               **extra: Any) -> ModelFamily:
+               mapping: Callable[[dict[str, Any]], Mapping] | None = None, **extra: Any) -> ModelFamily:
     """A dense decoder family: the GPT block with ``features``, translated by ``config``
     (``GPT_CONFIG.extend(...)``). ``claims`` recognises a NeMo-written ``MegatronGPTModel``
     config as this family's (``None``: the default family, Llama). The NeMo side is
@@ -325,10 +356,14 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
     transformers class is ``architecture``. The TensorRT-LLM target of ``quantize`` is the
     GPT base's table where TensorRT-LLM's model for ``architecture`` is confirmed
     (:func:`~nemo_convert.families.trtllm.gpt_trtllm`). An MoE block adds the ``hf_experts``
-    import option, read from the tensor names. ``extra`` replaces other :class:`ModelFamily`
-    fields (``trtllm=``, ``hf=HFSide(...)``)."""
-    to_nemo, to_hf = table_translation(config.extend(hf_constants={"architectures": [architecture],
-                                                                    "model_type": model_type}), name)
+    import option, read from the tensor names. Export refuses a NeMo config whose math
+    ``architecture`` does not compute, by name (``refuses_nemo_config``; it also keeps the
+    family out of the choice for a NeMo-native config). ``mapping`` replaces the GPT
+    block's (a decoder whose HF names are its own, GPT-2). ``extra`` replaces other
+    :class:`ModelFamily` fields (``trtllm=``, ``hf=HFSide(...)``)."""
+    table = config.extend(hf_constants={"architectures": [architecture], "model_type": model_type})
+    to_nemo, to_hf = table_translation(table, name)
+    refuse = nemo_refusal(table, name, architecture, zero_centred_either=features.zero_centred_norms)
     options = FamilyOptions()
     if features.moe is not None:
         to_nemo = _with_expert_layout(to_nemo, name)
@@ -337,8 +372,9 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
         "nemo": NemoTarget(NEMO_GPT_TARGET, nemo2_targets=nemo2_targets, default_layout="dist"),
         "hf": HFSide(model_class=architecture), "options": options, "trtllm": gpt_trtllm(architecture), **extra}
     return ModelFamily(
-        name=name, hf_architectures=(architecture,), hf_model_types=(model_type,), mapping=gpt_mapping(features),
-        config_to_nemo=to_nemo, config_to_hf=to_hf, description=description, claims_nemo_config=claims, **fields)
+        name=name, hf_architectures=(architecture,), hf_model_types=(model_type,),
+        mapping=mapping or gpt_mapping(features), config_to_nemo=to_nemo, config_to_hf=checked_to_hf(to_hf, refuse, name),
+        description=description, claims_nemo_config=claims, refuses_nemo_config=refuse, **fields)
 
 
 def never(cfg: dict[str, Any]) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.families.architecture import describe_activation, mlp_activation
 from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field, Row, positive_int
 from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
@@ -140,6 +141,59 @@ def activation(hf_name: str, nemo_name: str, *, key: str = "hidden_act") -> Fiel
     """The one HF activation a family runs, as NeMo's gated ``activation``; others refused."""
     return Field(key, "activation", hf_name, to_nemo=lambda _: nemo_name, to_hf=lambda _: hf_name,
                  accept=lambda v: v == hf_name)
+
+
+def partial_rope(default: float, *kinds: str) -> Derived:
+    """:func:`rope` with ``partial=True`` for an HF class whose ``partial_rotary_factor``
+    defaults to ``default`` when the config lacks it (transformers' ``NemotronConfig``:
+    0.5, ``configuration_nemotron.py`` ``__post_init__``): import reads the default, and a
+    synthesised ``config.json`` always spells the factor out (1.0 included)."""
+    inner = rope(*kinds, partial=True)
+
+    def present(hf: dict[str, Any]) -> bool:
+        raw = hf.get("rope_parameters")
+        params: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        return hf.get("partial_rotary_factor") is not None or params.get("partial_rotary_factor") is not None
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        return inner.to_nemo(hf if present(hf) else {**hf, "partial_rotary_factor": default})
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        return {**inner.to_hf(cfg), "partial_rotary_factor": float(cfg.get("rotary_percentage") or 1.0)}
+
+    return Derived(inner.hf_keys, to_nemo, to_hf)
+
+
+#: An MLP activation as NeMo fields: the function Megatron computes for each (the
+#: ``bias_activation_fusion: false`` keeps Megatron-Core's tanh-GeLU kernel out of an
+#: exact GeLU, and lets it build ``openai_gelu``, which its fused path rejects).
+GELU_ERF: dict[str, Any] = {"activation": "gelu", "openai_gelu": False, "bias_activation_fusion": False}
+GELU_TANH: dict[str, Any] = {"activation": "gelu", "openai_gelu": True, "bias_activation_fusion": False}
+
+
+def activation_choice(key: str, choices: dict[str, dict[str, Any]], default: str) -> Derived:
+    """An HF activation ``key`` with several values the family's HF class runs (GPT-2's
+    ``activation_function``: ``gelu_new``, ``gelu``, …), each ⇄ the NeMo fields that make
+    Megatron compute the same function; any other value is refused by name. Export keeps
+    the source's spelling; a synthesised ``config.json`` names the first value whose
+    function is the one the NeMo config computes (none: refused by name)."""
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        value = hf.get(key)
+        value = default if value is None else value
+        if value not in choices:
+            raise UnsupportedError(f"{key}={value!r} is not supported (supported: {', '.join(choices)})")
+        return dict(choices[value])
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        want = mlp_activation(cfg)
+        for name, fields in choices.items():
+            if mlp_activation(fields) == want:
+                return {key: name}
+        raise UnsupportedError(f"activation={cfg.get('activation')!r} ({describe_activation(want)}) has no {key} "
+                               f"(supported: {', '.join(choices)})")
+
+    return Derived((key,), to_nemo, to_hf)
 
 
 def sliding_window() -> Derived:

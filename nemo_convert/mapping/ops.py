@@ -133,6 +133,18 @@ def ungroup_qkv_lazy(fused: Lazy, *, heads: int, groups: int, head_dim: int) -> 
     return rows(list(split_qkv_lazy(fused, heads=heads, groups=groups, head_dim=head_dim)))
 
 
+def transpose_2d(t: Lazy) -> torch.Tensor:
+    """A 2-D weight transposed, as a new contiguous tensor (its own inverse). HF's
+    ``Conv1D`` (GPT-2) stores ``[in, out]`` and computes ``x @ W``; a linear layer
+    (Megatron, and HF's ``nn.Linear``) stores ``[out, in]``. On ``meta`` tensors: the shape."""
+    m = materialize(t)
+    if m.dim() != 2:
+        raise ShapeError(f"a Conv1D weight is 2-D, this one has shape {list(m.shape)}")
+    if m.is_meta:
+        return torch.empty((m.shape[1], m.shape[0]), dtype=m.dtype, device="meta")
+    return m.t().contiguous()
+
+
 def add_scalar(t: torch.Tensor, value: float) -> torch.Tensor:
     """``t + value`` in ``t``'s dtype, as a new tensor (never in place: sources are views of
     input files). For weights stored with a constant offset, e.g. NeMo 1 Gemma norms

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import pluggy
 
-from nemo_convert.errors import PluginError
+from nemo_convert.errors import NemoConvertError, PluginError, UnsupportedError
 from nemo_convert.formats.nemo.nemo_targets import canonical_target
 from nemo_convert.plugins import hookspecs
 from nemo_convert.plugins.records import CommandOption, ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
@@ -101,13 +101,20 @@ class Registry:
             return self.family(ours)
         target = canonical_target(config.get("target"))  # NeMo SFT / NeMo-Aligner classes: MegatronGPTModel
         same = [p.record for p in self.families.values() if target and target == p.record.nemo.target]
-        claimed = [f for f in same if f.claims_nemo_config is not None and f.claims_nemo_config(config)]
+        refused = {f.name: _refusal(f, config) for f in same}
+        fits = [f for f in same if refused[f.name] is None]
+        claimed = [f for f in fits if f.claims_nemo_config is not None and f.claims_nemo_config(config)]
         if len(claimed) > 1:
             raise PluginError(f"NeMo target {target!r}: the config fits families {', '.join(f.name for f in claimed)}; "
                               "pass --family")
-        default = [f for f in same if f.claims_nemo_config is None]
+        default = [f for f in fits if f.claims_nemo_config is None]
         if claimed or default:
             return (claimed or default)[0]
+        if same:
+            why = "; ".join(f"{f.name}: {refused[f.name]}" if refused[f.name] is not None
+                            else f"{f.name}: fits, but is never guessed (pass --family {f.name})" for f in same)
+            raise UnsupportedError(f"no installed model family computes this NeMo config of target {target!r} "
+                                   f"exactly ({why})")
         target2 = config.get("nemo2_target")
         for p in self.families.values():
             if target2 and target2 in p.record.nemo.nemo2_targets:
@@ -141,6 +148,16 @@ class Registry:
         if not found:
             raise PluginError(f"no sharding strategy for axis {axis!r} is installed")
         return found[0].record
+
+
+def _refusal(family: ModelFamily, config: dict[str, Any]) -> str | None:
+    """Why ``family`` does not compute a NeMo config (None: it does, or it has no check)."""
+    if family.refuses_nemo_config is None:
+        return None
+    try:
+        return family.refuses_nemo_config(config)
+    except (NemoConvertError, KeyError, TypeError, ValueError) as exc:
+        return f"the config does not describe one ({type(exc).__name__}: {exc})"
 
 
 def _disabled() -> set[str]:

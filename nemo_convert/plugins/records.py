@@ -95,6 +95,10 @@ class ModelFamily:
         (Gemma: ``apply_embedding_scaling``)? ``None``: the family is the default for its
         target (Llama for ``MegatronGPTModel``).
     :param description: one line for ``nemo-convert plugins``.
+    :param refuses_nemo_config: ``refuse(nemo_config)``: why the family's HF class does not
+        compute a NeMo config (one line naming the field), or None. Export refuses such a
+        config, and choosing a family for a NeMo-native config skips the families that
+        refuse it (and lists each one's reason when all do). ``None``: no check.
 
     What it translates:
 
@@ -127,6 +131,7 @@ class ModelFamily:
     trtllm: "TrtllmTable | None" = None
     description: str = ""
     claims_nemo_config: Callable[[dict[str, Any]], bool] | None = None
+    refuses_nemo_config: Callable[[dict[str, Any]], str | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,13 @@ our ``[W-1, 0]``; ``qwen/qwen2_bridge.py`` (lines 46–57) and ``qwen/qwen3_brid
 tied embeddings, whose ``provide()`` scales the embedding by sqrt(hidden)
 (``gemma/gemma_provider.py`` lines 56–80). Megatron-Bridge has no Phi-3 bridge in any release
 (a Phi-3 provider exists only on an unmerged branch, commit 0beb53f): Phi-3 is refused.
+``nemotron/nemotron_bridge.py`` (v0.6.0 lines 56-72) keeps the base bridge's ``GPTModelProvider``
+(``norm_eps`` → ``layernorm_epsilon``, ``partial_rotary_factor`` → ``rotary_percent``, ``head_dim``
+→ ``kv_channels``: ``model_bridge.py`` lines 438-459) and sets ``normalization: LayerNorm``,
+``activation_func: squared_relu`` (non-gated: the provider's default), ``add_bias_linear: false``,
+``layernorm_zero_centered_gamma: true`` and fusion switches; the ``NemotronModelProvider`` class
+of v0.3.x (``nemotron/nemotron_provider.py``) is gone since. Megatron-Bridge has no GPT-2
+bridge (v0.6.0 ``src/megatron/bridge/models/`` has no ``gpt2``): GPT-2 is refused.
 
 Mixture-of-experts (Megatron-Bridge v0.6.0): Qwen3-MoE and DeepSeek-V3 have bridges.
 ``qwen/qwen3_moe_bridge.py`` (lines 51–70) keeps the base bridge's
@@ -100,6 +107,8 @@ QWEN3_PROVIDER_OLD = "megatron.bridge.models.qwen.qwen_provider.Qwen3ModelProvid
 #: Megatron-Core's tanh GeLU, Gemma's activation in Megatron-Bridge.
 FAST_GELU = "megatron.core.activations.fast_gelu"
 SILU = "torch.nn.functional.silu"
+#: Megatron-Core's squared ReLU, Nemotron's activation in Megatron-Bridge.
+SQUARED_RELU = "megatron.core.activations.squared_relu"
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,12 @@ PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
                ("moe_router_dtype", "fp32"), ("moe_permute_fusion", True), ("hidden_dropout", 0.0),
                ("make_vocab_size_divisible_by", 1280), ("rope_type", "yarn"), ("rotary_scaling_factor", 1.0),
                ("mscale", 1.0), ("mscale_all_dim", 1.0)), moe=True, mla=True),
+    "nemotron": ProviderFamily(GPT_PROVIDER, (("normalization", "LayerNorm"), ("gated_linear_unit", False),
+                                              ("position_embedding_type", "rope"), ("activation_func", SQUARED_RELU),
+                                              ("layernorm_zero_centered_gamma", True)) + _NO_LINEAR_BIAS,
+                               extra=(("masked_softmax_fusion", True), ("persist_layer_norm", True),
+                                      ("cross_entropy_loss_fusion", True), ("apply_rope_fusion", True),
+                                      ("hidden_dropout", 0.0), ("attention_dropout", 0.0))),
     "gemma": ProviderFamily(GEMMA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
         ("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
         ("share_embeddings_and_output_weights", True)), nemo=(("apply_embedding_scaling", True),)),
@@ -163,6 +178,7 @@ NO_PROVIDER: dict[str, str] = {
                "MixtralForCausalLM in src/megatron/bridge/models/)",
     "qwen2_moe": "Megatron-Bridge has no Qwen2-MoE bridge or provider in any release (v0.6.0: qwen/ bridges "
                  "Qwen2 and Qwen3-MoE only)",
+    "gpt2": "Megatron-Bridge has no GPT-2 bridge (v0.6.0: src/megatron/bridge/models/ has no gpt2/)",
 }
 
 #: What an absent field of a known provider class means (the class's own defaults; absent
@@ -298,7 +314,7 @@ ACTIVATIONS: dict[str, tuple[bool, str]] = {
     "fast-swiglu": (True, "torch.nn.functional.silu"), "swiglu": (True, "torch.nn.functional.silu"),
     "fast-geglu": (True, "torch.nn.functional.gelu"), "geglu": (True, "torch.nn.functional.gelu"),
     "gelu": (False, "torch.nn.functional.gelu"), "silu": (False, "torch.nn.functional.silu"),
-    "relu": (False, "torch.nn.functional.relu"),
+    "relu": (False, "torch.nn.functional.relu"), "squared-relu": (False, SQUARED_RELU),
 }
 NORMALIZATIONS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 #: NeMo ``precision`` → (bf16, fp16, params dtype).
@@ -354,6 +370,8 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
                                + ", which Megatron-Bridge's provider for this family does not express")
     act = str(cfg.get("activation", "fast-swiglu"))
     norm = str(cfg.get("normalization", "rmsnorm")).lower()
+    one_p = norm == "layernorm1p"  # NeMo's zero-centred LayerNorm: LayerNorm + layernorm_zero_centered_gamma
+    norm = "layernorm" if one_p else norm
     if act not in ACTIVATIONS:
         raise UnsupportedError(f"activation {act!r} has no Megatron-Bridge spelling here "
                                f"(known: {', '.join(ACTIVATIONS)})")
@@ -371,6 +389,8 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
             value = int(cfg["hidden_size"]) // heads
         if value is not None:
             model[f.provider] = f.kind(value)
+    if one_p:
+        model["layernorm_zero_centered_gamma"] = True
     gated, fn = ACTIVATIONS[act]
     if cfg.get("openai_gelu"):  # NeMo's tanh GeLU: Megatron-Core's fast_gelu (the same formula)
         if fn != "torch.nn.functional.gelu":
@@ -536,6 +556,7 @@ def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
     if cfg["kv_lora_rank"] is None:
         raise ConfigError(f"{where}: multi-latent attention without kv_lora_rank")
     cfg["kv_channels"] = cfg["v_head_dim"]
+    cfg["num_query_groups"] = int(cfg["num_attention_heads"])  # MLA has one key and value per head
     cfg["qk_layernorm"] = True  # MLA's latent norms (the DeepSeek-V3 family's constant)
     groups = int(values.get("moe_router_num_groups") or 1)
     factor_k = values.get("moe_router_topk_scaling_factor")
@@ -613,7 +634,8 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
     for spec in PROVIDER_FAMILIES.values():
         if spec.target == target:
             cfg.update(dict(spec.nemo))
-    if cfg.get("layernorm_zero_centered_gamma") and not cfg.get("apply_embedding_scaling"):
+    if cfg.get("layernorm_zero_centered_gamma") and cfg["normalization"] == "rmsnorm" and not cfg.get(
+            "apply_embedding_scaling"):
         raise UnsupportedError(f"{where}: layernorm_zero_centered_gamma without GemmaModelProvider's embedding "
                                f"scaling ({target or 'no _target_'}) is not a model any family here runs")
     _sliding_window_record(cfg)
@@ -643,6 +665,7 @@ def _refuse(where: str, what: str, value: Any) -> Any:
 #: (gated linear unit, torch function name) → NeMo 1 ``activation``.
 _ACTIVATION_OF = {(True, "silu"): "fast-swiglu", (True, "gelu"): "fast-geglu", (False, "gelu"): "gelu",
                   (False, "silu"): "silu", (False, "relu"): "relu", (True, "fast_gelu"): "geglu",
+                  (False, "squared_relu"): "squared-relu",
                   (True, "openai_gelu"): "geglu"}
 #: Megatron-Core's tanh-GeLU functions (``activations.fast_gelu``, ``transformer.utils.openai_gelu``).
 _TANH_GELU = ("fast_gelu", "openai_gelu")

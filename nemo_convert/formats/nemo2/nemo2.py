@@ -9,6 +9,7 @@ that the model families handle both generations with one config translation.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import yaml
@@ -50,13 +51,37 @@ def _target(v: Any) -> str:
     return v.get("_target_", "") if isinstance(v, dict) else str(v or "")
 
 
+#: Megatron-Core / NeMo 2 activation functions (``megatron.core.activations``,
+#: ``nemo.collections.llm.fn.activation``, ``torch.nn.functional``) → NeMo 1's
+#: ``activation`` (gated, not gated) and ``openai_gelu`` (the tanh GeLU).
+_NEMO2_ACTIVATIONS: dict[str, tuple[str, str, bool]] = {
+    "silu": ("fast-swiglu", "silu", False), "gelu": ("fast-geglu", "gelu", False),
+    "openai_gelu": ("fast-geglu", "gelu", True), "fast_gelu": ("fast-geglu", "gelu", True),
+    "gelu_impl": ("fast-geglu", "gelu", True), "relu": ("fast-reglu", "relu", False),
+    "squared_relu": ("squared-reluglu", "squared-relu", False), "quick_gelu": ("quick-geglu", "approx-gelu", False),
+}
+
+
+def _activation(c: dict[str, Any]) -> dict[str, Any]:
+    """NeMo 1's activation fields for a NeMo 2 config's ``activation_func``, ``gated_linear_unit``
+    and ``bias_activation_fusion`` (Megatron-Core's default False; it decides whether a GeLU runs
+    the tanh kernel)."""
+    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", _target(c.get("activation_func")))
+    act = names[-1] if names else ""
+    gated = bool(c.get("gated_linear_unit", False))
+    known = _NEMO2_ACTIVATIONS.get(act)
+    if known is None:
+        name = ("fast-swiglu" if act == "silu" else f"fast-{act}glu") if gated else (act or "gelu")
+        return {"activation": name}
+    return {"activation": known[0] if gated else known[1], "openai_gelu": known[2],
+            "bias_activation_fusion": bool(c.get("bias_activation_fusion", False))}
+
+
 def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
     """NeMo 2 ``model.yaml`` (the GPT family of configs) → NeMo 1 ``model_config`` fields."""
     c = model.get("config") if isinstance(model.get("config"), dict) else {}
     heads = c.get("num_attention_heads")
     seq = c.get("seq_length") or c.get("max_position_embeddings") or 4096
-    act = _target(c.get("activation_func")).rsplit(".", 1)[-1]
-    gated = bool(c.get("gated_linear_unit", False))
     dtype = _target(c.get("params_dtype")).rsplit(".", 1)[-1]
     precision: Any = "bf16" if c.get("bf16") or dtype == "bfloat16" else (16 if c.get("fp16") or dtype == "float16" else 32)
     cfg: dict[str, Any] = {
@@ -72,7 +97,8 @@ def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
         "init_method_std": c.get("init_method_std", 0.02),
         "layernorm_epsilon": c.get("layernorm_epsilon", 1e-5),
         "normalization": "rmsnorm" if "rms" in str(c.get("normalization", "RMSNorm")).lower() else "layernorm",
-        "activation": ("fast-swiglu" if act == "silu" else f"fast-{act}glu") if gated else (act or "gelu"),
+        **_activation(c),
+        "layernorm_zero_centered_gamma": bool(c.get("layernorm_zero_centered_gamma", False)),
         "bias": bool(c.get("add_bias_linear", False)),
         "qkv_bias": bool(c.get("add_qkv_bias", False)),
         "share_embeddings_and_output_weights": bool(c.get("share_embeddings_and_output_weights", False)),

@@ -16,10 +16,10 @@ planner knows none by name. By kind: :mod:`.plain` (one tensor is one tensor),
 from nemo_convert.mapping.rules.base import Axes, Parallel, cfg_get, condition_holds, layer_pattern
 from nemo_convert.mapping.rules.fused import FuseGated, FuseQKV, PackedQKV, StackedExperts
 from nemo_convert.mapping.rules.mapping import Mapping
-from nemo_convert.mapping.rules.plain import Offset, Rename, Reshape
+from nemo_convert.mapping.rules.plain import Offset, Rename, Reshape, Transposed
 from nemo_convert.mapping.rules.protocol import Direction, LazyFn, PlanContext, Rule, Task, TaskFn, same
 from nemo_convert.mapping.rules.special import Custom, TensorFn, Tied
 
 __all__ = ["Axes", "Custom", "Direction", "FuseGated", "FuseQKV", "LazyFn", "Mapping", "Offset", "PackedQKV",
            "Parallel", "PlanContext", "Rename", "Reshape", "Rule", "StackedExperts", "Task", "TaskFn", "TensorFn",
-           "Tied", "cfg_get", "condition_holds", "layer_pattern", "same"]
+           "Tied", "Transposed", "cfg_get", "condition_holds", "layer_pattern", "same"]

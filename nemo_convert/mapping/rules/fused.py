@@ -64,7 +64,9 @@ class FuseQKV(Rule):
 @dataclass(frozen=True)
 class PackedQKV(Rule):
     """One HF tensor holding ``[q; k; v]`` one after another (Phi-3's ``qkv_proj``) ⇄
-    Megatron's grouped ``linear_qkv`` (interleaved per query group, like :class:`FuseQKV`)."""
+    Megatron's grouped ``linear_qkv`` (interleaved per query group, like :class:`FuseQKV`).
+    ``transposed``: HF stores the weight as a ``Conv1D`` ``[in, q|k|v]`` (GPT-2's
+    ``c_attn``), Megatron's rows are its columns (:func:`~nemo_convert.mapping.ops.transpose_2d`)."""
 
     cfg_fields: ClassVar[tuple[str, ...]] = _GEOMETRY
 
@@ -76,6 +78,7 @@ class PackedQKV(Rule):
     hidden: str = "hidden_size"
     parallel: Parallel = Parallel.QKV
     when: str | None = None
+    transposed: bool = False
 
     def geometry(self, cfg: dict[str, Any]) -> dict[str, int]:
         return qkv_geometry(cfg, self.heads, self.groups, self.head_dim, self.hidden)
@@ -84,9 +87,16 @@ class PackedQKV(Rule):
         geo = self.geometry(ctx.cfg)
         op = ops.regroup_qkv_lazy if direction == "to_nemo" else ops.ungroup_qkv_lazy
         kind = self.parallel if direction == "to_nemo" else Parallel.REPLICATED
+        pairs = ctx.pairs(self.hf, self.nemo, direction)
+        if self.transposed:  # a new tensor either way: no deferred form
+            if direction == "to_nemo":
+                fn = (lambda ts, g=geo: (materialize(ops.regroup_qkv_lazy(ops.transpose_2d(ts[0]), **g)),))
+            else:
+                fn = (lambda ts, g=geo: (ops.transpose_2d(ops.ungroup_qkv_lazy(ts[0], **g)),))
+            return [Task((src,), (dst,), fn, (kind,), label="packed_qkv_conv1d") for src, dst in pairs]
         return [Task((src,), (dst,), lambda ts, f=op, g=geo: (materialize(f(ts[0], **g)),), (kind,),
                      label="packed_qkv", lazy_fn=lambda ts, f=op, g=geo: (f(ts[0], **g),))
-                for src, dst in ctx.pairs(self.hf, self.nemo, direction)]
+                for src, dst in pairs]
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,29 @@ class Reshape(Rule):
 
 
 @dataclass(frozen=True)
+class Transposed(Rule):
+    """One HF ``Conv1D`` weight ``[in, out]`` (GPT-2) is one NeMo linear weight ``[out, in]``
+    (:func:`~nemo_convert.mapping.ops.transpose_2d`, both ways). ``shape`` states the NeMo
+    weight's shape in config terms, as for :class:`Rename`."""
+
+    cfg_fields: ClassVar[tuple[str, ...]] = ("shape",)
+
+    hf: str
+    nemo: str
+    parallel: Parallel = Parallel.REPLICATED
+    when: str | None = None
+    shape: tuple[Union[int, str, None], ...] | None = None
+
+    def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
+        return [Task((src,), (dst,), lambda ts: (ops.transpose_2d(ts[0]),), _side_kind(self.parallel, direction),
+                     label="transpose") for src, dst in ctx.pairs(self.hf, self.nemo, direction)]
+
+    def check(self, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], ctx: PlanContext,
+              direction: Direction) -> None:
+        Rename(self.hf, self.nemo, shape=self.shape).check(inputs, outputs, ctx, direction)
+
+
+@dataclass(frozen=True)
 class Offset(Rule):
     """One HF tensor is one NeMo tensor plus a constant: ``nemo = hf + value`` (NeMo 1
     Gemma's norms store ``1 + w`` where Hugging Face stores ``w``). Not bit-exact in
