@@ -30,6 +30,12 @@ pytest.importorskip("megatron.core")
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3",
             "gpt_oss")
 TOLERANCE = 1e-4  # correct layouts measure ~1e-6; a wrong one 0.05 and more (families.md)
+#: RoPE fields Megatron-Core reads: MLATransformerConfig's (multi_latent_attention.py lines 129-148) and
+#: GPTModel's YaRN attributes (gpt_model.py lines 172-191), as nemo_convert/families/yarn.py writes them
+MLA_ROPE = ("rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+            "mscale", "mscale_all_dim")
+GPT_YARN = ("yarn_rotary_scaling_factor", "yarn_original_max_position_embeddings", "yarn_beta_fast", "yarn_beta_slow",
+            "yarn_mscale", "yarn_mscale_all_dim", "yarn_correction_range_round_to_int")
 
 
 def _worker(family: str, nemo: str, want_path: str, root: str, tp: str = "1", ep: str = "1") -> None:  # subprocess
@@ -118,9 +124,13 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
 
         DotProductAttention.__init__ = init  # type: ignore[method-assign]
         mla_module.HAVE_TE = False  # shim: it imports Transformer Engine's names as None and believes it has TE
+        # MLA's RoPE as the config says: rope_type and MLATransformerConfig's YaRN fields (a
+        # .nemo written before YaRN has no rope_type: plain RoPE)
+        rope = {k: cfg[k] for k in MLA_ROPE if k in cfg}
         moe.update(multi_latent_attention=True, q_lora_rank=cfg["q_lora_rank"], kv_lora_rank=cfg["kv_lora_rank"],
                    qk_head_dim=cfg["qk_head_dim"], qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"],
-                   v_head_dim=cfg["v_head_dim"], rope_type="rope", rotary_base=cfg["rotary_base"], rotary_percent=1.0)
+                   v_head_dim=cfg["v_head_dim"], rotary_base=cfg["rotary_base"], rotary_percent=1.0,
+                   **{"rope_type": "rope", **rope})
     tc = (MLATransformerConfig if mla else TransformerConfig)(**moe, tensor_model_parallel_size=tp,
         num_layers=cfg["num_layers"], hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
         num_query_groups=cfg["num_query_groups"], ffn_hidden_size=cfg["ffn_hidden_size"],
@@ -131,6 +141,9 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
         use_cpu_initialization=True, bias_activation_fusion=False, apply_rope_fusion=False,
         masked_softmax_fusion=False, bias_dropout_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, attention_softmax_in_fp32=True)
+    for k in GPT_YARN:  # GPTModel reads its YaRN fields with getattr (Megatron-Bridge's GPTModelProvider fields)
+        if k in cfg:
+            setattr(tc, k, cfg[k])
     assert os.environ.get("MCORE_EXPERT_TP_GROUPS") or (
         parallel_state.get_expert_tensor_parallel_world_size() == tc.expert_tensor_parallel_size), (
         parallel_state.get_expert_tensor_parallel_world_size(), tc.expert_tensor_parallel_size)
@@ -158,7 +171,8 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=bool(cfg.get("qk_layernorm")))
     model = GPTModel(tc, transformer_layer_spec=spec,
                      vocab_size=vocab, max_sequence_length=cfg["max_position_embeddings"],
-                     position_embedding_type="rope", rotary_base=int(cfg["rotary_base"]),
+                     position_embedding_type=cfg.get("position_embedding_type", "rope"),
+                     rotary_base=int(cfg["rotary_base"]),
                      rotary_percent=cfg.get("rotary_percentage", 1.0),
                      share_embeddings_and_output_weights=cfg["share_embeddings_and_output_weights"],
                      parallel_output=False)
@@ -214,7 +228,7 @@ def _swap_experts(src: str, dst: str, a: int = 0, b: int = 1) -> str:
 
 
 def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None, tp: int = 1, ep: int = 1,
-         swap: bool = False, save_to: str | None = None, expert_tp_groups: int = 0,
+         swap: bool = False, save_to: str | None = None, expert_tp_groups: int = 0, ids: Any = None,
          **overrides: Any) -> subprocess.CompletedProcess[str]:
     import torch
     import yaml
@@ -234,7 +248,7 @@ def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None, tp: int
         with open(path, "w") as f:
             yaml.safe_dump(cfg, f)
     want = str(tmp_path / "want.pt")
-    torch.save({"ids": IDS, "logits": logits(src)}, want)
+    torch.save({"ids": IDS, "logits": logits(src)} if ids is None else {"ids": ids, "logits": logits(src, ids)}, want)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     if save_to:
