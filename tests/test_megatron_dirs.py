@@ -785,16 +785,18 @@ def test_moe_refusals_when_writing(family_models, tmp_path) -> None:
 
 
 def test_mla_provider_reading_refuses_what_deepseek_v3_does_not_run(family_models, tmp_path) -> None:
-    """An MLAModelProvider section read without our record: YaRN (rotary_scaling_factor 40,
-    Megatron-Core's MLATransformerConfig default when the field is absent), softmax routing
-    or no expert bias are refused by name; MLA without experts too."""
+    """An MLAModelProvider section read without our record: plain RoPE whose softmax MLA
+    still scales (``rope_type: rope`` with factor 40 and ``mscale_all_dim`` 1), softmax routing
+    or no expert bias are refused by name; MLA without experts too. (Without
+    ``rotary_scaling_factor`` it is YaRN at MLATransformerConfig's 40: tests/test_yarn_dirs.py.)"""
     out = str(tmp_path / "mb")
     api.import_hf(family_models["deepseek_v3"], out, to="megatron-bridge")
     path = os.path.join(out, "iter_0000000", "run_config.yaml")
     doc = yaml.safe_load(open(path))
     os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
     assert api.inspect_checkpoint(out)["family"] == "deepseek_v3"
-    for change, words in (({"rotary_scaling_factor": None}, "rotary_scaling_factor=40.0 \\(YaRN\\)"),
+    for change, words in (({"rope_type": "rope", "rotary_scaling_factor": None}, "rope_type='rope' with "
+                           "rotary_scaling_factor=40.0 and mscale_all_dim=1.0 scales MLA's softmax"),
                           ({"moe_router_score_function": "softmax"}, "moe_router_score_function='softmax' with "
                                                                      "multi-latent attention"),
                           ({"moe_router_enable_expert_bias": False}, "moe_router_enable_expert_bias=False"),

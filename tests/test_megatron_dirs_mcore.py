@@ -261,7 +261,8 @@ def _family_worker(root: str) -> None:
         # qk_rope_head_dim is otherwise unread)
         kw["kv_channels"] = m["v_head_dim"]
         kw.update({k: m[k] for k in ("rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim", "q_lora_rank",
-                                     "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")})
+                                     "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+                                     "original_max_position_embeddings", "beta_fast", "beta_slow") if k in m})
     tc = config_class(**kw, activation_func=act, window_size=tuple(m["window_size"]) if m.get("window_size")
                            else None, use_cpu_initialization=True, params_dtype=torch.float32,
                            bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,

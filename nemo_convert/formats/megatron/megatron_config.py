@@ -53,7 +53,11 @@ bias, ``moe_router_pre_softmax: true`` (ignored by sigmoid routing), ``moe_layer
 ``moe_intermediate_size * n_shared_experts``, ``make_vocab_size_divisible_by: 1280`` and, for
 a config without YaRN, ``rotary_scaling_factor: 1`` and ``mscale_all_dim: 1`` over the
 class's ``rope_type: yarn`` (``model_bridge.py`` lines 604–614): YaRN at factor 1, i.e. plain
-RoPE. Reading a directory, the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
+RoPE; with YaRN (the hub models'), the HF block's ``factor``, ``original_max_position_embeddings``,
+``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim`` as ``rotary_scaling_factor`` and the
+same names (lines 495–504, 583–594) — MLATransformerConfig's fields, which our NeMo config
+carries under those names already (``nemo_convert/families/yarn.py``). Reading a directory,
+the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
 ``--num-experts`` is ``num_experts``, arguments.py line 2691, ``moe_ffn_hidden_size``
 defaulting to ``ffn_hidden_size``, lines 1016–1018) pass into the NeMo config, where the
 family registry decides (Mixtral, Qwen3-MoE, Qwen2-MoE by their claims); routing the table
@@ -143,8 +147,7 @@ PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
         extra=(("moe_grouped_gemm", True), ("moe_router_pre_softmax", True), ("moe_token_dispatcher_type", "alltoall"),
                ("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_shared_expert_overlap", True),
                ("moe_router_dtype", "fp32"), ("moe_permute_fusion", True), ("hidden_dropout", 0.0),
-               ("make_vocab_size_divisible_by", 1280), ("rope_type", "yarn"), ("rotary_scaling_factor", 1.0),
-               ("mscale", 1.0), ("mscale_all_dim", 1.0)), moe=True, mla=True),
+               ("make_vocab_size_divisible_by", 1280)), moe=True, mla=True),
     "gemma": ProviderFamily(GEMMA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
         ("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
         ("share_embeddings_and_output_weights", True)), nemo=(("apply_embedding_scaling", True),)),
@@ -178,7 +181,9 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
     QWEN2_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": True, "seq_length": 4096},
     MLA_PROVIDER: {"multi_latent_attention": True, "q_lora_rank": 512, "kv_lora_rank": 512, "qk_head_dim": 128,
                    "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "normalization": "RMSNorm", "rope_type": "yarn",
-                   "rotary_scaling_factor": 40.0},  # megatron-core 0.16.1 transformer_config.py lines 2013-2058
+                   "rotary_scaling_factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0},  # megatron-core 0.16.1
+    # transformer_config.py lines 2013-2059 (MLATransformerConfig)
     QWEN3_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": False, "qk_layernorm": True, "kv_channels": 128,
                          "num_query_groups": 8, "seq_length": 40960},
 }
@@ -267,6 +272,18 @@ _EXPERT_COUNTS = ("num_moe_experts", "num_experts")
 #: args, arguments.py lines 2723-2740) and DeepSeek-V3's routing, which only an MLA model
 #: (the DeepSeek-V3 family) expresses here.
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+#: MLA's RoPE: ``rope_type`` and MLATransformerConfig's YaRN fields, same names in the NeMo
+#: config (nemo_convert/families/yarn.py) and the provider; what Megatron-LM's arguments
+#: lack (core_v0.16.1 arguments.py lines 2735-2740 have --rotary-scaling-factor, --mscale,
+#: --mscale-all-dim, line 2049 --rope-type) is the class's default (TARGET_DEFAULTS).
+MLA_YARN = ("rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+            "mscale_all_dim")
+#: Plain RoPE in an MLA NeMo config (nemo_convert/families/yarn.py ``MLA_PLAIN``: the fields
+#: of MLA's softmax scale at values that make it 1/sqrt(d)).
+MLA_PLAIN = {"rope_type": "rope", "rotary_scaling_factor": 1.0, "mscale_all_dim": 0.0}
+#: What DeepSeekV3Bridge writes for a config without YaRN (model_bridge.py lines 604-614):
+#: YaRN at factor 1 over the class's ``rope_type: yarn``, i.e. plain RoPE.
+MLA_BRIDGE_PLAIN = {"rope_type": "yarn", "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
 DEEPSEEK_ROUTING = ("multi_latent_attention", "moe_router_score_function", "moe_router_enable_expert_bias",
                     "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk")
 
@@ -438,13 +455,20 @@ def _mla_provider(cfg: dict[str, Any], family: str) -> dict[str, Any]:
     ``deepseek/deepseek_v3_bridge.py`` lines 53–99 over ``conversion/model_bridge.py``'s
     table, lines 461–478): the MLA head dimensions, ``kv_channels`` from HF's ``head_dim``
     (= ``qk_rope_head_dim``; MLA does not read it), DeepSeek's routing with ``n_group`` /
-    ``topk_group`` as given (1 when ungrouped), and no YaRN (factor 1: plain RoPE)."""
+    ``topk_group`` as given (1 when ungrouped), and MLA's RoPE: YaRN's fields as the config
+    has them (``model_bridge.py`` lines 495–504, 583–594: the HF block's keys under the same
+    names), plain RoPE as the bridge writes it (:data:`MLA_BRIDGE_PLAIN`)."""
     missing = [k for k in MLA_FIELDS if k not in cfg]
     if missing:
         raise UnsupportedError(f"{family}: the config lacks {', '.join(missing)}")
     if cfg.get("scale_positional_embedding") or cfg.get("seq_len_interpolation_factor"):
         raise UnsupportedError(f"{family}: RoPE scaling has no MLAModelProvider spelling here")
     out: dict[str, Any] = {k: (None if cfg[k] is None else int(cfg[k])) for k in MLA_FIELDS}
+    if cfg.get("rope_type") == "yarn":
+        out["rope_type"] = "yarn"
+        out.update({k: (int(cfg[k]) if k == "original_max_position_embeddings" else float(cfg[k])) for k in MLA_YARN})
+    else:
+        out.update(MLA_BRIDGE_PLAIN)
     factor = cfg.get("moe_router_topk_scaling_factor")
     out.update({"kv_channels": int(cfg["qk_pos_emb_head_dim"]), "multi_latent_attention": True,
                 "moe_router_score_function": str(cfg.get("moe_router_score_function")),
@@ -512,13 +536,9 @@ def _moe_nemo(cfg: dict[str, Any], values: dict[str, Any], side: str, where: str
 
 def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
     """An MLA model with experts (what the DeepSeek-V3 family claims): the MLA head
-    dimensions, DeepSeek's sigmoid routing with expert bias, ungated shared experts and no
-    YaRN (``rope_type: yarn`` with ``rotary_scaling_factor`` ≤ 1 is plain RoPE)."""
-    rope = values.get("rope_type") or "yarn"
-    factor = float(values.get("rotary_scaling_factor") if values.get("rotary_scaling_factor") is not None else 1.0)
-    if rope not in ("rope", "yarn") or (rope == "yarn" and factor > 1.0):
-        raise UnsupportedError(f"{where}: rope_type={rope!r} with rotary_scaling_factor={factor} (YaRN) is not "
-                               "supported")
+    dimensions, DeepSeek's sigmoid routing with expert bias, ungated shared experts and MLA's
+    RoPE (:func:`_mla_rope`)."""
+    cfg.update(_mla_rope(values, where))
     for k, want in (("moe_router_score_function", "sigmoid"), ("moe_router_enable_expert_bias", True),
                     ("moe_shared_expert_gate", False)):
         have = values.get(k, MOE_NEUTRAL.get(k, False))
@@ -540,6 +560,28 @@ def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
                 "moe_router_group_topk": int(values["moe_router_group_topk"]) if groups > 1 else None,
                 "moe_router_load_balancing_type": "aux_loss", "moe_token_dispatcher_type": "alltoall",
                 "moe_grouped_gemm": False})
+
+
+def _mla_rope(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """MLA's RoPE fields for the NeMo config. ``rope_type`` absent means MLATransformerConfig's
+    ``yarn``; YaRN at factor 1 (what DeepSeekV3Bridge writes without YaRN: concentration
+    mscale(1, m) / mscale(1, a) = 1, softmax factor mscale(1, a)² = 1) is plain RoPE; other
+    YaRN passes through (MLATransformerConfig's defaults for the fields not given). Plain
+    ``rope_type: rope`` with a softmax factor (MLA applies mscale(factor, mscale_all_dim)² for
+    both types, multi_latent_attention.py line 125) has no HF spelling and is refused."""
+    rope = values.get("rope_type") or "yarn"
+    yarn: dict[str, Any] = {k: values[k] if values.get(k) is not None else TARGET_DEFAULTS[MLA_PROVIDER][k]
+                            for k in MLA_YARN}
+    factor, all_dim = float(yarn["rotary_scaling_factor"]), float(yarn["mscale_all_dim"])
+    if rope == "rope" and factor > 1.0 and all_dim:
+        raise UnsupportedError(f"{where}: rope_type='rope' with rotary_scaling_factor={factor} and mscale_all_dim="
+                               f"{all_dim} scales MLA's softmax, which plain RoPE in transformers does not")
+    if rope == "rope" or (rope == "yarn" and factor == 1.0):
+        return dict(MLA_PLAIN)
+    if rope != "yarn":
+        raise UnsupportedError(f"{where}: rope_type={rope!r} is not a RoPE of multi-latent attention (rope, yarn)")
+    return {"rope_type": "yarn", **{k: (int(v) if k == "original_max_position_embeddings" else float(v))
+                                    for k, v in yarn.items()}}
 
 
 def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:

@@ -1,0 +1,126 @@
+"""YaRN in Megatron-Bridge directories and NeMo 2 folders: the MLA provider's YaRN fields are
+written (``--to megatron-bridge``), read back (with and without our record) into the same HF
+model, read with MLATransformerConfig's defaults where a section leaves them out, and
+Megatron-Core loads the directory with transformers' logits beyond the original context."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from test_yarn import IDS, V5
+from tiny_models import hf_tensors, read_json
+
+from nemo_convert import api
+
+#: DeepSeek-V3's YaRN as the tiny model has it (tests/test_yarn.py): the provider's fields.
+PROVIDER_YARN = {"rope_type": "yarn", "rotary_scaling_factor": 4.0, "original_max_position_embeddings": 16,
+                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.9, "mscale_all_dim": 0.6}
+
+
+@pytest.fixture(scope="module")
+def deepseek_yarn(tmp_path_factory: Any) -> str:
+    from test_family_matrix import make_model
+
+    return make_model(str(tmp_path_factory.mktemp("yarn") / "hf"), "deepseek_v3", **V5["deepseek_v3"])
+
+
+def _run_config(out: str) -> tuple[str, dict[str, Any]]:
+    path = os.path.join(out, "iter_0000000", "run_config.yaml")
+    return path, yaml.safe_load(open(path))
+
+
+@pytest.mark.slow  # transformers models and logits
+def test_mla_yarn_to_megatron_bridge_and_back(deepseek_yarn: str, tmp_path: Any) -> None:
+    from test_family_matrix import assert_same, logits
+
+    out = str(tmp_path / "mb")
+    api.import_hf(deepseek_yarn, out, to="megatron-bridge")
+    path, doc = _run_config(out)
+    assert {k: doc["model"].get(k) for k in PROVIDER_YARN} == PROVIDER_YARN
+    assert doc["model"]["position_embedding_type"] == "rope"  # MLA's RoPE is rope_type's, not GPTModel's
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    assert_same(deepseek_yarn, back)  # the recorded source, v5 rope_parameters
+    want = logits(deepseek_yarn, IDS)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))  # as Megatron-Bridge writes it
+    bare = str(tmp_path / "bare")
+    assert api.export_hf(out, bare).family == "deepseek_v3"
+    a, b = hf_tensors(deepseek_yarn), hf_tensors(bare)
+    assert set(b) <= set(a) and all(torch.equal(a[k], b[k]) for k in b)
+    scaling = read_json(os.path.join(bare, "config.json"))["rope_scaling"]
+    assert scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                       "beta_slow": 1.0, "mscale": 0.9, "mscale_all_dim": 0.6}
+    assert torch.equal(logits(bare, IDS), want)
+
+
+def test_mla_provider_yarn_fields_default_to_mla_transformer_configs(deepseek_yarn: str, tmp_path: Any) -> None:
+    """A section that leaves YaRN's fields out means MLATransformerConfig's defaults
+    (megatron-core 0.16.1 transformer_config.py lines 2034–2059: rope_type yarn, factor 40,
+    original 4096, beta 32 / 1, mscale 1, mscale_all_dim 0); ``rope_type: rope`` with
+    MLA's softmax factor still on is refused by name."""
+    from nemo_convert.errors import UnsupportedError
+
+    out = str(tmp_path / "mb")
+    api.import_hf(deepseek_yarn, out, to="megatron-bridge")
+    path, doc = _run_config(out)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    with open(path, "w") as f:
+        yaml.safe_dump({"model": {k: v for k, v in doc["model"].items() if k not in PROVIDER_YARN}}, f)
+    with api.open_checkpoint(out) as ck:
+        cfg = ck.config
+    assert {k: cfg[k] for k in PROVIDER_YARN} == {
+        "rope_type": "yarn", "rotary_scaling_factor": 40.0, "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}
+    with open(path, "w") as f:
+        yaml.safe_dump({"model": {**doc["model"], "rope_type": "rope"}}, f)
+    with pytest.raises(UnsupportedError, match="rope_type='rope' with rotary_scaling_factor=4.0 and "
+                                               "mscale_all_dim=0.6 scales MLA's softmax"):
+        api.inspect_checkpoint(out)
+
+
+def test_megatron_lm_mla_yarn_args() -> None:
+    """Megatron-LM's MLA arguments (core_v0.16.1 arguments.py: --rope-type, --rotary-scaling-factor,
+    --mscale, --mscale-all-dim; none for the original context or the betas, which keep
+    MLATransformerConfig's defaults): YaRN passes through, factor 1 is plain RoPE."""
+    from test_megatron_dirs import megatron_lm_args
+
+    from nemo_convert.formats.megatron.megatron_config import args_to_nemo
+
+    base = dict(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=48, multi_latent_attention=True,
+                moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, q_lora_rank=32,
+                kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16, qk_layernorm=True,
+                moe_shared_expert_intermediate_size=48)
+    yarn = args_to_nemo(vars(megatron_lm_args(**base, rope_type="yarn", rotary_scaling_factor=40.0, mscale=1.0,
+                                              mscale_all_dim=1.0)), "x")
+    assert {k: yarn[k] for k in PROVIDER_YARN} == {
+        "rope_type": "yarn", "rotary_scaling_factor": 40.0, "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    plain = args_to_nemo(vars(megatron_lm_args(**base, rope_type=None, rotary_scaling_factor=1.0, mscale=1.0,
+                                               mscale_all_dim=0.0)), "x")
+    assert plain["rope_type"] == "rope" and plain["rotary_scaling_factor"] == 1.0
+
+
+@pytest.mark.slow
+def test_megatron_core_runs_our_mla_yarn_directory(deepseek_yarn: str, tmp_path: Any) -> None:
+    """Megatron-Core builds MLATransformerConfig from run_config.yaml's fields
+    (tests/test_megatron_dirs_mcore.py's worker), loads the directory and gives
+    transformers' logits over 48 tokens (original context 16)."""
+    pytest.importorskip("megatron.core")
+    from test_family_matrix import logits
+
+    root = str(tmp_path)
+    api.import_hf(deepseek_yarn, f"{root}/mb", to="megatron-bridge")
+    torch.save({"ids": IDS, "logits": logits(deepseek_yarn, IDS)}, f"{root}/want.pt")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(here, "test_megatron_dirs_mcore.py"), root, "family"],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0 and "MCORE-WORKER OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print([ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE-FAMILY")][0])
