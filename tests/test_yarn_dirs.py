@@ -124,3 +124,81 @@ def test_megatron_core_runs_our_mla_yarn_directory(deepseek_yarn: str, tmp_path:
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0 and "MCORE-WORKER OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
     print([ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE-FAMILY")][0])
+
+
+def _write_deepseek_nemo2(folder: str, nemo: str, cls: str = "DeepSeekConfig") -> None:
+    """A NeMo 2 folder as NeMo's ``HFDeepSeekImporter`` writes one (NeMo 8cfedd7
+    ``nemo/collections/llm/gpt/model/deepseek.py`` lines 405–453: these arguments and no
+    RoPE field, ``kv_channels`` = HF ``num_key_value_heads``), weights from ``nemo``."""
+    from nemo_convert.formats.io.sink import DirectorySink
+    from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
+
+    with api.open_checkpoint(nemo) as ck:
+        cfg = ck.config
+        w = DistWeightsWriter(DirectorySink(folder), [ck.source.info(k) for k in ck.source.keys()], prefix="module.",
+                              folder="weights")
+        for k in ck.source.keys():
+            w.write(k, ck.source.load(k))
+        w.close()
+    model_yaml = {
+        "_target_": "nemo.collections.llm.gpt.model.deepseek.DeepSeekModel",
+        "config": {"_target_": f"nemo.collections.llm.gpt.model.deepseek.{cls}", "num_layers": cfg["num_layers"],
+                   "hidden_size": cfg["hidden_size"], "ffn_hidden_size": cfg["ffn_hidden_size"],
+                   "num_attention_heads": cfg["num_attention_heads"], "kv_channels": cfg["num_attention_heads"],
+                   "q_lora_rank": cfg["q_lora_rank"], "num_moe_experts": cfg["num_moe_experts"],
+                   "moe_ffn_hidden_size": cfg["moe_ffn_hidden_size"],
+                   "moe_shared_expert_intermediate_size": cfg["moe_shared_expert_intermediate_size"],
+                   "moe_layer_freq": cfg["moe_layer_freq"], "moe_router_topk": cfg["moe_router_topk"],
+                   "moe_router_num_groups": 1, "moe_router_group_topk": 1,
+                   "moe_router_topk_scaling_factor": cfg["moe_router_topk_scaling_factor"],
+                   "moe_aux_loss_coeff": 0.001, "kv_lora_rank": cfg["kv_lora_rank"], "qk_head_dim": cfg["qk_head_dim"],
+                   "qk_pos_emb_head_dim": cfg["qk_pos_emb_head_dim"], "v_head_dim": cfg["v_head_dim"],
+                   "make_vocab_size_divisible_by": 1280, "fp16": False, "bf16": False,
+                   "params_dtype": {"_target_": "torch.float32", "_call_": False},
+                   "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                   "mtp_num_layers": None}}
+    os.makedirs(os.path.join(folder, "context"), exist_ok=True)
+    with open(os.path.join(folder, "context", "model.yaml"), "w") as f:
+        yaml.safe_dump(model_yaml, f)
+
+
+@pytest.mark.slow  # transformers models and logits
+def test_nemo2_deepseek_folder_reads_its_class_yarn(tmp_path: Any) -> None:
+    """NeMo 2's DeepSeekConfig leaves YaRN to its class defaults (factor 40, original 4096,
+    mscale and mscale_all_dim 1: DeepSeek-V3's): a NeMo 2 folder of a tiny DeepSeek-V3 with
+    that YaRN exports to the same tensors and transformers' logits, with the YaRN block."""
+    from test_family_matrix import logits, make_model
+
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    src = make_model(str(tmp_path / "hf"), "deepseek_v3", rope_scaling=rope)
+    nemo = str(tmp_path / "m")
+    api.import_hf(src, nemo, packed=False)
+    folder = str(tmp_path / "nemo2")
+    _write_deepseek_nemo2(folder, nemo)
+    assert api.inspect_checkpoint(folder)["family"] == "deepseek_v3"
+    back = str(tmp_path / "back")
+    api.export_hf(folder, back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    out = read_json(os.path.join(back, "config.json"))
+    assert out["rope_scaling"] == {k: v for k, v in rope.items() if k != "rope_theta"}
+    assert torch.equal(logits(back, IDS), logits(src, IDS))
+
+
+def test_nemo2_deepseek_classes(tmp_path: Any) -> None:
+    """DeepSeekV3Config's defaults read like the hub model's config; DeepSeek-V2's classes
+    (softmax routing) are refused by name."""
+    from nemo_convert.errors import UnsupportedError
+    from nemo_convert.formats.nemo2.nemo2 import nemo2_to_nemo1_config
+
+    v3 = nemo2_to_nemo1_config({"_target_": "nemo.collections.llm.gpt.model.deepseek.DeepSeekModel", "config": {
+        "_target_": "nemo.collections.llm.gpt.model.deepseek.DeepSeekV3Config"}})
+    assert {k: v3[k] for k in PROVIDER_YARN} == {
+        "rope_type": "yarn", "rotary_scaling_factor": 40.0, "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    assert (v3["num_layers"], v3["num_moe_experts"], v3["moe_router_score_function"], v3["kv_channels"],
+            v3["moe_layer_freq"][:4], v3["precision"]) == (61, 256, "sigmoid", 128, [0, 0, 0, 1], "bf16")
+    with pytest.raises(UnsupportedError, match="NeMo 2 config class nemo.collections.llm.gpt.model.deepseek."
+                                               "DeepSeekV2Config is not supported"):
+        nemo2_to_nemo1_config({"config": {"_target_": "nemo.collections.llm.gpt.model.deepseek.DeepSeekV2Config"}})
