@@ -98,7 +98,7 @@ def _mla_nemo2(c: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
 
 def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
     """NeMo 2 ``model.yaml`` (the GPT family of configs) → NeMo 1 ``model_config`` fields."""
-    c = model.get("config") if isinstance(model.get("config"), dict) else {}
+    c: dict[str, Any] = model["config"] if isinstance(model.get("config"), dict) else {}
     if _target(c).startswith(_DEEPSEEK):
         return _mla_nemo2(c, model)
     heads = c.get("num_attention_heads")
