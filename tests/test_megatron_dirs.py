@@ -448,6 +448,16 @@ FAMILY_PROVIDERS: dict[str, dict] = {
                     "moe_router_dtype": "fp32", "make_vocab_size_divisible_by": 1280, "rope_type": "yarn",
                     "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                     "share_embeddings_and_output_weights": False, "add_bias_linear": False, "mtp_num_layers": None},
+    # gpt_oss/gpt_oss_bridge.py 57-101 (nemo_convert/formats/megatron/provider_gpt_oss.py): the tiny
+    # model's clamp 0.5, window 8 on layer 0 and plain RoPE where the bridge has the hub's constants
+    "gpt_oss": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "softmax_type": "learnable",
+                "activation_func": {"_target_": "megatron.core.fusions.fused_bias_geglu.quick_gelu", "_call_": False},
+                "gated_linear_unit": True, "add_bias_linear": True, "glu_linear_offset": 1.0,
+                "activation_func_clamp_value": 0.5, "window_size": [7, 0], "window_attn_skip_freq": [1, 0],
+                "kv_channels": 16, "num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 48,
+                "moe_router_pre_softmax": False, "moe_layer_freq": 1, "expert_tensor_parallel_size": 1,
+                "moe_router_load_balancing_type": "none", "share_embeddings_and_output_weights": False,
+                "normalization": "RMSNorm"},
 }
 
 

@@ -227,7 +227,9 @@ def _family_worker(root: str) -> None:
     act = getattr(importlib.import_module(module), name)
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     kw = {k: v for k, v in m.items() if k in fields and not isinstance(v, dict) and k not in (
-        "bf16", "fp16", "layernorm_zero_centered_gamma", "window_size")}  # the local spec's norm: shim below
+        "bf16", "fp16", "layernorm_zero_centered_gamma", "window_size",  # the local spec's norm: shim below
+        "bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion", "persist_layer_norm",
+        "gradient_accumulation_fusion", "apply_rope_fusion", "attention_softmax_in_fp32")}  # the CPU's, below
     if m.get("num_moe_experts"):
         # the CPU settings of tests/test_family_megatron.py: SequentialMLP (no grouped GEMM
         # or permute fusion, both Transformer Engine's), the all-gather dispatcher, no
@@ -268,6 +270,9 @@ def _family_worker(root: str) -> None:
                            bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
                            persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
                            attention_softmax_in_fp32=True)
+    for k, v in m.items():  # GPTModel's YaRN fields (GPTModelProvider's; gpt_model.py lines 172-191 read them)
+        if k.startswith("yarn_"):
+            setattr(tc, k, v)
     spec: Any = get_gpt_layer_local_spec(normalization=m["normalization"], qk_layernorm=bool(m.get("qk_layernorm")))
     if m.get("num_moe_experts"):
         # shim (as tests/test_family_megatron.py): the local spec saves an MoE layer's norm
@@ -291,7 +296,8 @@ def _family_worker(root: str) -> None:
             spec.layer_specs[i] = dataclasses.replace(layer, submodules=dataclasses.replace(
                 layer.submodules, sharded_state_dict_keys_map=keys))
     model = GPTModel(tc, transformer_layer_spec=spec,
-                     vocab_size=m["vocab_size"], max_sequence_length=m["seq_length"], position_embedding_type="rope",
+                     vocab_size=m["vocab_size"], max_sequence_length=m["seq_length"],
+                     position_embedding_type=m.get("position_embedding_type", "rope"),
                      rotary_base=int(m["rotary_base"]), rotary_percent=float(m.get("rotary_percent", 1.0)),
                      share_embeddings_and_output_weights=m["share_embeddings_and_output_weights"],
                      parallel_output=False).eval()
@@ -324,6 +330,7 @@ def _family_worker(root: str) -> None:
     ("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {}), ("gemma", {}), ("qwen3_moe", {}),
     ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[1])),  # moe_layer_freq [1, 0, 1]
     ("deepseek_v3", {}),  # MLAModelProvider: MLA, moe_layer_freq [0, 1, 1, 1], sigmoid + expert bias, shared
+    ("gpt_oss", {}),  # GPTModelProvider with sinks, window pattern, clamped quick-GELU GLU, biases, ETP 1
 ])
 def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family: str, over: dict[str, Any]) -> None:
     import torch

@@ -261,3 +261,16 @@ def test_megatron_core_yarn_functions_give_transformers_values(monkeypatch: Any,
     assert concentration == factor
     if mla:
         assert softmax == pytest.approx(scaling, rel=1e-15, abs=0)  # (qk)^-0.5·m·m vs m·m/sqrt(qk): rounding
+
+
+def test_a_family_without_yarn_refuses_to_export_it() -> None:
+    """A NeMo config with GPTModel's YaRN given to a family whose table has no YaRN (a
+    Megatron-Bridge GPTModelProvider section read as Llama, say) is refused, not exported
+    as plain RoPE."""
+    from nemo_convert.errors import UnsupportedError
+
+    llama = api.get_registry().families["llama"].record
+    cfg = {"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2, "ffn_hidden_size": 8, "layernorm_epsilon": 1e-5,
+           "nemo_convert": {"vocab_size": 8}, **_as_hf(8, 1e4, 64, {"factor": 4.0}, mla=False)}
+    with pytest.raises(UnsupportedError, match="YaRN RoPE: this family's table does not translate it"):
+        llama.config_to_hf(cfg)

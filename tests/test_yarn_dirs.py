@@ -202,3 +202,113 @@ def test_nemo2_deepseek_classes(tmp_path: Any) -> None:
     with pytest.raises(UnsupportedError, match="NeMo 2 config class nemo.collections.llm.gpt.model.deepseek."
                                                "DeepSeekV2Config is not supported"):
         nemo2_to_nemo1_config({"config": {"_target_": "nemo.collections.llm.gpt.model.deepseek.DeepSeekV2Config"}})
+
+
+# -- GPT-OSS: GPTModelProvider with GPTModel's YaRN -----------------------------------------
+
+#: GPTModel's YaRN as the tiny GPT-OSS has it (tests/test_yarn.py V5), the provider's fields.
+GPT_YARN = {"position_embedding_type": "yarn", "yarn_rotary_scaling_factor": 4.0,
+            "yarn_original_max_position_embeddings": 16, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
+            "yarn_mscale": None, "yarn_mscale_all_dim": None, "yarn_correction_range_round_to_int": False}
+#: GPTOSSBridge's fields (Megatron-Bridge v0.6.0 gpt_oss/gpt_oss_bridge.py lines 57-101) where
+#: the tiny model differs from the hub's constants only by its clamp and window.
+GPT_OSS_PROVIDER = {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "normalization": "RMSNorm",
+                    "gated_linear_unit": True, "add_bias_linear": True, "softmax_type": "learnable",
+                    "activation_func": {"_target_": "megatron.core.fusions.fused_bias_geglu.quick_gelu",
+                                        "_call_": False},
+                    "glu_linear_offset": 1.0, "activation_func_clamp_value": 0.5, "window_size": [7, 0],
+                    "window_attn_skip_freq": [1, 0], "share_embeddings_and_output_weights": False,
+                    "moe_router_pre_softmax": False, "moe_ffn_hidden_size": 48, "expert_tensor_parallel_size": 1,
+                    "moe_router_load_balancing_type": "none"}
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_yarn(tmp_path_factory: Any) -> str:
+    from test_family_matrix import make_model
+
+    return make_model(str(tmp_path_factory.mktemp("yarn") / "hf"), "gpt_oss", **V5["gpt_oss"])
+
+
+@pytest.mark.slow  # transformers models and logits
+def test_gpt_oss_yarn_to_megatron_bridge_and_back(gpt_oss_yarn: str, tmp_path: Any) -> None:
+    """GPT-OSS written as GPTOSSBridge's GPTModelProvider with the model's own YaRN, clamp
+    and window pattern; read back with our record (the source config.json) and without
+    it (as Megatron-Bridge writes it): the same tensors and logits over 48 tokens; and with
+    the bridge's own spellings (``window_attn_skip_freq: 2``, ``add_qkv_bias: false``,
+    ``megatron.core.activations.quick_gelu``) the same model again."""
+    from test_family_matrix import assert_same, logits
+
+    out = str(tmp_path / "mb")
+    api.import_hf(gpt_oss_yarn, out, to="megatron-bridge")
+    path, doc = _run_config(out)
+    want = {**GPT_OSS_PROVIDER, **GPT_YARN}
+    assert {k: doc["model"].get(k) for k in want} == want
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    assert_same(gpt_oss_yarn, back)
+    ref = logits(gpt_oss_yarn, IDS)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    for n, change in enumerate(({}, {"window_attn_skip_freq": 2, "add_qkv_bias": False, "activation_func": {
+            "_target_": "megatron.core.activations.quick_gelu", "_call_": False}})):
+        with open(path, "w") as f:
+            yaml.safe_dump({**doc, "model": {**doc["model"], **change}}, f)
+        bare = str(tmp_path / f"bare{n}")
+        assert api.export_hf(out, bare).family == "gpt_oss"
+        a, b = hf_tensors(gpt_oss_yarn), hf_tensors(bare)
+        assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+        cfg = read_json(os.path.join(bare, "config.json"))
+        assert cfg["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                       "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+        assert cfg["layer_types"] == ["sliding_attention", "full_attention"] and cfg["sliding_window"] == 8
+        assert torch.equal(logits(bare, IDS), ref)
+
+
+def test_gpt_oss_provider_refusals(gpt_oss_yarn: str, tmp_path: Any) -> None:
+    """What GPT-OSS's HF model does not compute is refused by name: the GLU without its +1
+    or its clamp, the clamped GLU or quick-GELU without the sinks, YaRN without its factor."""
+    from nemo_convert.errors import UnsupportedError
+
+    out = str(tmp_path / "mb")
+    api.import_hf(gpt_oss_yarn, out, to="megatron-bridge")
+    path, doc = _run_config(out)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    for change, words in (({"glu_linear_offset": 0.0}, "glu_linear_offset=0.0"),
+                          ({"activation_func_clamp_value": None}, "activation_func_clamp_value=None"),
+                          ({"softmax_type": "vanilla"}, "glu_linear_offset=1.0 changes the model's math"),
+                          ({"softmax_type": "vanilla", "glu_linear_offset": 0.0, "activation_func_clamp_value": None,
+                            "window_attn_skip_freq": None}, "quick_gelu without GPT-OSS's attention sinks"),
+                          ({"yarn_rotary_scaling_factor": None}, "yarn without yarn_rotary_scaling_factor")):
+        with open(path, "w") as f:
+            yaml.safe_dump({**doc, "model": {**doc["model"], **change}}, f)
+        with pytest.raises(UnsupportedError, match=words):
+            api.inspect_checkpoint(out)
+
+
+@pytest.mark.slow
+def test_megatron_core_runs_our_gpt_oss_yarn_directory(gpt_oss_yarn: str, tmp_path: Any) -> None:
+    """Megatron-Core builds GPTModel (``position_embedding_type: yarn``, the ``yarn_*``
+    fields set on the config as GPTModelProvider carries them, sinks, window pattern,
+    clamped GLU) from run_config.yaml and gives transformers' logits over 48 tokens."""
+    pytest.importorskip("megatron.core")
+    from test_family_matrix import logits
+
+    root = str(tmp_path)
+    api.import_hf(gpt_oss_yarn, f"{root}/mb", to="megatron-bridge")
+    torch.save({"ids": IDS, "logits": logits(gpt_oss_yarn, IDS)}, f"{root}/want.pt")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(here, "test_megatron_dirs_mcore.py"), root, "family"],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0 and "MCORE-WORKER OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print([ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE-FAMILY")][0])
+
+
+def test_nemo2_gpt_oss_is_refused_by_name() -> None:
+    from nemo_convert.errors import UnsupportedError
+    from nemo_convert.formats.nemo2.nemo2 import nemo2_to_nemo1_config
+
+    with pytest.raises(UnsupportedError, match="NeMo 2's GPTOSSConfig20B is not read: its YaRN is "
+                                               "rotary_scaling_factor"):
+        nemo2_to_nemo1_config({"_target_": "nemo.collections.llm.gpt.model.gpt_oss.GPTOSSModel", "config": {
+            "_target_": "nemo.collections.llm.gpt.model.gpt_oss.GPTOSSConfig20B", "num_layers": 24}})

@@ -95,6 +95,9 @@ def rope(*kinds: str, partial: bool = False, explicit_default: bool = False, mla
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"rope_theta": float(cfg.get("rotary_base", 10000.0))}
         if is_yarn(cfg, mla=mla):
+            if "yarn" not in kinds:
+                raise UnsupportedError("YaRN RoPE: this family's table does not translate it (pass --family for the "
+                                       "right one)")
             out["rope_scaling"] = yarn_to_hf(cfg, mla=mla)
         elif cfg.get("scale_positional_embedding"):
             out["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.get("scale_factor", 8.0),

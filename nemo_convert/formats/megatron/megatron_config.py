@@ -77,6 +77,8 @@ from typing import Any, Callable
 import torch
 
 from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.formats.megatron.provider_gpt_oss import (GPT_OSS_FIELDS, QUICK_GELU, gpt_oss_nemo, gpt_oss_provider,
+                                                             is_gpt_oss, yarn_nemo, yarn_provider)
 from nemo_convert.mapping.ops import largest_pow2_divisor
 
 #: Megatron-Bridge's generic GPT provider: what its ``LlamaBridge`` builds.
@@ -106,7 +108,8 @@ class ProviderFamily:
     provider fields that are constants for the family (a config that needs another value
     is refused), the NeMo fields the provider implies (``nemo``: e.g. Gemma's embedding
     scaling, which ``GemmaModelProvider.provide`` applies) and what the bridge sets that
-    does not change the math (``extra``)."""
+    does not change the math (``extra``); ``gpt_oss``: the provider carries GPT-OSS's sinks,
+    window pattern and clamped GLU (:mod:`.provider_gpt_oss`)."""
 
     target: str
     fixed: tuple[tuple[str, Any], ...] = ()
@@ -114,6 +117,7 @@ class ProviderFamily:
     extra: tuple[tuple[str, Any], ...] = ()
     moe: bool = False
     mla: bool = False
+    gpt_oss: bool = False
 
 
 _DENSE = (("normalization", "RMSNorm"), ("gated_linear_unit", True), ("position_embedding_type", "rope"))
@@ -148,6 +152,14 @@ PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
                ("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_shared_expert_overlap", True),
                ("moe_router_dtype", "fp32"), ("moe_permute_fusion", True), ("hidden_dropout", 0.0),
                ("make_vocab_size_divisible_by", 1280)), moe=True, mla=True),
+    # Megatron-Bridge v0.6.0 gpt_oss/gpt_oss_bridge.py lines 57-101 (provider_gpt_oss.py)
+    "gpt_oss": ProviderFamily(GPT_PROVIDER, (("normalization", "RMSNorm"), ("gated_linear_unit", True),
+                                             ("activation_func", QUICK_GELU), ("add_bias_linear", True),
+                                             ("softmax_type", "learnable"), ("share_embeddings_and_output_weights", False)),
+                              extra=(("moe_grouped_gemm", True), ("moe_token_dispatcher_type", "alltoall"),
+                                     ("moe_permute_fusion", True), ("moe_router_load_balancing_type", "none"),
+                                     ("bias_activation_fusion", True), ("bias_dropout_fusion", False),
+                                     ("hidden_dropout", 0.0)), moe=True, gpt_oss=True),
     "gemma": ProviderFamily(GEMMA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
         ("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
         ("share_embeddings_and_output_weights", True)), nemo=(("apply_embedding_scaling", True),)),
@@ -309,7 +321,7 @@ ACTIVATIONS: dict[str, tuple[bool, str]] = {
     "fast-swiglu": (True, "torch.nn.functional.silu"), "swiglu": (True, "torch.nn.functional.silu"),
     "fast-geglu": (True, "torch.nn.functional.gelu"), "geglu": (True, "torch.nn.functional.gelu"),
     "gelu": (False, "torch.nn.functional.gelu"), "silu": (False, "torch.nn.functional.silu"),
-    "relu": (False, "torch.nn.functional.relu"),
+    "relu": (False, "torch.nn.functional.relu"), "quick-geglu": (True, QUICK_GELU),
 }
 NORMALIZATIONS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 #: NeMo ``precision`` → (bf16, fp16, params dtype).
@@ -357,7 +369,8 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
     """The ``model:`` section of ``run_config.yaml`` for a NeMo 1 config: what
     Megatron-Bridge's bridge derives from the HF config (module docstring)."""
     spec = provider_family(family)
-    skip = ("openai_gelu",) + (_EXPERT_COUNTS if spec.moe else ()) + (DEEPSEEK_ROUTING if spec.mla else ())
+    skip = ("openai_gelu",) + (_EXPERT_COUNTS if spec.moe else ()) + (DEEPSEEK_ROUTING if spec.mla else ()) + (
+        GPT_OSS_FIELDS if spec.gpt_oss else ())
     neutral = {**NEUTRAL, **MOE_NEUTRAL, **({} if spec.mla else _NO_SHARED)} if spec.moe else NEUTRAL
     bad = {k: cfg[k] for k in neutral if k in cfg and cfg[k] != neutral[k] and k not in skip}
     if bad:
@@ -420,6 +433,9 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
         model["expert_model_parallel_size"] = int(ep)
     if spec.mla:
         model.update(_mla_provider(cfg, family))
+    if spec.gpt_oss:
+        model.update(gpt_oss_provider(cfg))
+    model.update(yarn_provider(cfg))
     window = _bridge_window(cfg)
     if window is not None:
         model["window_size"] = window
@@ -501,8 +517,8 @@ def _refuse_non_neutral(values: dict[str, Any], where: str) -> None:
                                "supported without experts (no family here runs dense multi-latent attention)")
     for k, neutral in {**NEUTRAL, **MOE_NEUTRAL}.items():
         v = values.get(k)
-        if k in _EXPERT_COUNTS or (mla and k in DEEPSEEK_ROUTING):
-            continue  # read by _moe_nemo / _mla_nemo
+        if k in _EXPERT_COUNTS or (mla and k in DEEPSEEK_ROUTING) or (is_gpt_oss(values) and k in GPT_OSS_FIELDS):
+            continue  # read by _moe_nemo / _mla_nemo / gpt_oss_nemo
         if v is not None and v != neutral:
             raise UnsupportedError(f"{where}: {k}={v!r} changes the model's math and is not supported")
 
@@ -593,7 +609,9 @@ def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
         default = PROVIDER_DEFAULTS.get(name, f.default) if side == "provider" else f.default
         value = values.get(name, default)
         cfg[f.nemo] = f.kind(value) if value is not None else None
-    if cfg.get("position_embedding_type") not in ("rope",):
+    if cfg.get("position_embedding_type") == "yarn":
+        cfg.update(yarn_nemo(values, "the model section"))
+    elif cfg.get("position_embedding_type") not in ("rope",):
         raise UnsupportedError(f"position_embedding_type={cfg.get('position_embedding_type')!r}: only rope "
                                "models are supported")
     if cfg.get("seq_len_interpolation_factor") is None:
@@ -643,6 +661,9 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
     cfg["normalization"] = {v: k for k, v in NORMALIZATIONS.items()}.get(norm) or _refuse(where, "normalization", norm)
     fn = _target_of(model.get("activation_func") or "torch.nn.functional.gelu").rsplit(".", 1)[-1]
     gated = bool(model.get("gated_linear_unit", False))
+    if fn == "quick_gelu" and not is_gpt_oss(model):
+        raise UnsupportedError(f"{where}: activation_func quick_gelu without GPT-OSS's attention sinks is not a "
+                               "model any family here runs")
     cfg["activation"] = _activation(gated, fn, where)
     if fn in _TANH_GELU:
         cfg["openai_gelu"] = True
@@ -654,6 +675,10 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
                                f"scaling ({target or 'no _target_'}) is not a model any family here runs")
     _sliding_window_record(cfg)
     _moe_nemo(cfg, model, "provider", where)
+    if is_gpt_oss(model):
+        extra = gpt_oss_nemo(model, int(cfg["num_layers"]), where)
+        cfg["nemo_convert"] = {**(cfg.get("nemo_convert") or {}), **extra.pop("nemo_convert")}
+        cfg.update(extra)
     cfg["share_embeddings_and_output_weights"] = bool(model.get("share_embeddings_and_output_weights",
                                                                 PROVIDER_DEFAULTS["share_embeddings_and_output_weights"]))
     dtype = _target_of(model.get("params_dtype")).rsplit(".", 1)[-1]
@@ -678,6 +703,7 @@ def _refuse(where: str, what: str, value: Any) -> Any:
 
 #: (gated linear unit, torch function name) → NeMo 1 ``activation``.
 _ACTIVATION_OF = {(True, "silu"): "fast-swiglu", (True, "gelu"): "fast-geglu", (False, "gelu"): "gelu",
+                  (True, "quick_gelu"): "quick-geglu",
                   (False, "silu"): "silu", (False, "relu"): "relu", (True, "fast_gelu"): "geglu",
                   (True, "openai_gelu"): "geglu"}
 #: Megatron-Core's tanh-GeLU functions (``activations.fast_gelu``, ``transformer.utils.openai_gelu``).

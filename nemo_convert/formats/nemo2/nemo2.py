@@ -52,6 +52,11 @@ def _target(v: Any) -> str:
 
 
 _DEEPSEEK = "nemo.collections.llm.gpt.model.deepseek."
+#: NeMo 2's GPT-OSS configs (NeMo 8cfedd7 ``gpt_oss.py`` lines 45–103): YaRN as
+#: ``rotary_scaling_factor: 32`` and ``yarn_original_max_position_embeddings: 131072`` (lines 64–70),
+#: while ``HFGPTOSSExporter.config`` (lines 510–518) writes transformers' GptOssConfig defaults
+#: (factor 32, original 4096): refused by name.
+_GPT_OSS = "nemo.collections.llm.gpt.model.gpt_oss."
 _FN = "torch.nn.functional."
 #: NeMo 2's DeepSeek config classes (NeMo 8cfedd7 ``nemo/collections/llm/gpt/model/deepseek.py``:
 #: ``DeepSeekConfig`` lines 58–130, ``DeepSeekV3Config`` lines 181–205): Megatron-Core
@@ -101,6 +106,11 @@ def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
     c: dict[str, Any] = model["config"] if isinstance(model.get("config"), dict) else {}
     if _target(c).startswith(_DEEPSEEK):
         return _mla_nemo2(c, model)
+    if _target(c).startswith(_GPT_OSS):
+        raise UnsupportedError(f"context/model.yaml: NeMo 2's {_target(c).rsplit('.', 1)[-1]} is not read: its YaRN "
+                               "is rotary_scaling_factor (Megatron-Core 0.16's GPTModel reads yarn_rotary_scaling_"
+                               "factor) with original context 131072 by default, where gpt-oss's and NeMo's own HF "
+                               "export's is 4096, so which YaRN the checkpoint ran is not recorded")
     heads = c.get("num_attention_heads")
     seq = c.get("seq_length") or c.get("max_position_embeddings") or 4096
     act = _target(c.get("activation_func")).rsplit(".", 1)[-1]
