@@ -63,7 +63,7 @@ def rope(*kinds: str, partial: bool = False, explicit_default: bool = False, mla
     def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
         r = read_rope(hf)
         if r.kind not in allowed:
-            why = (" (Megatron-Core has no LongRoPE: per-dimension short/long factors)" if r.kind == "longrope"
+            why = (" (Megatron-Core has no LongRoPE: per-dimension short/long factors)" if r.kind in ("longrope", "su")
                    else "")
             raise UnsupportedError(f"rope scaling type {r.kind!r} has no Megatron-Core equivalent here{why} "
                                    f"(supported: {', '.join(kinds) or 'none'})")
