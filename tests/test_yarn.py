@@ -171,6 +171,10 @@ CASES = [
                             "beta_slow": 1.0, "truncate": False}),                     # gpt-oss
     (64, 10000.0, 163840, {"factor": 40, "original_max_position_embeddings": 4096, "mscale": 0.707,
                            "mscale_all_dim": 0.707}),                                  # DeepSeek-V2's mscales
+    # moonshotai/Kimi-K2-Instruct-0905's block (ParagEkbote/hf-model-inspector@92931b2
+    # model_inspection_report.md): beta_fast = beta_slow = 1, one correction dimension
+    (64, 50000.0, 262144, {"factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
+                           "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}),
     (32, 10000.0, 64, {"factor": 4.0, "original_max_position_embeddings": 16, "mscale": 0.9, "mscale_all_dim": 0.6}),
     (32, 50000.0, 64, {"factor": 4.0, "beta_fast": None, "beta_slow": 0}),              # `or 32` / `or 1`, orig = max
     (16, 10000.0, 64, {"factor": 4.0, "original_max_position_embeddings": 16, "mscale": 0.8}),  # mscale alone: ignored
