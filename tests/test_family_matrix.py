@@ -116,13 +116,13 @@ def make_model(folder: str, family: str, **overrides) -> str:
     return folder
 
 
-def logits(folder: str) -> torch.Tensor:
+def logits(folder: str, ids: torch.Tensor = IDS) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
-        return model(IDS).logits
+        return model(ids).logits
 
 
 def assert_same(src: str, back: str) -> None:
@@ -218,7 +218,16 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("deepseek_v3", dict(scoring_func="softmax"), "scoring_func='softmax'"),
     ("deepseek_v3", dict(num_key_value_heads=2), "num_key_value_heads=2"),
     ("gpt_oss", dict(swiglu_alpha=1.5), "swiglu_alpha=1.5"),
-    ("gpt_oss", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0}), "'yarn'"),
+    ("gpt_oss", dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 150000.0, "factor": 32.0}), "'dynamic'"),
+    ("gpt_oss", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "attention_factor": 1.0}),
+     "attention_factor=1.0"),
+    ("deepseek_v3", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "truncate": False}),
+     "truncate=False"),
+    ("deepseek_v3", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                          "mscale_all_dim": 1.0}), "mscale_all_dim=1.0 and mscale=None"),
+    ("deepseek_v3", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}), "yarn without a factor"),
+    ("phi3", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
+                                   "long_factor": [1.0] * 8}), "Megatron-Core has no LongRoPE"),
     ("gpt_oss", dict(attention_bias=False), "attention_bias=False"),
     ("gpt_oss", dict(quantization_config={"quant_method": "mxfp4"}), "quant_method='mxfp4'"),
 ])

@@ -33,6 +33,12 @@ pytest.importorskip("megatron.core")
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3",
             "gpt_oss", "nemotron", "gpt2")
 TOLERANCE = 1e-4  # correct layouts measure ~1e-6; a wrong one 0.05 and more (families.md)
+#: RoPE fields Megatron-Core reads: MLATransformerConfig's (multi_latent_attention.py lines 129-148) and
+#: GPTModel's YaRN attributes (gpt_model.py lines 172-191), as nemo_convert/families/yarn.py writes them
+MLA_ROPE = ("rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+            "mscale", "mscale_all_dim")
+GPT_YARN = ("yarn_rotary_scaling_factor", "yarn_original_max_position_embeddings", "yarn_beta_fast", "yarn_beta_slow",
+            "yarn_mscale", "yarn_mscale_all_dim", "yarn_correction_range_round_to_int")
 
 
 def _worker(family: str, nemo: str, want_path: str, root: str, tp: str = "1", ep: str = "1") -> None:  # subprocess
@@ -126,9 +132,13 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
 
         DotProductAttention.__init__ = init  # type: ignore[method-assign]
         mla_module.HAVE_TE = False  # shim: it imports Transformer Engine's names as None and believes it has TE
+        # MLA's RoPE as the config says: rope_type and MLATransformerConfig's YaRN fields (a
+        # .nemo written before YaRN has no rope_type: plain RoPE)
+        rope = {k: cfg[k] for k in MLA_ROPE if k in cfg}
         moe.update(multi_latent_attention=True, q_lora_rank=cfg["q_lora_rank"], kv_lora_rank=cfg["kv_lora_rank"],
                    qk_head_dim=cfg["qk_head_dim"], qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"],
-                   v_head_dim=cfg["v_head_dim"], rope_type="rope", rotary_base=cfg["rotary_base"], rotary_percent=1.0)
+                   v_head_dim=cfg["v_head_dim"], rotary_base=cfg["rotary_base"], rotary_percent=1.0,
+                   **{"rope_type": "rope", **rope})
     tc = (MLATransformerConfig if mla else TransformerConfig)(**moe, tensor_model_parallel_size=tp,
         num_layers=cfg["num_layers"], hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
         num_query_groups=cfg["num_query_groups"], ffn_hidden_size=cfg["ffn_hidden_size"],
@@ -140,6 +150,9 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
         use_cpu_initialization=True, bias_activation_fusion=False, apply_rope_fusion=False,
         masked_softmax_fusion=False, bias_dropout_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, attention_softmax_in_fp32=True)
+    for k in GPT_YARN:  # GPTModel reads its YaRN fields with getattr (Megatron-Bridge's GPTModelProvider fields)
+        if k in cfg:
+            setattr(tc, k, cfg[k])
     assert os.environ.get("MCORE_EXPERT_TP_GROUPS") or (
         parallel_state.get_expert_tensor_parallel_world_size() == tc.expert_tensor_parallel_size), (
         parallel_state.get_expert_tensor_parallel_world_size(), tc.expert_tensor_parallel_size)
@@ -225,7 +238,8 @@ def _swap_experts(src: str, dst: str, a: int = 0, b: int = 1) -> str:
 
 
 def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None, tp: int = 1, ep: int = 1,
-         swap: bool = False, save_to: str | None = None, expert_tp_groups: int = 0, env_extra: dict[str, str] | None = None,
+         swap: bool = False, save_to: str | None = None, expert_tp_groups: int = 0, ids: Any = None,
+         env_extra: dict[str, str] | None = None,
          **overrides: Any) -> subprocess.CompletedProcess[str]:
     import torch
     import yaml
@@ -245,7 +259,7 @@ def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None, tp: int
         with open(path, "w") as f:
             yaml.safe_dump(cfg, f)
     want = str(tmp_path / "want.pt")
-    torch.save({"ids": IDS, "logits": logits(src)}, want)
+    torch.save({"ids": IDS, "logits": logits(src)} if ids is None else {"ids": ids, "logits": logits(src, ids)}, want)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     if save_to:
@@ -347,7 +361,8 @@ def test_the_check_sees_two_swapped_experts(tmp_path: Any, family: str, ep: int)
     from HF's, so these checks would catch a wrong expert order (families.md: 0.26–1.04)."""
     proc = _run(tmp_path, family, ep=ep, swap=True)
     assert proc.returncode != 0 and "MCORE" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
-    delta = max(float(ln.split("= ")[1].split()[0]) for ln in proc.stdout.splitlines() if "max|dlogit|" in ln)
+    # ranks print at once, so a line may hold two reports: take every number after "max|dlogit| = "
+    delta = max(float(d) for d in re.findall(r"max\|dlogit\| = ([0-9.]+(?:e[-+]?[0-9]+)?)", proc.stdout))
     print(f"{family} experts 0 <-> 1 at EP={ep}: max|dlogit| = {delta:.3g}")
     assert delta > 1e-2, delta
 

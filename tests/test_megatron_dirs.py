@@ -453,6 +453,16 @@ FAMILY_PROVIDERS: dict[str, dict] = {
                  "gated_linear_unit": False, "layernorm_zero_centered_gamma": True, "add_bias_linear": False,
                  "activation_func": {"_target_": "megatron.core.activations.squared_relu", "_call_": False},
                  "rotary_percent": 0.5, "kv_channels": 32, "num_query_groups": 2},
+    # gpt_oss/gpt_oss_bridge.py 57-101 (nemo_convert/formats/megatron/provider_gpt_oss.py): the tiny
+    # model's clamp 0.5, window 8 on layer 0 and plain RoPE where the bridge has the hub's constants
+    "gpt_oss": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "softmax_type": "learnable",
+                "activation_func": {"_target_": "megatron.core.fusions.fused_bias_geglu.quick_gelu", "_call_": False},
+                "gated_linear_unit": True, "add_bias_linear": True, "glu_linear_offset": 1.0,
+                "activation_func_clamp_value": 0.5, "window_size": [7, 0], "window_attn_skip_freq": [1, 0],
+                "kv_channels": 16, "num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 48,
+                "moe_router_pre_softmax": False, "moe_layer_freq": 1, "expert_tensor_parallel_size": 1,
+                "moe_router_load_balancing_type": "none", "share_embeddings_and_output_weights": False,
+                "normalization": "RMSNorm"},
 }
 #: The tiny models as each provider's bridge takes them (Megatron-Bridge's Nemotron has no biases).
 PROVIDER_MODEL_OVERRIDES: dict = {"nemotron": dict(attention_bias=False, mlp_bias=False)}
@@ -792,16 +802,18 @@ def test_moe_refusals_when_writing(family_models, tmp_path) -> None:
 
 
 def test_mla_provider_reading_refuses_what_deepseek_v3_does_not_run(family_models, tmp_path) -> None:
-    """An MLAModelProvider section read without our record: YaRN (rotary_scaling_factor 40,
-    Megatron-Core's MLATransformerConfig default when the field is absent), softmax routing
-    or no expert bias are refused by name; MLA without experts too."""
+    """An MLAModelProvider section read without our record: plain RoPE whose softmax MLA
+    still scales (``rope_type: rope`` with factor 40 and ``mscale_all_dim`` 1), softmax routing
+    or no expert bias are refused by name; MLA without experts too. (Without
+    ``rotary_scaling_factor`` it is YaRN at MLATransformerConfig's 40: tests/test_yarn_dirs.py.)"""
     out = str(tmp_path / "mb")
     api.import_hf(family_models["deepseek_v3"], out, to="megatron-bridge")
     path = os.path.join(out, "iter_0000000", "run_config.yaml")
     doc = yaml.safe_load(open(path))
     os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
     assert api.inspect_checkpoint(out)["family"] == "deepseek_v3"
-    for change, words in (({"rotary_scaling_factor": None}, "rotary_scaling_factor=40.0 \\(YaRN\\)"),
+    for change, words in (({"rope_type": "rope", "rotary_scaling_factor": None}, "rope_type='rope' with "
+                           "rotary_scaling_factor=40.0 and mscale_all_dim=1.0 scales MLA's softmax"),
                           ({"moe_router_score_function": "softmax"}, "moe_router_score_function='softmax' with "
                                                                      "multi-latent attention"),
                           ({"moe_router_enable_expert_bias": False}, "moe_router_enable_expert_bias=False"),

@@ -253,12 +253,16 @@ def _family_worker(root: str) -> None:
         # qk_rope_head_dim is otherwise unread)
         kw["kv_channels"] = m["v_head_dim"]
         kw.update({k: m[k] for k in ("rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim", "q_lora_rank",
-                                     "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")})
+                                     "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+                                     "original_max_position_embeddings", "beta_fast", "beta_slow") if k in m})
     tc = config_class(**kw, activation_func=act, window_size=tuple(m["window_size"]) if m.get("window_size")
                            else None, use_cpu_initialization=True, params_dtype=torch.float32,
                            bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
                            persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
                            attention_softmax_in_fp32=True)
+    for k, v in m.items():  # GPTModel's YaRN fields (GPTModelProvider's; gpt_model.py lines 172-191 read them)
+        if k.startswith("yarn_"):
+            setattr(tc, k, v)
     spec: Any = get_gpt_layer_local_spec(normalization=m["normalization"], qk_layernorm=bool(m.get("qk_layernorm")))
     if m.get("num_moe_experts"):
         # shim (as tests/test_family_megatron.py): the local spec saves an MoE layer's norm
@@ -282,7 +286,8 @@ def _family_worker(root: str) -> None:
             spec.layer_specs[i] = dataclasses.replace(layer, submodules=dataclasses.replace(
                 layer.submodules, sharded_state_dict_keys_map=keys))
     model = GPTModel(tc, transformer_layer_spec=spec,
-                     vocab_size=m["vocab_size"], max_sequence_length=m["seq_length"], position_embedding_type="rope",
+                     vocab_size=m["vocab_size"], max_sequence_length=m["seq_length"],
+                     position_embedding_type=m.get("position_embedding_type", "rope"),
                      rotary_base=int(m["rotary_base"]), rotary_percent=float(m.get("rotary_percent", 1.0)),
                      share_embeddings_and_output_weights=m["share_embeddings_and_output_weights"],
                      parallel_output=False).eval()
@@ -316,6 +321,7 @@ def _family_worker(root: str) -> None:
     ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[1])),  # moe_layer_freq [1, 0, 1]
     ("deepseek_v3", {}),  # MLAModelProvider: MLA, moe_layer_freq [0, 1, 1, 1], sigmoid + expert bias, shared
     ("nemotron", dict(attention_bias=False, mlp_bias=False)),  # LayerNorm 1p, squared ReLU, half rotary, GQA
+    ("gpt_oss", {}),  # GPTModelProvider with sinks, window pattern, clamped quick-GELU GLU, biases, ETP 1
 ])
 def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family: str, over: dict[str, Any]) -> None:
     import torch

@@ -30,7 +30,7 @@ from test_hostile_inputs import fails_cleanly
 from tiny_models import hf_tensors
 
 from nemo_convert import api
-from nemo_convert.errors import InputError, NemoConvertError
+from nemo_convert.errors import InputError
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 from nemo_convert.formats.dist_checkpoint.zarr_read import ZarrCheckpointSource
 from nemo_convert.tensors.base import ByteRegion

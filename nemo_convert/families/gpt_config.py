@@ -11,6 +11,7 @@ from typing import Any
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.architecture import describe_activation, mlp_activation
 from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field, Row, positive_int
+from nemo_convert.families.yarn import MLA_PLAIN, is_yarn, yarn_to_hf, yarn_to_nemo
 from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
 from nemo_convert.mapping.rules import cfg_get, layer_pattern
@@ -47,21 +48,28 @@ def _head_dim_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
 HEAD_DIM = Derived(("head_dim",), _head_dim_to_nemo, _head_dim_to_hf, restore=True)
 
 
-def rope(*kinds: str, partial: bool = False, explicit_default: bool = False) -> Derived:
+def rope(*kinds: str, partial: bool = False, explicit_default: bool = False, mla: bool = False) -> Derived:
     """RoPE in any spelling (v4 ``rope_theta`` + ``rope_scaling``, v5 ``rope_parameters``)
-    with the scaling types a family represents (``"linear"``, ``"llama3"``); any other
-    type — yarn, longrope, dynamic — is refused by name. ``partial``: the family's HF model
+    with the scaling types a family represents (``"linear"``, ``"llama3"``, ``"yarn"``); any
+    other type — longrope, dynamic — is refused by name. ``partial``: the family's HF model
     rotates only ``partial_rotary_factor`` of each head (Phi-3) ⇄ ``rotary_percentage``;
     elsewhere a factor other than 1 is refused (transformers' Llama-style attention
     rotates whole heads). ``explicit_default``: a synthesised ``config.json`` spells plain
-    RoPE out as ``rope_parameters`` (GPT-OSS's config class defaults to yarn)."""
+    RoPE out as ``rope_parameters`` (GPT-OSS's config class defaults to yarn). ``mla``: the
+    family runs multi-latent attention, whose RoPE Megatron-Core configures with
+    ``MLATransformerConfig``'s ``rope_type`` and YaRN fields instead of GPTModel's
+    ``position_embedding_type`` (:mod:`nemo_convert.families.yarn`)."""
     allowed = ("default", *kinds)
 
     def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
         r = read_rope(hf)
         if r.kind not in allowed:
-            raise UnsupportedError(f"rope scaling type {r.kind!r} has no NeMo 1 equivalent (supported: "
-                                   f"{', '.join(kinds) or 'none'})")
+            why = (" (Megatron-Core has no LongRoPE: per-dimension short/long factors)" if r.kind in ("longrope", "su")
+                   else "")
+            raise UnsupportedError(f"rope scaling type {r.kind!r} has no Megatron-Core equivalent here{why} "
+                                   f"(supported: {', '.join(kinds) or 'none'})")
+        if any(isinstance(v, dict) for v in r.params.values()):
+            raise UnsupportedError("rope_parameters per layer type (Megatron-Core has one RoPE for every layer)")
         factor = r.params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
         factor = float(factor) if factor is not None else 1.0
         if factor != 1.0 and not partial:
@@ -79,11 +87,20 @@ def rope(*kinds: str, partial: bool = False, explicit_default: bool = False) -> 
                 "high_freq_factor": float(r.params.get("high_freq_factor", 4.0)),
                 "old_context_len": int(r.params.get("original_max_position_embeddings", 8192)),
             })
+        if r.kind == "yarn":
+            out.update(yarn_to_nemo(r, hf, mla=mla))
+        elif mla:
+            out.update(MLA_PLAIN)
         return out
 
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"rope_theta": float(cfg.get("rotary_base", 10000.0))}
-        if cfg.get("scale_positional_embedding"):
+        if is_yarn(cfg, mla=mla):
+            if "yarn" not in kinds:
+                raise UnsupportedError("YaRN RoPE: this family's table does not translate it (pass --family for the "
+                                       "right one)")
+            out["rope_scaling"] = yarn_to_hf(cfg, mla=mla)
+        elif cfg.get("scale_positional_embedding"):
             out["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.get("scale_factor", 8.0),
                                    "low_freq_factor": cfg.get("low_freq_factor", 1.0),
                                    "high_freq_factor": cfg.get("high_freq_factor", 4.0),

@@ -7,12 +7,14 @@ MLA weights are copied as HF stores them (:func:`mla_attention_rules`); ``mlp.ga
 (top-k of score + bias, the unbiased scores renormalised, times ``routed_scaling_factor``)
 is HF's with ``norm_topk_prob: true``; without it, or with ``rope_interleave: false``,
 the import is refused. The first ``first_k_dense_replace`` layers are dense: a mixed stack.
+RoPE, plain or YaRN (the hub models'), is MLA's: ``rope_type`` and
+``MLATransformerConfig``'s YaRN fields (:mod:`nemo_convert.families.yarn`).
 """
 
 from typing import Any
 
 from nemo_convert.families import (GPT_CONFIG, MOE_NEMO_CONSTANTS, Check, Derived, Field, GPTFeatures, MoEBlock,
-                                   gpt_family, never)
+                                   gpt_family, rope)
 
 
 def _mla_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
@@ -79,6 +81,7 @@ DEEPSEEK_V3 = gpt_family(
         Field("rope_interleave", "nemo_convert.rope_interleave", True, accept=lambda v: v is True),
         Field("attention_bias", "bias", False, accept=lambda v: v is False),
         Check(("scoring_func", "topk_method", "moe_layer_freq"), _hub_routing),
+        rope("yarn", mla=True),
         harmless=("output_router_logits", "aux_loss_alpha", "seq_aux", "ep_size"), drop=("head_dim",),
         nemo_constants={**MOE_NEMO_CONSTANTS, "multi_latent_attention": True, "qk_layernorm": True,
                         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,

@@ -7,7 +7,9 @@ transpose of ``gate_up_proj[e]`` (bias likewise), fc2 = ``down_proj[e].T``. The 
 activation ``(up + 1) · gate · σ(1.702 · gate)`` with both clamped at ``swiglu_limit`` is
 Megatron's quick-GELU GLU with ``glu_linear_offset: 1`` and ``activation_func_clamp_value``.
 Experts with biases need ``expert_tensor_parallel_size: 1`` in Megatron: whole experts per
-TP rank. Refused: ``swiglu_alpha`` ≠ 1.702, RoPE scaling (the hub's yarn), MXFP4 weights.
+TP rank. YaRN (the hub models' RoPE) is GPTModel's ``position_embedding_type: yarn`` with
+its ``yarn_*`` fields (:mod:`nemo_convert.families.yarn`). Refused: ``swiglu_alpha`` ≠ 1.702,
+other RoPE scaling, MXFP4 weights.
 """
 
 from typing import Any
@@ -38,7 +40,7 @@ GPT_OSS = gpt_family(
         Field("swiglu_alpha", "nemo_convert.swiglu_alpha", 1.702, accept=lambda v: float(v) == 1.702),
         Field("swiglu_limit", "activation_func_clamp_value", 7.0, to_nemo=float, to_hf=float),
         activation("silu", "quick-geglu"), num_experts("num_local_experts"),
-        EXPERTS_FFN, rope(explicit_default=True),
+        EXPERTS_FFN, rope("yarn", explicit_default=True),
         *MOE_ROWS, harmless=MOE_HARMLESS,
         nemo_constants={**MOE_NEMO_CONSTANTS, "qkv_bias": True, "softmax_type": "learnable", "glu_linear_offset": 1.0,
                         "moe_router_pre_softmax": False, "moe_layer_freq": 1, "expert_tensor_parallel_size": 1,

@@ -60,7 +60,11 @@ bias, ``moe_router_pre_softmax: true`` (ignored by sigmoid routing), ``moe_layer
 ``moe_intermediate_size * n_shared_experts``, ``make_vocab_size_divisible_by: 1280`` and, for
 a config without YaRN, ``rotary_scaling_factor: 1`` and ``mscale_all_dim: 1`` over the
 class's ``rope_type: yarn`` (``model_bridge.py`` lines 604–614): YaRN at factor 1, i.e. plain
-RoPE. Reading a directory, the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
+RoPE; with YaRN (the hub models'), the HF block's ``factor``, ``original_max_position_embeddings``,
+``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim`` as ``rotary_scaling_factor`` and the
+same names (lines 495–504, 583–594) — MLATransformerConfig's fields, which our NeMo config
+carries under those names already (``nemo_convert/families/yarn.py``). Reading a directory,
+the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
 ``--num-experts`` is ``num_experts``, arguments.py line 2691, ``moe_ffn_hidden_size``
 defaulting to ``ffn_hidden_size``, lines 1016–1018) pass into the NeMo config, where the
 family registry decides (Mixtral, Qwen3-MoE, Qwen2-MoE by their claims); routing the table
@@ -80,6 +84,8 @@ from typing import Any, Callable
 import torch
 
 from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.formats.megatron.provider_gpt_oss import (GPT_OSS_FIELDS, QUICK_GELU, gpt_oss_nemo, gpt_oss_provider,
+                                                             is_gpt_oss, yarn_nemo, yarn_provider)
 from nemo_convert.mapping.ops import largest_pow2_divisor
 
 #: Megatron-Bridge's generic GPT provider: what its ``LlamaBridge`` builds.
@@ -117,7 +123,8 @@ class ProviderFamily:
     provider fields that are constants for the family (a config that needs another value
     is refused), the NeMo fields the provider implies (``nemo``: e.g. Gemma's embedding
     scaling, which ``GemmaModelProvider.provide`` applies) and what the bridge sets that
-    does not change the math (``extra``)."""
+    does not change the math (``extra``); ``gpt_oss``: the provider carries GPT-OSS's sinks,
+    window pattern and clamped GLU (:mod:`.provider_gpt_oss`)."""
 
     target: str
     fixed: tuple[tuple[str, Any], ...] = ()
@@ -125,6 +132,7 @@ class ProviderFamily:
     extra: tuple[tuple[str, Any], ...] = ()
     moe: bool = False
     mla: bool = False
+    gpt_oss: bool = False
 
 
 _DENSE = (("normalization", "RMSNorm"), ("gated_linear_unit", True), ("position_embedding_type", "rope"))
@@ -158,14 +166,21 @@ PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
         extra=(("moe_grouped_gemm", True), ("moe_router_pre_softmax", True), ("moe_token_dispatcher_type", "alltoall"),
                ("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_shared_expert_overlap", True),
                ("moe_router_dtype", "fp32"), ("moe_permute_fusion", True), ("hidden_dropout", 0.0),
-               ("make_vocab_size_divisible_by", 1280), ("rope_type", "yarn"), ("rotary_scaling_factor", 1.0),
-               ("mscale", 1.0), ("mscale_all_dim", 1.0)), moe=True, mla=True),
+               ("make_vocab_size_divisible_by", 1280)), moe=True, mla=True),
     "nemotron": ProviderFamily(GPT_PROVIDER, (("normalization", "LayerNorm"), ("gated_linear_unit", False),
                                               ("position_embedding_type", "rope"), ("activation_func", SQUARED_RELU),
                                               ("layernorm_zero_centered_gamma", True)) + _NO_LINEAR_BIAS,
                                extra=(("masked_softmax_fusion", True), ("persist_layer_norm", True),
                                       ("cross_entropy_loss_fusion", True), ("apply_rope_fusion", True),
                                       ("hidden_dropout", 0.0), ("attention_dropout", 0.0))),
+    # Megatron-Bridge v0.6.0 gpt_oss/gpt_oss_bridge.py lines 57-101 (provider_gpt_oss.py)
+    "gpt_oss": ProviderFamily(GPT_PROVIDER, (("normalization", "RMSNorm"), ("gated_linear_unit", True),
+                                             ("activation_func", QUICK_GELU), ("add_bias_linear", True),
+                                             ("softmax_type", "learnable"), ("share_embeddings_and_output_weights", False)),
+                              extra=(("moe_grouped_gemm", True), ("moe_token_dispatcher_type", "alltoall"),
+                                     ("moe_permute_fusion", True), ("moe_router_load_balancing_type", "none"),
+                                     ("bias_activation_fusion", True), ("bias_dropout_fusion", False),
+                                     ("hidden_dropout", 0.0)), moe=True, gpt_oss=True),
     "gemma": ProviderFamily(GEMMA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
         ("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
         ("share_embeddings_and_output_weights", True)), nemo=(("apply_embedding_scaling", True),)),
@@ -200,7 +215,9 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
     QWEN2_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": True, "seq_length": 4096},
     MLA_PROVIDER: {"multi_latent_attention": True, "q_lora_rank": 512, "kv_lora_rank": 512, "qk_head_dim": 128,
                    "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "normalization": "RMSNorm", "rope_type": "yarn",
-                   "rotary_scaling_factor": 40.0},  # megatron-core 0.16.1 transformer_config.py lines 2013-2058
+                   "rotary_scaling_factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0},  # megatron-core 0.16.1
+    # transformer_config.py lines 2013-2059 (MLATransformerConfig)
     QWEN3_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": False, "qk_layernorm": True, "kv_channels": 128,
                          "num_query_groups": 8, "seq_length": 40960},
 }
@@ -289,6 +306,18 @@ _EXPERT_COUNTS = ("num_moe_experts", "num_experts")
 #: args, arguments.py lines 2723-2740) and DeepSeek-V3's routing, which only an MLA model
 #: (the DeepSeek-V3 family) expresses here.
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+#: MLA's RoPE: ``rope_type`` and MLATransformerConfig's YaRN fields, same names in the NeMo
+#: config (nemo_convert/families/yarn.py) and the provider; what Megatron-LM's arguments
+#: lack (core_v0.16.1 arguments.py lines 2735-2740 have --rotary-scaling-factor, --mscale,
+#: --mscale-all-dim, line 2049 --rope-type) is the class's default (TARGET_DEFAULTS).
+MLA_YARN = ("rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+            "mscale_all_dim")
+#: Plain RoPE in an MLA NeMo config (nemo_convert/families/yarn.py ``MLA_PLAIN``: the fields
+#: of MLA's softmax scale at values that make it 1/sqrt(d)).
+MLA_PLAIN = {"rope_type": "rope", "rotary_scaling_factor": 1.0, "mscale_all_dim": 0.0}
+#: What DeepSeekV3Bridge writes for a config without YaRN (model_bridge.py lines 604-614):
+#: YaRN at factor 1 over the class's ``rope_type: yarn``, i.e. plain RoPE.
+MLA_BRIDGE_PLAIN = {"rope_type": "yarn", "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
 DEEPSEEK_ROUTING = ("multi_latent_attention", "moe_router_score_function", "moe_router_enable_expert_bias",
                     "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk")
 
@@ -315,6 +344,7 @@ ACTIVATIONS: dict[str, tuple[bool, str]] = {
     "fast-geglu": (True, "torch.nn.functional.gelu"), "geglu": (True, "torch.nn.functional.gelu"),
     "gelu": (False, "torch.nn.functional.gelu"), "silu": (False, "torch.nn.functional.silu"),
     "relu": (False, "torch.nn.functional.relu"), "squared-relu": (False, SQUARED_RELU),
+    "quick-geglu": (True, QUICK_GELU),
 }
 NORMALIZATIONS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 #: NeMo ``precision`` → (bf16, fp16, params dtype).
@@ -362,7 +392,8 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
     """The ``model:`` section of ``run_config.yaml`` for a NeMo 1 config: what
     Megatron-Bridge's bridge derives from the HF config (module docstring)."""
     spec = provider_family(family)
-    skip = ("openai_gelu",) + (_EXPERT_COUNTS if spec.moe else ()) + (DEEPSEEK_ROUTING if spec.mla else ())
+    skip = ("openai_gelu",) + (_EXPERT_COUNTS if spec.moe else ()) + (DEEPSEEK_ROUTING if spec.mla else ()) + (
+        GPT_OSS_FIELDS if spec.gpt_oss else ())
     neutral = {**NEUTRAL, **MOE_NEUTRAL, **({} if spec.mla else _NO_SHARED)} if spec.moe else NEUTRAL
     bad = {k: cfg[k] for k in neutral if k in cfg and cfg[k] != neutral[k] and k not in skip}
     if bad:
@@ -429,6 +460,9 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
         model["expert_model_parallel_size"] = int(ep)
     if spec.mla:
         model.update(_mla_provider(cfg, family))
+    if spec.gpt_oss:
+        model.update(gpt_oss_provider(cfg))
+    model.update(yarn_provider(cfg))
     window = _bridge_window(cfg)
     if window is not None:
         model["window_size"] = window
@@ -464,13 +498,20 @@ def _mla_provider(cfg: dict[str, Any], family: str) -> dict[str, Any]:
     ``deepseek/deepseek_v3_bridge.py`` lines 53–99 over ``conversion/model_bridge.py``'s
     table, lines 461–478): the MLA head dimensions, ``kv_channels`` from HF's ``head_dim``
     (= ``qk_rope_head_dim``; MLA does not read it), DeepSeek's routing with ``n_group`` /
-    ``topk_group`` as given (1 when ungrouped), and no YaRN (factor 1: plain RoPE)."""
+    ``topk_group`` as given (1 when ungrouped), and MLA's RoPE: YaRN's fields as the config
+    has them (``model_bridge.py`` lines 495–504, 583–594: the HF block's keys under the same
+    names), plain RoPE as the bridge writes it (:data:`MLA_BRIDGE_PLAIN`)."""
     missing = [k for k in MLA_FIELDS if k not in cfg]
     if missing:
         raise UnsupportedError(f"{family}: the config lacks {', '.join(missing)}")
     if cfg.get("scale_positional_embedding") or cfg.get("seq_len_interpolation_factor"):
         raise UnsupportedError(f"{family}: RoPE scaling has no MLAModelProvider spelling here")
     out: dict[str, Any] = {k: (None if cfg[k] is None else int(cfg[k])) for k in MLA_FIELDS}
+    if cfg.get("rope_type") == "yarn":
+        out["rope_type"] = "yarn"
+        out.update({k: (int(cfg[k]) if k == "original_max_position_embeddings" else float(cfg[k])) for k in MLA_YARN})
+    else:
+        out.update(MLA_BRIDGE_PLAIN)
     factor = cfg.get("moe_router_topk_scaling_factor")
     out.update({"kv_channels": int(cfg["qk_pos_emb_head_dim"]), "multi_latent_attention": True,
                 "moe_router_score_function": str(cfg.get("moe_router_score_function")),
@@ -503,8 +544,8 @@ def _refuse_non_neutral(values: dict[str, Any], where: str) -> None:
                                "supported without experts (no family here runs dense multi-latent attention)")
     for k, neutral in {**NEUTRAL, **MOE_NEUTRAL}.items():
         v = values.get(k)
-        if k in _EXPERT_COUNTS or (mla and k in DEEPSEEK_ROUTING):
-            continue  # read by _moe_nemo / _mla_nemo
+        if k in _EXPERT_COUNTS or (mla and k in DEEPSEEK_ROUTING) or (is_gpt_oss(values) and k in GPT_OSS_FIELDS):
+            continue  # read by _moe_nemo / _mla_nemo / gpt_oss_nemo
         if v is not None and v != neutral:
             raise UnsupportedError(f"{where}: {k}={v!r} changes the model's math and is not supported")
 
@@ -538,13 +579,9 @@ def _moe_nemo(cfg: dict[str, Any], values: dict[str, Any], side: str, where: str
 
 def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
     """An MLA model with experts (what the DeepSeek-V3 family claims): the MLA head
-    dimensions, DeepSeek's sigmoid routing with expert bias, ungated shared experts and no
-    YaRN (``rope_type: yarn`` with ``rotary_scaling_factor`` ≤ 1 is plain RoPE)."""
-    rope = values.get("rope_type") or "yarn"
-    factor = float(values.get("rotary_scaling_factor") if values.get("rotary_scaling_factor") is not None else 1.0)
-    if rope not in ("rope", "yarn") or (rope == "yarn" and factor > 1.0):
-        raise UnsupportedError(f"{where}: rope_type={rope!r} with rotary_scaling_factor={factor} (YaRN) is not "
-                               "supported")
+    dimensions, DeepSeek's sigmoid routing with expert bias, ungated shared experts and MLA's
+    RoPE (:func:`_mla_rope`)."""
+    cfg.update(_mla_rope(values, where))
     for k, want in (("moe_router_score_function", "sigmoid"), ("moe_router_enable_expert_bias", True),
                     ("moe_shared_expert_gate", False)):
         have = values.get(k, MOE_NEUTRAL.get(k, False))
@@ -569,6 +606,28 @@ def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
                 "moe_grouped_gemm": False})
 
 
+def _mla_rope(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """MLA's RoPE fields for the NeMo config. ``rope_type`` absent means MLATransformerConfig's
+    ``yarn``; YaRN at factor 1 (what DeepSeekV3Bridge writes without YaRN: concentration
+    mscale(1, m) / mscale(1, a) = 1, softmax factor mscale(1, a)² = 1) is plain RoPE; other
+    YaRN passes through (MLATransformerConfig's defaults for the fields not given). Plain
+    ``rope_type: rope`` with a softmax factor (MLA applies mscale(factor, mscale_all_dim)² for
+    both types, multi_latent_attention.py line 125) has no HF spelling and is refused."""
+    rope = values.get("rope_type") or "yarn"
+    yarn: dict[str, Any] = {k: values[k] if values.get(k) is not None else TARGET_DEFAULTS[MLA_PROVIDER][k]
+                            for k in MLA_YARN}
+    factor, all_dim = float(yarn["rotary_scaling_factor"]), float(yarn["mscale_all_dim"])
+    if rope == "rope" and factor > 1.0 and all_dim:
+        raise UnsupportedError(f"{where}: rope_type='rope' with rotary_scaling_factor={factor} and mscale_all_dim="
+                               f"{all_dim} scales MLA's softmax, which plain RoPE in transformers does not")
+    if rope == "rope" or (rope == "yarn" and factor == 1.0):
+        return dict(MLA_PLAIN)
+    if rope != "yarn":
+        raise UnsupportedError(f"{where}: rope_type={rope!r} is not a RoPE of multi-latent attention (rope, yarn)")
+    return {"rope_type": "yarn", **{k: (int(v) if k == "original_max_position_embeddings" else float(v))
+                                    for k, v in yarn.items()}}
+
+
 def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
     cfg: dict[str, Any] = {"mcore_gpt": True, "target": NEMO_GPT_TARGET}
     for f in FIELDS:
@@ -578,7 +637,9 @@ def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
         default = PROVIDER_DEFAULTS.get(name, f.default) if side == "provider" else f.default
         value = values.get(name, default)
         cfg[f.nemo] = f.kind(value) if value is not None else None
-    if cfg.get("position_embedding_type") not in ("rope",):
+    if cfg.get("position_embedding_type") == "yarn":
+        cfg.update(yarn_nemo(values, "the model section"))
+    elif cfg.get("position_embedding_type") not in ("rope",):
         raise UnsupportedError(f"position_embedding_type={cfg.get('position_embedding_type')!r}: only rope "
                                "models are supported")
     if cfg.get("seq_len_interpolation_factor") is None:
@@ -628,6 +689,9 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
     cfg["normalization"] = {v: k for k, v in NORMALIZATIONS.items()}.get(norm) or _refuse(where, "normalization", norm)
     fn = _target_of(model.get("activation_func") or "torch.nn.functional.gelu").rsplit(".", 1)[-1]
     gated = bool(model.get("gated_linear_unit", False))
+    if fn == "quick_gelu" and not is_gpt_oss(model):
+        raise UnsupportedError(f"{where}: activation_func quick_gelu without GPT-OSS's attention sinks is not a "
+                               "model any family here runs")
     cfg["activation"] = _activation(gated, fn, where)
     if fn in _TANH_GELU:
         cfg["openai_gelu"] = True
@@ -640,6 +704,10 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
                                f"scaling ({target or 'no _target_'}) is not a model any family here runs")
     _sliding_window_record(cfg)
     _moe_nemo(cfg, model, "provider", where)
+    if is_gpt_oss(model):
+        extra = gpt_oss_nemo(model, int(cfg["num_layers"]), where)
+        cfg["nemo_convert"] = {**(cfg.get("nemo_convert") or {}), **extra.pop("nemo_convert")}
+        cfg.update(extra)
     cfg["share_embeddings_and_output_weights"] = bool(model.get("share_embeddings_and_output_weights",
                                                                 PROVIDER_DEFAULTS["share_embeddings_and_output_weights"]))
     dtype = _target_of(model.get("params_dtype")).rsplit(".", 1)[-1]
@@ -664,6 +732,7 @@ def _refuse(where: str, what: str, value: Any) -> Any:
 
 #: (gated linear unit, torch function name) → NeMo 1 ``activation``.
 _ACTIVATION_OF = {(True, "silu"): "fast-swiglu", (True, "gelu"): "fast-geglu", (False, "gelu"): "gelu",
+                  (True, "quick_gelu"): "quick-geglu",
                   (False, "silu"): "silu", (False, "relu"): "relu", (True, "fast_gelu"): "geglu",
                   (False, "squared_relu"): "squared-relu",
                   (True, "openai_gelu"): "geglu"}

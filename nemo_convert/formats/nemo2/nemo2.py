@@ -14,8 +14,9 @@ from typing import Any
 
 import yaml
 
-from nemo_convert.errors import InputError
+from nemo_convert.errors import InputError, UnsupportedError
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.megatron.megatron_config import MLA_PROVIDER, provider_to_nemo
 from nemo_convert.formats.nemo.nemo_checkpoint import KindsFor, NemoCheckpoint, VocabTrimView
 from nemo_convert.formats.io.tar_archive import DirectoryContainer
 from nemo_convert.mapping.rules import Parallel
@@ -77,9 +78,66 @@ def _activation(c: dict[str, Any]) -> dict[str, Any]:
             "bias_activation_fusion": bool(c.get("bias_activation_fusion", False))}
 
 
+_DEEPSEEK = "nemo.collections.llm.gpt.model.deepseek."
+#: NeMo 2's GPT-OSS configs (NeMo 8cfedd7 ``gpt_oss.py`` lines 45–103): YaRN as
+#: ``rotary_scaling_factor: 32`` and ``yarn_original_max_position_embeddings: 131072`` (lines 64–70),
+#: while ``HFGPTOSSExporter.config`` (lines 510–518) writes transformers' GptOssConfig defaults
+#: (factor 32, original 4096): refused by name.
+_GPT_OSS = "nemo.collections.llm.gpt.model.gpt_oss."
+_FN = "torch.nn.functional."
+#: NeMo 2's DeepSeek config classes (NeMo 8cfedd7 ``nemo/collections/llm/gpt/model/deepseek.py``:
+#: ``DeepSeekConfig`` lines 58–130, ``DeepSeekV3Config`` lines 181–205): Megatron-Core
+#: ``MLATransformerConfig`` subclasses, whose ``model.yaml`` holds only the arguments given
+#: (``HFDeepSeekImporter.config``, lines 405–453, passes no RoPE field), so an absent field
+#: means the class default — YaRN (MLATransformerConfig's ``rope_type: yarn``, original
+#: context 4096, betas 32 / 1) at ``rotary_scaling_factor`` 40 with ``mscale`` and
+#: ``mscale_all_dim`` 1: DeepSeek-V3's. The fields are Megatron-Bridge's ``MLAModelProvider``'s,
+#: so they are read by the provider table (:func:`provider_to_nemo`). DeepSeek-V2's classes
+#: route with softmax scores, which no family here runs.
+_DEEPSEEK_DEFAULTS: dict[str, Any] = {
+    "normalization": "RMSNorm", "activation_func": {"_target_": _FN + "silu", "_call_": False},
+    "gated_linear_unit": True, "position_embedding_type": "rope", "add_bias_linear": False,
+    "share_embeddings_and_output_weights": False, "num_attention_heads": 128, "kv_channels": 128,
+    "max_position_embeddings": 4096, "seq_length": 4096, "rotary_base": 10000.0, "make_vocab_size_divisible_by": 3200,
+    "qk_layernorm": True, "moe_grouped_gemm": True, "moe_router_pre_softmax": True,
+    "moe_token_dispatcher_type": "alltoall", "moe_router_load_balancing_type": "seq_aux_loss", "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
+    "rotary_scaling_factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0, "init_method_std": 0.006,
+    "layernorm_epsilon": 1e-6, "bf16": True, "params_dtype": {"_target_": "torch.bfloat16", "_call_": False},
+}
+NEMO2_MLA_DEFAULTS: dict[str, dict[str, Any]] = {
+    _DEEPSEEK + "DeepSeekConfig": _DEEPSEEK_DEFAULTS,
+    _DEEPSEEK + "DeepSeekV3Config": {
+        **_DEEPSEEK_DEFAULTS, "num_layers": 61, "hidden_size": 7168, "ffn_hidden_size": 18432, "num_moe_experts": 256,
+        "moe_ffn_hidden_size": 2048, "moe_shared_expert_intermediate_size": 2048, "moe_layer_freq": [0] * 3 + [1] * 58,
+        "moe_router_topk": 8, "moe_router_num_groups": 8, "moe_router_group_topk": 4,
+        "moe_router_topk_scaling_factor": 2.5, "moe_aux_loss_coeff": 1e-4, "make_vocab_size_divisible_by": 1280,
+        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True},
+}
+
+
+def _mla_nemo2(c: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    """A NeMo 2 DeepSeek config, read as the MLA provider it equals field for field."""
+    cls = _target(c)
+    if cls not in NEMO2_MLA_DEFAULTS:
+        raise UnsupportedError(f"context/model.yaml: NeMo 2 config class {cls} is not supported (known: "
+                               + ", ".join(k.rsplit(".", 1)[-1] for k in NEMO2_MLA_DEFAULTS) + ")")
+    values = {**NEMO2_MLA_DEFAULTS[cls], **{k: v for k, v in c.items() if k != "_target_"}, "_target_": MLA_PROVIDER}
+    cfg = provider_to_nemo(values, "context/model.yaml")
+    cfg["nemo2_target"] = _target(model)
+    return cfg
+
+
 def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
     """NeMo 2 ``model.yaml`` (the GPT family of configs) → NeMo 1 ``model_config`` fields."""
-    c = model.get("config") if isinstance(model.get("config"), dict) else {}
+    c: dict[str, Any] = model["config"] if isinstance(model.get("config"), dict) else {}
+    if _target(c).startswith(_DEEPSEEK):
+        return _mla_nemo2(c, model)
+    if _target(c).startswith(_GPT_OSS):
+        raise UnsupportedError(f"context/model.yaml: NeMo 2's {_target(c).rsplit('.', 1)[-1]} is not read: its YaRN "
+                               "is rotary_scaling_factor (Megatron-Core 0.16's GPTModel reads yarn_rotary_scaling_"
+                               "factor) with original context 131072 by default, where gpt-oss's and NeMo's own HF "
+                               "export's is 4096, so which YaRN the checkpoint ran is not recorded")
     heads = c.get("num_attention_heads")
     seq = c.get("seq_length") or c.get("max_position_embeddings") or 4096
     dtype = _target(c.get("params_dtype")).rsplit(".", 1)[-1]
