@@ -205,7 +205,8 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("gpt_oss", dict(swiglu_alpha=1.5), "swiglu_alpha=1.5"),
     ("gpt_oss", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0}), "'yarn'"),
     ("gpt_oss", dict(attention_bias=False), "attention_bias=False"),
-    ("gpt_oss", dict(quantization_config={"quant_method": "mxfp4"}), "quant_method='mxfp4'"),
+    ("gpt_oss", dict(quantization_config={"quant_method": "mxfp4"}), "quant_method='mxfp4', but no tensor"),
+    ("gpt_oss", dict(quantization_config={"quant_method": "bitsandbytes"}), "quant_method='bitsandbytes'"),
 ])
 def test_unrepresentable_features_are_refused_by_name(tmp_path, models, family, changes, words):
     src = str(tmp_path / "src")
