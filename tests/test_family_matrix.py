@@ -61,13 +61,19 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
                                              q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
                                              v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
                                              n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
-                                             routed_scaling_factor=2.5, rope_scaling=None),
+                                             routed_scaling_factor=2.5, rope_scaling=None,
+                                             num_nextn_predict_layers=1),  # with the hub's MTP layer: add_mtp_layers
                     {"multi_latent_attention": True, "moe_layer_freq": [0, 1, 1, 1], "kv_channels": 16,
                      "moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.5,
-                     "moe_shared_expert_intermediate_size": 48, "q_lora_rank": 32},
+                     "moe_shared_expert_intermediate_size": 48, "q_lora_rank": 32, "mtp_num_layers": 1},
                     ("decoder.layers.1.mlp.router.expert_bias", "decoder.layers.0.mlp.linear_fc1.weight",
                      "decoder.layers.2.self_attention.linear_kv_up_proj.layer_norm_weight",
-                     "decoder.layers.2.mlp.shared_experts.linear_fc1.weight", "!decoder.layers.0.mlp.router.weight")),
+                     "decoder.layers.2.mlp.shared_experts.linear_fc1.weight", "!decoder.layers.0.mlp.router.weight",
+                     "mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight", "mtp.layers.0.eh_proj.weight",
+                     "mtp.layers.0.final_layernorm.weight", "mtp.layers.0.transformer_layer.mlp.router.expert_bias",
+                     "mtp.layers.0.transformer_layer.mlp.experts.local_experts.3.linear_fc2.weight",
+                     "mtp.layers.0.transformer_layer.self_attention.linear_q_up_proj.layer_norm_weight",
+                     "!decoder.layers.4.input_layernorm.weight")),
     "gpt_oss": ("GptOssConfig", dict(head_dim=16, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
                                      sliding_window=8, layer_types=["sliding_attention", "full_attention"],
                                      swiglu_limit=0.5,
@@ -83,8 +89,38 @@ MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss")
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
 
 
-def make_model(folder: str, family: str, **overrides) -> str:
-    """A random HF model of ``family`` (every parameter, norms and biases too), saved."""
+def add_mtp_layers(folder: str, seed: int = 3) -> None:
+    """Add the multi-token-prediction layers ``config.json`` announces
+    (``num_nextn_predict_layers``), as DeepSeek-V3's hub files store them after the ``L``
+    decoder layers (README_WEIGHTS.md of deepseek-ai/DeepSeek-V3): ``model.layers.{L+k}.``
+    ``enorm``, ``hnorm``, ``eh_proj`` ``[H, 2H]``, a decoder layer like the last one (random
+    values), ``shared_head.norm``, and copies of ``embed_tokens`` and ``lm_head``
+    (``shared_head.head``). transformers saves none of them (its model has no MTP layer)."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = read_json(os.path.join(folder, "config.json"))
+    path = os.path.join(folder, "model.safetensors")
+    tensors = load_file(path)
+    layers, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
+    g = torch.Generator().manual_seed(seed)
+    last = f"model.layers.{layers - 1}."
+    for k in range(int(cfg.get("num_nextn_predict_layers") or 0)):
+        mtp = f"model.layers.{layers + k}."
+        new = {mtp + n[len(last):]: v for n, v in tensors.items() if n.startswith(last)}
+        new.update({mtp + "enorm.weight": tensors["model.norm.weight"], mtp + "hnorm.weight": tensors["model.norm.weight"],
+                    mtp + "shared_head.norm.weight": tensors["model.norm.weight"],
+                    mtp + "eh_proj.weight": tensors["model.norm.weight"].new_empty(hidden, 2 * hidden)})
+        for n, v in new.items():
+            scale = 0.5 if n.endswith("e_score_correction_bias") else 0.2
+            tensors[n] = (torch.randn(v.shape, generator=g) * scale).to(v.dtype)
+        tensors[mtp + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors[mtp + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def make_model(folder: str, family: str, mtp_weights: bool = True, **overrides) -> str:
+    """A random HF model of ``family`` (every parameter, norms and biases too), saved; with
+    the MTP layers its config announces unless ``mtp_weights=False`` (as transformers saves it)."""
     import transformers
 
     cls_name, extra, _, _ = FAMILIES[family]
@@ -98,6 +134,8 @@ def make_model(folder: str, family: str, **overrides) -> str:
             if name.endswith("e_score_correction_bias"):
                 buf.copy_(torch.randn(buf.shape, generator=g) * 0.5)
     model.save_pretrained(folder, safe_serialization=True)
+    if mtp_weights and getattr(cfg, "num_nextn_predict_layers", 0):
+        add_mtp_layers(folder)
     return folder
 
 
@@ -462,6 +500,26 @@ def test_moe_stacked_dist_keys_and_extra_states(tmp_path, models):
     ck.close()
 
 
+def _fused_mtp_layers(src: str, config) -> dict:
+    """The source's MTP layers (which transformers does not load) with their experts fused
+    as transformers fuses a decoder layer's: ``gate_up_proj`` ``[E, 2I, H]`` rows
+    ``[gate; up]`` per expert, ``down_proj`` ``[E, H, I]``."""
+    tensors = hf_tensors(src)
+    out = {}
+    for k in range(getattr(config, "num_nextn_predict_layers", 0) or 0):
+        mtp = f"model.layers.{config.num_hidden_layers + k}."
+        layer = {n: v for n, v in tensors.items() if n.startswith(mtp)}
+        experts = mtp + "mlp.experts."
+        count = len({n[len(experts):].split(".")[0] for n in layer if n.startswith(experts)})
+        out.update({n: v for n, v in layer.items() if not n.startswith(experts)})
+        if count:
+            out[experts + "gate_up_proj"] = torch.stack([torch.cat([layer[f"{experts}{e}.gate_proj.weight"],
+                                                                    layer[f"{experts}{e}.up_proj.weight"]])
+                                                         for e in range(count)])
+            out[experts + "down_proj"] = torch.stack([layer[f"{experts}{e}.down_proj.weight"] for e in range(count)])
+    return out
+
+
 def _fused_copy(src: str, dst: str) -> str:
     """``src`` saved in transformers v5's in-memory layout: every layer's experts fused
     (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``mlp.experts.down_proj`` ``[E, H, I]``)."""
@@ -475,6 +533,7 @@ def _fused_copy(src: str, dst: str) -> str:
     state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"
              or not model.config.tie_word_embeddings}
     assert any(k.endswith("mlp.experts.gate_up_proj") for k in state)
+    state.update(_fused_mtp_layers(src, model.config))
     save_file(state, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(os.path.join(src, "config.json"), dst)
     return dst

@@ -140,6 +140,22 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
     return cfg, plan
 
 
+def _mtp_notes(cfg: dict[str, Any], plan: Plan) -> list[str]:
+    """One line for multi-token-prediction layers the ``.nemo`` leaves out (``hf_mtp``)."""
+    mtp = (cfg.get(SECTION) or {}).get("hf_mtp") or {}
+    first = int(cfg.get("num_layers") or 0)
+    if mtp.get("dropped"):
+        n = int(mtp["dropped"])
+        count = sum(k.startswith(tuple(f"model.layers.{first + i}." for i in range(n))) for k in plan.dropped)
+        return [f"--drop-mtp: left out the source's {n} multi-token-prediction layer(s) (model.layers.{first}"
+                f"{'' if n == 1 else f'-{first + n - 1}'}.*, {count} tensors); export writes num_nextn_predict_layers: 0"]
+    if mtp.get("absent"):
+        return [f"config.json announces {mtp['absent']} multi-token-prediction layer(s) that the checkpoint does not "
+                f"store (no model.layers.{first}.*; transformers never saves them): none imported, and export "
+                "announces them again"]
+    return []
+
+
 def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | torch.dtype | None = None,
               layout: str | None = None, overwrite: bool = False, packed: bool = True,
               progress: Progress | None = None, registry: Registry | None = None,
@@ -195,6 +211,7 @@ def import_hf(src: str, out: str, *, family: str | None = None, dtype: str | tor
                                 ignore_config_keys=ignore_config_keys)
         if quantized is not None:
             cfg[SECTION]["hf_dequantized"] = copy.deepcopy(quantized)
+        notes += _mtp_notes(cfg, plan)
         plan.check_finite = check_finite
         warnings = apply_dtype(plan, want)
         plan.pool.enabled = True  # the writers consume each fused tensor before the next task

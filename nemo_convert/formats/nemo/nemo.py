@@ -21,7 +21,8 @@ from nemo_convert.formats.nemo.nemo_ranks import PerRankSource
 from nemo_convert.formats.io.sink import MemberSink
 from nemo_convert.formats.io.tar_archive import Container, find_member, open_nemo_container
 from nemo_convert.mapping.rules import Parallel
-from nemo_convert.sharding.layout import ParallelLayout, detect_ranks, parse_rank_dir, rank_dir, split_layer_name
+from nemo_convert.sharding.layout import (ParallelLayout, detect_ranks, embedding_on_last_stage, parse_rank_dir,
+                                          rank_dir, split_layer_name)
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.tensors.torch_zip_source import TorchZipSource
 from nemo_convert.tensors.views import PrefixView  # noqa: F401  (re-exported)
@@ -85,7 +86,7 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
                                  "family's mapping, and no installed family handles this config (pass --family)")
             sizes = _stage_sizes(container, prefix, (tp, pp), trust_pickle)
             playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes,
-                                          tied=bool(config.get("share_embeddings_and_output_weights")))
+                                          tied=embedding_on_last_stage(config))
             vocab = (config.get("nemo_convert") or {}).get("vocab_size")
             source = PerRankSource(container, prefix, playout, kinds, vocab=vocab, trust_pickle=trust_pickle,
                                    tensor_parallel=tensor_parallel)
