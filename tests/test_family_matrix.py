@@ -13,7 +13,7 @@ import yaml
 from tiny_models import hf_tensors, randomize_, read_json
 
 from nemo_convert import api
-from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.errors import ConfigError, InputError, UnsupportedError
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=128, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -616,3 +616,103 @@ def test_deepseek_v3_fp8_block_scaled_weights_are_dequantized(tmp_path, models):
         json.dump({**cfg, "quantization_config": {"quant_method": "mxfp4"}}, f)
     with pytest.raises(UnsupportedError, match="quant_method='mxfp4'"):
         api.import_hf(bad, str(tmp_path / "x.nemo"))
+
+
+# -- multi-token prediction (DeepSeek-V3) ------------------------------------------------------
+
+def test_deepseek_v3_mtp_dist_keys_and_pipeline_stage(tmp_path, models):
+    """The MTP layer's dist keys are Megatron-Core's (``mtp.layers.0.…``, never stacked, experts
+    ``[E, …]``, ``eh_proj`` with an extra state; ``tests/test_family_megatron.py`` checks them
+    against Megatron-Core's own ``sharded_state_dict``); at PP=2 the MTP block and a copy of
+    the embedding are on the last stage."""
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+    from nemo_convert.tensors.torch_zip_source import open_torch_file
+
+    nemo = str(tmp_path / "m")
+    api.import_hf(models["deepseek_v3"], nemo, packed=False)
+    ck = DistCheckpointSource.from_dir(os.path.join(nemo, "model_weights"))
+    assert ck._raw["model.mtp.layers.0.eh_proj.weight"][0] == (64, 128)
+    assert ck._raw["model.mtp.layers.0.transformer_layer.mlp.experts.experts.linear_fc1.weight"][0] == (4, 96, 64)
+    extra = set(ck.extra_state_keys)
+    assert {"model.mtp.layers.0.eh_proj._extra_state/shard_0_1",
+            "model.mtp.layers.0.transformer_layer.self_attention.linear_q_down_proj._extra_state/shard_0_1",
+            "model.mtp.layers.0.transformer_layer.mlp.experts.experts.linear_fc2._extra_state/shard_3_4"} <= extra
+    assert not [k for k in ck.raw_keys() if k.startswith("model.mtp.layers.") and not k.startswith("model.mtp.layers.0.")]
+    ck.close()
+    ranks = str(tmp_path / "r")
+    api.reshard(nemo, ranks, tp=1, pp=2, layout="legacy", packed=False)
+    first, last = (open_torch_file(os.path.join(ranks, f"tp_rank_00_pp_rank_00{p}", "model_weights.ckpt"))
+                   for p in (0, 1))
+    try:
+        assert "model.embedding.word_embeddings.weight" in first.keys() and "model.embedding.word_embeddings.weight" in last.keys()
+        assert "model.mtp.layers.0.enorm.weight" in last.keys() and not any("mtp" in k for k in first.keys())
+    finally:
+        first.close(), last.close()
+
+
+def test_drop_mtp_leaves_the_mtp_layers_out_with_one_line(tmp_path, models, cli):
+    src = models["deepseek_v3"]
+    nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
+    code, out, err = cli("import", src, "-o", nemo, "--unpacked", "--drop-mtp")
+    assert code == 0, err
+    assert err.count("--drop-mtp: left out the source's 1 multi-token-prediction layer(s) (model.layers.4.*, 32 "
+                     "tensors)") == 1, err
+    cfg = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
+    assert cfg.get("mtp_num_layers") is None and cfg["nemo_convert"]["hf_mtp"] == {"dropped": 1}
+    with api.open_checkpoint(nemo) as ck:
+        assert not [k for k in ck.source.keys() if k.startswith("mtp.")]
+    api.export_hf(nemo, back)
+    got = hf_tensors(back)
+    assert not [k for k in got if k.startswith("model.layers.4.")]
+    assert read_json(os.path.join(back, "config.json"))["num_nextn_predict_layers"] == 0
+    assert torch.equal(logits(src), logits(back))  # transformers' model never runs the MTP layer
+
+
+def test_mtp_layers_announced_but_not_stored_import_without_them(tmp_path):
+    """A checkpoint transformers saved announces one MTP layer (``num_nextn_predict_layers``
+    defaults to 1) and stores none: imported without an MTP block, said so, and exported
+    with the same config."""
+    src = make_model(str(tmp_path / "hf"), "deepseek_v3", mtp_weights=False)
+    nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
+    rep = api.import_hf(src, nemo, packed=False)
+    assert any("announces 1 multi-token-prediction layer(s) that the checkpoint does not store" in n
+               for n in rep.notes), rep.notes
+    cfg = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
+    assert cfg.get("mtp_num_layers") is None and cfg["nemo_convert"]["hf_mtp"] == {"absent": 1}
+    api.export_hf(nemo, back)
+    assert_same(src, back)
+
+
+def test_an_mtp_copy_of_the_embedding_that_differs_is_refused_by_name(tmp_path, models):
+    """Megatron-Core's MTP block uses the main embedding and output layer: an MTP layer whose
+    stored copies differ cannot be represented; --drop-mtp is the way out."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = str(tmp_path / "src")
+    shutil.copytree(models["deepseek_v3"], src)
+    path = os.path.join(src, "model.safetensors")
+    tensors = load_file(path)
+    tensors["model.layers.4.shared_head.head.weight"] = tensors["model.layers.4.shared_head.head.weight"] + 1.0
+    save_file(tensors, path, metadata={"format": "pt"})
+    out = str(tmp_path / "m.nemo")
+    with pytest.raises(InputError) as ei:
+        api.import_hf(src, out)
+    msg = str(ei.value)
+    assert "model.layers.4.shared_head.head.weight differs from lm_head.weight" in msg and "--drop-mtp" in msg
+    assert "\n" not in msg and not os.path.exists(out)
+    api.import_hf(src, out, options={"drop_mtp": True})
+
+
+def test_an_mtp_layer_megatron_would_build_otherwise_is_refused(tmp_path, models):
+    src = str(tmp_path / "src")
+    os.makedirs(src)
+    for name in os.listdir(models["deepseek_v3"]):
+        if name != "config.json":
+            os.symlink(os.path.join(models["deepseek_v3"], name), os.path.join(src, name))
+    cfg = read_json(os.path.join(models["deepseek_v3"], "config.json"))
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump({**cfg, "first_k_dense_replace": cfg["num_hidden_layers"]}, f)
+    with pytest.raises(UnsupportedError, match="num_nextn_predict_layers=1 with first_k_dense_replace=4"):
+        api.import_hf(src, str(tmp_path / "m.nemo"))

@@ -367,9 +367,9 @@ def _with_expert_layout(to_nemo: Callable[..., dict[str, Any]], family: str) -> 
 
 
 #: ``--drop-mtp``: an import switch of every family with MTP layers.
-DROP_MTP = CommandOption("import", "--drop-mtp", "leave the source's multi-token-prediction layers "
-                         "(num_nextn_predict_layers) out of the .nemo; without it they are imported into "
-                         "Megatron-Core's MTP block")
+DROP_MTP = CommandOption("import", "--drop-mtp", "DeepSeek-V3: leave the source's multi-token-prediction layers "
+                         "(num_nextn_predict_layers) out (one note says so); without it they are imported into "
+                         "Megatron-Core's MTP block. Same as --option drop_mtp=true")
 
 
 def hf_mtp_weights(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ MTP block (``GPTFeatures(mtp=True)``: :func:`~nemo_convert.families.gpt.mtp_rule
 
 from typing import Any
 
+from nemo_convert.errors import UnsupportedError
 from nemo_convert.families import (GPT_CONFIG, MOE_NEMO_CONSTANTS, Check, Derived, Field, GPTFeatures, MoEBlock,
                                    gpt_family)
 
@@ -41,6 +42,9 @@ def _mla_derived(hf: dict[str, Any]) -> str | None:
 
 def _experts_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
     fe, layers, dense = int(hf["moe_intermediate_size"]), int(hf["num_hidden_layers"]), int(hf["first_k_dense_replace"])
+    reason = _mtp_layer_kind(hf)
+    if reason:
+        raise UnsupportedError(f"{reason} (family deepseek_v3 cannot represent it exactly)")
     groups = int(hf.get("n_group") or 1)
     return {"num_moe_experts": int(hf["n_routed_experts"]), "moe_ffn_hidden_size": fe,
             "moe_shared_expert_intermediate_size": fe * int(hf["n_shared_experts"]) or None,
@@ -84,7 +88,6 @@ DEEPSEEK_V3 = gpt_family(
         Check(("head_dim", "qk_head_dim"), _mla_derived),
         Derived(("n_routed_experts", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
                  "n_group", "topk_group"), _experts_to_nemo, _experts_to_hf),
-        Check(("num_nextn_predict_layers",), _mtp_layer_kind),
         Field("num_experts_per_tok", "moe_router_topk", to_nemo=int, to_hf=int),
         Field("routed_scaling_factor", "moe_router_topk_scaling_factor", 1.0, to_nemo=float, to_hf=float),
         Field("norm_topk_prob", "nemo_convert.norm_topk_prob", True, accept=lambda v: v is True),
