@@ -264,6 +264,19 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
     return rules
 
 
+def _at_layer(rule: Rule, hf_prefix: str, nemo_prefix: str) -> Rule:
+    """A decoder-layer rule (``model.layers.{i}.`` ⇄ ``decoder.layers.{i}.``) respelled for
+    one concrete layer under other prefixes."""
+
+    def hf(name: str) -> str:
+        return name.replace(L, hf_prefix)
+
+    def nemo(name: str) -> str:
+        return name.replace(D, nemo_prefix)
+
+    return rule.renamed(hf=hf, nemo=nemo)
+
+
 def mtp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
     """Megatron-Core's multi-token-prediction block ⇄ the MTP layers an HF checkpoint stores
     after its ``L`` decoder layers (DeepSeek-V3's hub files: ``model.layers.{L+k}.*``).
@@ -296,8 +309,7 @@ def mtp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
         rules += norm_rules(features, h + "enorm.weight", n + "enorm.weight")
         rules += norm_rules(features, h + "hnorm.weight", n + "hnorm.weight")
         rules.append(Rename(h + "eh_proj.weight", n + "eh_proj.weight", Parallel.COLUMN, shape=("hidden_size", None)))
-        rules += [r.renamed(hf=lambda x, h=h: x.replace(L, h), nemo=lambda x, n=n: x.replace(D, n + "transformer_layer."))
-                  for r in layer]
+        rules += [_at_layer(r, h, n + "transformer_layer.") for r in layer]
         rules += norm_rules(features, h + "shared_head.norm.weight", n + "final_layernorm.weight")
         rules += [Shared(h + "embed_tokens.weight", "model.embed_tokens.weight", "embedding.word_embeddings.weight",
                          why=why),
