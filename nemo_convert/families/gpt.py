@@ -24,8 +24,7 @@ from nemo_convert.families.trtllm import gpt_trtllm
 from nemo_convert.families.gpt_config import HF_MTP, MTP_LAYERS
 from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule, Shared,
                                         StackedExperts, Tied, cfg_get, layer_pattern)
-from nemo_convert.plugins.records import CommandOption
-from nemo_convert.plugins.records import FamilyOptions, HFSide, ModelFamily, NemoTarget
+from nemo_convert.plugins.records import CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget
 
 NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
 
@@ -379,9 +378,9 @@ def _with_expert_layout(to_nemo: Callable[..., dict[str, Any]], family: str) -> 
 
 
 #: ``--drop-mtp``: an import switch of every family with MTP layers.
-DROP_MTP = CommandOption("import", "--drop-mtp", "DeepSeek-V3: leave the source's multi-token-prediction layers "
-                         "(num_nextn_predict_layers) out (one note says so); without it they are imported into "
-                         "Megatron-Core's MTP block. Same as --option drop_mtp=true")
+DROP_MTP = CommandOption("import", "--drop-mtp", "leave the source's multi-token-prediction layers "
+                         "(num_nextn_predict_layers, e.g. DeepSeek-V3's) out, with one note; without it they are "
+                         "imported into Megatron-Core's MTP block. Same as --option drop_mtp=true")
 
 
 def hf_mtp_weights(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
@@ -394,19 +393,25 @@ def hf_mtp_weights(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
     return {"hf_mtp_weights": any(k.startswith(prefixes) for k in keys)}
 
 
+def _flag(value: Any) -> bool:
+    """A switch given as a bool or as ``--option KEY=VALUE`` text."""
+    return str(value).strip().lower() not in ("false", "0", "no", "none", "")
+
+
 def _with_mtp(to_nemo: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     """``config_to_nemo`` that leaves the MTP layers out when asked (``drop_mtp``) or when
     the source does not store them (``hf_mtp_weights=False``), recording which under
     ``nemo_convert.hf_mtp`` (``{"dropped": k}`` / ``{"absent": k}``) for the mapping and
     for export's ``num_nextn_predict_layers``."""
 
-    def config_to_nemo(hf: dict[str, Any], drop_mtp: Any = False, hf_mtp_weights: bool = True,
+    def config_to_nemo(hf: dict[str, Any], drop_mtp: Any = False, hf_mtp_weights: Any = True,
                        **more: Any) -> dict[str, Any]:
         cfg = to_nemo(hf, **more)
         count = int(cfg.get("mtp_num_layers") or 0)
-        if count and (not hf_mtp_weights or str(drop_mtp).lower() not in ("false", "0", "none", "")):
+        stored, drop = _flag(hf_mtp_weights), _flag(drop_mtp)
+        if count and (drop or not stored):
             cfg["mtp_num_layers"] = None
-            set_path(cfg, HF_MTP, {"absent" if not hf_mtp_weights else "dropped": count})
+            set_path(cfg, HF_MTP, {"dropped" if stored else "absent": count})
         return cfg
 
     return config_to_nemo
