@@ -158,8 +158,7 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
             if task.check_equal:
                 a, b = inputs
                 if not same_bits(a, b):
-                    raise InputError(f"{task.inputs[0]} differs from {task.inputs[1]}, but the config says "
-                                     "the embeddings are tied")
+                    raise InputError(f"{task.inputs[0]} differs from {task.inputs[1]}, but {task.why_equal}")
                 continue
             outputs = task.lazy_fn(inputs) if deferred and task.lazy_fn is not None else task.fn(inputs)
             for info, out in zip(task.infos, outputs):

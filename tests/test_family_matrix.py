@@ -13,7 +13,7 @@ import yaml
 from tiny_models import hf_tensors, randomize_, read_json
 
 from nemo_convert import api
-from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.errors import ConfigError, InputError, UnsupportedError
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=128, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -61,13 +61,19 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
                                              q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
                                              v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
                                              n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
-                                             routed_scaling_factor=2.5, rope_scaling=None),
+                                             routed_scaling_factor=2.5, rope_scaling=None,
+                                             num_nextn_predict_layers=1),  # with the hub's MTP layer: add_mtp_layers
                     {"multi_latent_attention": True, "moe_layer_freq": [0, 1, 1, 1], "kv_channels": 16,
                      "moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.5,
-                     "moe_shared_expert_intermediate_size": 48, "q_lora_rank": 32},
+                     "moe_shared_expert_intermediate_size": 48, "q_lora_rank": 32, "mtp_num_layers": 1},
                     ("decoder.layers.1.mlp.router.expert_bias", "decoder.layers.0.mlp.linear_fc1.weight",
                      "decoder.layers.2.self_attention.linear_kv_up_proj.layer_norm_weight",
-                     "decoder.layers.2.mlp.shared_experts.linear_fc1.weight", "!decoder.layers.0.mlp.router.weight")),
+                     "decoder.layers.2.mlp.shared_experts.linear_fc1.weight", "!decoder.layers.0.mlp.router.weight",
+                     "mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight", "mtp.layers.0.eh_proj.weight",
+                     "mtp.layers.0.final_layernorm.weight", "mtp.layers.0.transformer_layer.mlp.router.expert_bias",
+                     "mtp.layers.0.transformer_layer.mlp.experts.local_experts.3.linear_fc2.weight",
+                     "mtp.layers.0.transformer_layer.self_attention.linear_q_up_proj.layer_norm_weight",
+                     "!decoder.layers.4.input_layernorm.weight")),
     "gpt_oss": ("GptOssConfig", dict(head_dim=16, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
                                      sliding_window=8, layer_types=["sliding_attention", "full_attention"],
                                      swiglu_limit=0.5,
@@ -98,8 +104,38 @@ MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss")
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
 
 
-def make_model(folder: str, family: str, **overrides) -> str:
-    """A random HF model of ``family`` (every parameter, norms and biases too), saved."""
+def add_mtp_layers(folder: str, seed: int = 3) -> None:
+    """Add the multi-token-prediction layers ``config.json`` announces
+    (``num_nextn_predict_layers``), as DeepSeek-V3's hub files store them after the ``L``
+    decoder layers (README_WEIGHTS.md of deepseek-ai/DeepSeek-V3): ``model.layers.{L+k}.``
+    ``enorm``, ``hnorm``, ``eh_proj`` ``[H, 2H]``, a decoder layer like the last one (random
+    values), ``shared_head.norm``, and copies of ``embed_tokens`` and ``lm_head``
+    (``shared_head.head``). transformers saves none of them (its model has no MTP layer)."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = read_json(os.path.join(folder, "config.json"))
+    path = os.path.join(folder, "model.safetensors")
+    tensors = load_file(path)
+    layers, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
+    g = torch.Generator().manual_seed(seed)
+    last = f"model.layers.{layers - 1}."
+    for k in range(int(cfg.get("num_nextn_predict_layers") or 0)):
+        mtp = f"model.layers.{layers + k}."
+        new = {mtp + n[len(last):]: v for n, v in tensors.items() if n.startswith(last)}
+        new.update({mtp + "enorm.weight": tensors["model.norm.weight"], mtp + "hnorm.weight": tensors["model.norm.weight"],
+                    mtp + "shared_head.norm.weight": tensors["model.norm.weight"],
+                    mtp + "eh_proj.weight": tensors["model.norm.weight"].new_empty(hidden, 2 * hidden)})
+        for n, v in new.items():
+            scale = 0.5 if n.endswith("e_score_correction_bias") else 0.2
+            tensors[n] = (torch.randn(v.shape, generator=g) * scale).to(v.dtype)
+        tensors[mtp + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors[mtp + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def make_model(folder: str, family: str, mtp_weights: bool = True, **overrides) -> str:
+    """A random HF model of ``family`` (every parameter, norms and biases too), saved; with
+    the MTP layers its config announces unless ``mtp_weights=False`` (as transformers saves it)."""
     import transformers
 
     cls_name, extra, _, _ = FAMILIES[family]
@@ -113,6 +149,8 @@ def make_model(folder: str, family: str, **overrides) -> str:
             if name.endswith("e_score_correction_bias"):
                 buf.copy_(torch.randn(buf.shape, generator=g) * 0.5)
     model.save_pretrained(folder, safe_serialization=True)
+    if mtp_weights and getattr(cfg, "num_nextn_predict_layers", 0):
+        add_mtp_layers(folder)
     return folder
 
 
@@ -229,7 +267,8 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("phi3", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
                                    "long_factor": [1.0] * 8}), "Megatron-Core has no LongRoPE"),
     ("gpt_oss", dict(attention_bias=False), "attention_bias=False"),
-    ("gpt_oss", dict(quantization_config={"quant_method": "mxfp4"}), "quant_method='mxfp4'"),
+    ("gpt_oss", dict(quantization_config={"quant_method": "mxfp4"}), "quant_method='mxfp4', but no tensor"),
+    ("gpt_oss", dict(quantization_config={"quant_method": "bitsandbytes"}), "quant_method='bitsandbytes'"),
 ])
 def test_unrepresentable_features_are_refused_by_name(tmp_path, models, family, changes, words):
     src = str(tmp_path / "src")
@@ -485,6 +524,26 @@ def test_moe_stacked_dist_keys_and_extra_states(tmp_path, models):
     ck.close()
 
 
+def _fused_mtp_layers(src: str, config) -> dict:
+    """The source's MTP layers (which transformers does not load) with their experts fused
+    as transformers fuses a decoder layer's: ``gate_up_proj`` ``[E, 2I, H]`` rows
+    ``[gate; up]`` per expert, ``down_proj`` ``[E, H, I]``."""
+    tensors = hf_tensors(src)
+    out = {}
+    for k in range(getattr(config, "num_nextn_predict_layers", 0) or 0):
+        mtp = f"model.layers.{config.num_hidden_layers + k}."
+        layer = {n: v for n, v in tensors.items() if n.startswith(mtp)}
+        experts = mtp + "mlp.experts."
+        count = len({n[len(experts):].split(".")[0] for n in layer if n.startswith(experts)})
+        out.update({n: v for n, v in layer.items() if not n.startswith(experts)})
+        if count:
+            out[experts + "gate_up_proj"] = torch.stack([torch.cat([layer[f"{experts}{e}.gate_proj.weight"],
+                                                                    layer[f"{experts}{e}.up_proj.weight"]])
+                                                         for e in range(count)])
+            out[experts + "down_proj"] = torch.stack([layer[f"{experts}{e}.down_proj.weight"] for e in range(count)])
+    return out
+
+
 def _fused_copy(src: str, dst: str) -> str:
     """``src`` saved in transformers v5's in-memory layout: every layer's experts fused
     (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``mlp.experts.down_proj`` ``[E, H, I]``)."""
@@ -498,6 +557,7 @@ def _fused_copy(src: str, dst: str) -> str:
     state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"
              or not model.config.tie_word_embeddings}
     assert any(k.endswith("mlp.experts.gate_up_proj") for k in state)
+    state.update(_fused_mtp_layers(src, model.config))
     save_file(state, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(os.path.join(src, "config.json"), dst)
     return dst
@@ -580,3 +640,103 @@ def test_deepseek_v3_fp8_block_scaled_weights_are_dequantized(tmp_path, models):
         json.dump({**cfg, "quantization_config": {"quant_method": "mxfp4"}}, f)
     with pytest.raises(UnsupportedError, match="quant_method='mxfp4'"):
         api.import_hf(bad, str(tmp_path / "x.nemo"))
+
+
+# -- multi-token prediction (DeepSeek-V3) ------------------------------------------------------
+
+def test_deepseek_v3_mtp_dist_keys_and_pipeline_stage(tmp_path, models):
+    """The MTP layer's dist keys are Megatron-Core's (``mtp.layers.0.…``, never stacked, experts
+    ``[E, …]``, ``eh_proj`` with an extra state; ``tests/test_family_megatron.py`` checks them
+    against Megatron-Core's own ``sharded_state_dict``); at PP=2 the MTP block and a copy of
+    the embedding are on the last stage."""
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+    from nemo_convert.tensors.torch_zip_source import open_torch_file
+
+    nemo = str(tmp_path / "m")
+    api.import_hf(models["deepseek_v3"], nemo, packed=False)
+    ck = DistCheckpointSource.from_dir(os.path.join(nemo, "model_weights"))
+    assert ck._raw["model.mtp.layers.0.eh_proj.weight"][0] == (64, 128)
+    assert ck._raw["model.mtp.layers.0.transformer_layer.mlp.experts.experts.linear_fc1.weight"][0] == (4, 96, 64)
+    extra = set(ck.extra_state_keys)
+    assert {"model.mtp.layers.0.eh_proj._extra_state/shard_0_1",
+            "model.mtp.layers.0.transformer_layer.self_attention.linear_q_down_proj._extra_state/shard_0_1",
+            "model.mtp.layers.0.transformer_layer.mlp.experts.experts.linear_fc2._extra_state/shard_3_4"} <= extra
+    assert not [k for k in ck.raw_keys() if k.startswith("model.mtp.layers.") and not k.startswith("model.mtp.layers.0.")]
+    ck.close()
+    ranks = str(tmp_path / "r")
+    api.reshard(nemo, ranks, tp=1, pp=2, layout="legacy", packed=False)
+    first, last = (open_torch_file(os.path.join(ranks, f"tp_rank_00_pp_rank_00{p}", "model_weights.ckpt"))
+                   for p in (0, 1))
+    try:
+        assert "model.embedding.word_embeddings.weight" in first.keys() and "model.embedding.word_embeddings.weight" in last.keys()
+        assert "model.mtp.layers.0.enorm.weight" in last.keys() and not any("mtp" in k for k in first.keys())
+    finally:
+        first.close(), last.close()
+
+
+def test_drop_mtp_leaves_the_mtp_layers_out_with_one_line(tmp_path, models, cli):
+    src = models["deepseek_v3"]
+    nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
+    code, out, err = cli("import", src, "-o", nemo, "--unpacked", "--drop-mtp")
+    assert code == 0, err
+    assert err.count("--drop-mtp: left out the source's 1 multi-token-prediction layer(s) (model.layers.4.*, 32 "
+                     "tensors)") == 1, err
+    cfg = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
+    assert cfg.get("mtp_num_layers") is None and cfg["nemo_convert"]["hf_mtp"] == {"dropped": 1}
+    with api.open_checkpoint(nemo) as ck:
+        assert not [k for k in ck.source.keys() if k.startswith("mtp.")]
+    api.export_hf(nemo, back)
+    got = hf_tensors(back)
+    assert not [k for k in got if k.startswith("model.layers.4.")]
+    assert read_json(os.path.join(back, "config.json"))["num_nextn_predict_layers"] == 0
+    assert torch.equal(logits(src), logits(back))  # transformers' model never runs the MTP layer
+
+
+def test_mtp_layers_announced_but_not_stored_import_without_them(tmp_path):
+    """A checkpoint transformers saved announces one MTP layer (``num_nextn_predict_layers``
+    defaults to 1) and stores none: imported without an MTP block, said so, and exported
+    with the same config."""
+    src = make_model(str(tmp_path / "hf"), "deepseek_v3", mtp_weights=False)
+    nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
+    rep = api.import_hf(src, nemo, packed=False)
+    assert any("announces 1 multi-token-prediction layer(s) that the checkpoint does not store" in n
+               for n in rep.notes), rep.notes
+    cfg = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
+    assert cfg.get("mtp_num_layers") is None and cfg["nemo_convert"]["hf_mtp"] == {"absent": 1}
+    api.export_hf(nemo, back)
+    assert_same(src, back)
+
+
+def test_an_mtp_copy_of_the_embedding_that_differs_is_refused_by_name(tmp_path, models):
+    """Megatron-Core's MTP block uses the main embedding and output layer: an MTP layer whose
+    stored copies differ cannot be represented; --drop-mtp is the way out."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = str(tmp_path / "src")
+    shutil.copytree(models["deepseek_v3"], src)
+    path = os.path.join(src, "model.safetensors")
+    tensors = load_file(path)
+    tensors["model.layers.4.shared_head.head.weight"] = tensors["model.layers.4.shared_head.head.weight"] + 1.0
+    save_file(tensors, path, metadata={"format": "pt"})
+    out = str(tmp_path / "m.nemo")
+    with pytest.raises(InputError) as ei:
+        api.import_hf(src, out)
+    msg = str(ei.value)
+    assert "model.layers.4.shared_head.head.weight differs from lm_head.weight" in msg and "--drop-mtp" in msg
+    assert "\n" not in msg and not os.path.exists(out)
+    api.import_hf(src, out, options={"drop_mtp": True})
+
+
+def test_an_mtp_layer_megatron_would_build_otherwise_is_refused(tmp_path, models):
+    src = str(tmp_path / "src")
+    os.makedirs(src)
+    for name in os.listdir(models["deepseek_v3"]):
+        if name != "config.json":
+            os.symlink(os.path.join(models["deepseek_v3"], name), os.path.join(src, name))
+    cfg = read_json(os.path.join(models["deepseek_v3"], "config.json"))
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump({**cfg, "first_k_dense_replace": cfg["num_hidden_layers"]}, f)
+    with pytest.raises(UnsupportedError, match="num_nextn_predict_layers=1 with first_k_dense_replace=4"):
+        api.import_hf(src, str(tmp_path / "m.nemo"))

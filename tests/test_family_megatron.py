@@ -66,7 +66,9 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.fusions import fused_softmax
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+    from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_decoder_block_spec, get_gpt_layer_local_spec,
+                                                          get_gpt_mtp_block_spec)
     from megatron.core.tensor_parallel import random as tp_random
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer import multi_latent_attention as mla_module
@@ -139,7 +141,8 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
                    qk_head_dim=cfg["qk_head_dim"], qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"],
                    v_head_dim=cfg["v_head_dim"], rotary_base=cfg["rotary_base"], rotary_percent=1.0,
                    **{"rope_type": "rope", **rope})
-    tc = (MLATransformerConfig if mla else TransformerConfig)(**moe, tensor_model_parallel_size=tp,
+    mtp_layers = cfg.get("mtp_num_layers")  # DeepSeek-V3's multi-token-prediction block
+    tc = (MLATransformerConfig if mla else TransformerConfig)(**moe, tensor_model_parallel_size=tp, mtp_num_layers=mtp_layers,
         num_layers=cfg["num_layers"], hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
         num_query_groups=cfg["num_query_groups"], ffn_hidden_size=cfg["ffn_hidden_size"],
         kv_channels=cfg["kv_channels"], gated_linear_unit=cfg["activation"].endswith("glu"),
@@ -178,14 +181,40 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
                 layer.submodules, sharded_state_dict_keys_map=keys))
     else:
         spec = get_gpt_layer_local_spec(normalization=norm, qk_layernorm=bool(cfg.get("qk_layernorm")))
+    # The MTP layer copies the last decoder layer's spec (with the key map above), as
+    # Megatron-Core's own get_gpt_mtp_block_spec does.
+    mtp_spec = get_gpt_mtp_block_spec(tc, spec, use_transformer_engine=False) if mtp_layers else None
     model = GPTModel(tc, transformer_layer_spec=spec,
                      vocab_size=vocab, max_sequence_length=cfg["max_position_embeddings"],
                      position_embedding_type=cfg.get("position_embedding_type", "rope"),
                      rotary_base=int(cfg.get("rotary_base", 10000)),
                      rotary_percent=cfg.get("rotary_percentage", 1.0),
                      share_embeddings_and_output_weights=cfg["share_embeddings_and_output_weights"],
-                     parallel_output=False)
-    loaded = dist_checkpointing.load(model.sharded_state_dict(prefix="model."), os.path.join(nemo, "model_weights"))
+                     parallel_output=False, mtp_block_spec=mtp_spec)
+    ckpt = os.path.join(nemo, "model_weights")
+    sharded = model.sharded_state_dict(prefix="model.")
+    # Megatron-Core's words: "missing" = in the checkpoint, not asked for (left over: the
+    # negative controls switch features off); "unexpected" = asked for, not in the checkpoint
+    # (a weight among them fails load_state_dict(strict=True) below).
+    loaded, left_over, absent = dist_checkpointing.load(sharded, ckpt, strict=StrictHandling.RETURN_ALL)
+    # The MTP keys: Megatron-Core's own names and global shapes, none left over (not checked
+    # when a negative control switched a feature off in the config: then keys are left over).
+    if mtp_layers and not os.environ.get("MCORE_CONFIG_EDITED"):
+        from megatron.core.dist_checkpointing.dict_utils import nested_values
+        from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+
+        ours = {k: tuple(v.global_shape) for k, v in dist_checkpointing.load_tensors_metadata(ckpt).items()
+                if k.startswith("model.mtp.")}
+        theirs = {v.key: tuple(v.global_shape) if isinstance(v, ShardedTensor) else ours.get(v.key)
+                  for v in nested_values(sharded) if getattr(v, "key", "").startswith("model.mtp.")
+                  and not isinstance(v, ShardedObject)}
+        extra = sorted({v.key for v in nested_values(sharded) if isinstance(v, ShardedObject)
+                        and v.key.startswith("model.mtp.")})
+        assert ours == theirs, (sorted(set(ours) ^ set(theirs)), {k: (ours.get(k), theirs.get(k)) for k in ours
+                                                                   if ours.get(k) != theirs.get(k)})
+        assert not [k for k in absent | left_over if ".mtp." in k], sorted(absent | left_over)
+        print(f"MCORE {family} MTP keys: {len(ours)} tensors and {len(extra)} extra states, the names and shapes of "
+              "Megatron-Core's sharded_state_dict", flush=True)
     model.load_state_dict({k[len("model."):]: v for k, v in loaded.items()}, strict=True)
     model.eval()
     if os.environ.get("MCORE_SAVE_TO"):  # Megatron-Core writes the model back, as it shards it (before the shims)
@@ -205,10 +234,21 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
     ids = want["ids"]
     n = ids.shape[1]
     mask = torch.triu(torch.ones(1, 1, n, n, dtype=torch.bool), diagonal=1)
-    with torch.no_grad():
-        got = model(ids, torch.arange(n)[None], mask)
+    # With MTP the output layer runs on the MTP block's output, then on the main one; copied
+    # at once (the cross entropy that follows shifts the logits in place).
+    heads: list[torch.Tensor] = []
+    hook = model.output_layer.register_forward_hook(lambda m, i, o: heads.append(o[0].transpose(0, 1).clone()))
+    with torch.no_grad():  # (with an MTP block GPTModel needs labels, and then returns the loss)
+        got = model(ids, torch.arange(n)[None], mask, **({"labels": ids} if mtp_layers else {}))
+    hook.remove()
+    if mtp_layers:
+        got = heads[-1]
     delta = (got.float() - want["logits"].float()).abs().max().item()
     print(f"MCORE {family} TP={tp} EP={ep} rank {rank} max|dlogit| = {delta:.3g}", flush=True)
+    if mtp_layers and "mtp_logits" in want:  # position n-1 predicts past the end: not compared
+        mtp_delta = (heads[0][:, :-1].float() - want["mtp_logits"][:, :-1].float()).abs().max().item()
+        print(f"MCORE {family} TP={tp} EP={ep} rank {rank} MTP max|dlogit| = {mtp_delta:.3g}", flush=True)
+        delta = max(delta, mtp_delta)
     dist.destroy_process_group()
     assert delta < float(os.environ.get("MCORE_TOLERANCE", TOLERANCE)), delta
     if tp * ep == 1:
@@ -237,9 +277,52 @@ def _swap_experts(src: str, dst: str, a: int = 0, b: int = 1) -> str:
     return dst
 
 
+def _mtp_logits(folder: str, ids: Any) -> Any:
+    """HF's multi-token-prediction logits of layer 0: transformers 5.24's own MTP module
+    (``modeling_layers.py``: ``MtpLayer.forward``, lines 349-370, ``[enorm(embedding of token
+    i+1); hnorm(hidden of token i)]`` → ``eh_proj`` → the decoder layer → ``post_norm``
+    (= ``shared_head.norm``), then the shared head; ``MtpModel.forward_layer``) on the main
+    model's last hidden state (after its final norm), at the main model's positions, as
+    Megatron-Core's ``MultiTokenPredictionLayer`` runs it (rolled token ids, the main rotary
+    embedding). Test-side shim: transformers finds MTP weights by the class's
+    ``_keys_to_ignore_on_load_unexpected`` (``model\\.layers\\.61.*``, the hub model's
+    index), here given this model's index."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_layers import MtpModel
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.eval()
+    model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{model.config.num_hidden_layers}.*"]
+    mtp = MtpModel.from_pretrained(model)
+    mtp.eval()
+    n = ids.shape[1]
+    with torch.no_grad():
+        hidden = model.model(ids).last_hidden_state
+        out = mtp.forward_layer(0, hidden, torch.arange(n)[None], None, input_ids=torch.roll(ids, -1, -1))
+        return mtp._project_to_logits(out)
+
+
+def _swap_mtp_norms(src: str, dst: str) -> str:
+    """A copy of HF model ``src`` with its MTP layer's ``enorm`` and ``hnorm`` exchanged."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from tiny_models import read_json
+
+    shutil.copytree(src, dst)
+    path, layer = os.path.join(dst, "model.safetensors"), read_json(os.path.join(src, "config.json"))["num_hidden_layers"]
+    tensors = load_file(path)
+    e, h = f"model.layers.{layer}.enorm.weight", f"model.layers.{layer}.hnorm.weight"
+    tensors[e], tensors[h] = tensors[h], tensors[e]
+    save_file(tensors, path, metadata={"format": "pt"})
+    return dst
+
+
 def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None, tp: int = 1, ep: int = 1,
          swap: bool = False, save_to: str | None = None, expert_tp_groups: int = 0, ids: Any = None,
-         env_extra: dict[str, str] | None = None,
+         env_extra: dict[str, str] | None = None, swap_mtp_norms: bool = False,
          **overrides: Any) -> subprocess.CompletedProcess[str]:
     import torch
     import yaml
@@ -250,6 +333,8 @@ def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None, tp: int
     src = make_model(str(tmp_path / "hf"), family, **overrides)
     nemo = str(tmp_path / "m")
     imported = _swap_experts(src, str(tmp_path / "swapped")) if swap else src
+    if swap_mtp_norms:
+        imported = _swap_mtp_norms(imported, str(tmp_path / "swapped_norms"))
     api.import_hf(imported, nemo, packed=False, layout="dist")
     if edit:
         path = os.path.join(nemo, "model_config.yaml")
@@ -259,7 +344,11 @@ def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None, tp: int
         with open(path, "w") as f:
             yaml.safe_dump(cfg, f)
     want = str(tmp_path / "want.pt")
-    torch.save({"ids": IDS, "logits": logits(src)} if ids is None else {"ids": ids, "logits": logits(src, ids)}, want)
+    want_logits = {"ids": IDS, "logits": logits(src)} if ids is None else {"ids": ids, "logits": logits(src, ids)}
+    with api.open_checkpoint(nemo) as ck:
+        if ck.config.get("mtp_num_layers"):
+            want_logits["mtp_logits"] = _mtp_logits(src, want_logits["ids"])
+    torch.save(want_logits, want)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     if save_to:
@@ -267,6 +356,8 @@ def _run(tmp_path: Any, family: str, edit: dict[str, Any] | None = None, tp: int
     if expert_tp_groups:
         env["MCORE_EXPERT_TP_GROUPS"] = str(expert_tp_groups)
     env.update(env_extra or {})
+    if edit:
+        env["MCORE_CONFIG_EDITED"] = "1"
     return subprocess.run([sys.executable, os.path.abspath(__file__), family, nemo, want, str(tmp_path), str(tp),
                            str(ep)], env=env, capture_output=True, text=True, timeout=600, check=False)
 
@@ -476,6 +567,31 @@ def test_a_nemo_native_nemotron_that_megatron_core_saved_exports_with_its_logits
     out = json.load(open(os.path.join(back, "config.json")))
     assert out["architectures"] == ["NemotronForCausalLM"] and out["head_dim"] == 32
     assert torch.equal(logits(back), logits(str(tmp_path / "hf")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [1, 2])
+def test_megatron_core_runs_deepseeks_mtp_block(tmp_path: Any, tp: int) -> None:
+    """DeepSeek-V3 with its multi-token-prediction layer (the matrix's row carries one, as
+    the hub files do): Megatron-Core 0.16.1 builds the MTP block (``mtp_num_layers``), its
+    keys are Megatron-Core's own (names and global shapes, no key missing or left over),
+    the main logits are HF's and so are the MTP logits (transformers' ``MtpModel``)."""
+    proc = _run(tmp_path, "deepseek_v3", tp=tp)
+    assert proc.returncode == 0 and "MCORE-PARITY OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "MTP keys:" in proc.stdout and "MTP max|dlogit|" in proc.stdout, proc.stdout[-3000:]
+    print(*[ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE")], sep="\n")
+
+
+@pytest.mark.slow
+def test_the_check_sees_swapped_mtp_norms(tmp_path: Any) -> None:
+    """The MTP layer's ``enorm`` and ``hnorm`` exchanged in the imported checkpoint: the
+    main logits still match, the MTP logits do not."""
+    proc = _run(tmp_path, "deepseek_v3", swap_mtp_norms=True)
+    assert proc.returncode != 0 and "MTP max|dlogit|" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    main = float(re.search(r"rank 0 max\|dlogit\| = (\S+)", proc.stdout).group(1))
+    mtp = float(re.search(r"MTP max\|dlogit\| = (\S+)", proc.stdout).group(1))
+    print(f"deepseek_v3 with enorm <-> hnorm: main max|dlogit| = {main:.3g}, MTP {mtp:.3g}")
+    assert main < TOLERANCE and mtp > 1e-2, (main, mtp)
 
 
 if __name__ == "__main__":

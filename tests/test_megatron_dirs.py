@@ -447,7 +447,8 @@ FAMILY_PROVIDERS: dict[str, dict] = {
                     "moe_router_load_balancing_type": "seq_aux_loss", "moe_aux_loss_coeff": 1e-4,
                     "moe_router_dtype": "fp32", "make_vocab_size_divisible_by": 1280, "rope_type": "yarn",
                     "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                    "share_embeddings_and_output_weights": False, "add_bias_linear": False, "mtp_num_layers": None},
+                    "share_embeddings_and_output_weights": False, "add_bias_linear": False,
+                    "mtp_num_layers": 1},  # deepseek_v3_bridge.py 97: num_nextn_predict_layers (the row's MTP layer)
     # nemotron/nemotron_bridge.py (v0.6.0) lines 56-72 over the base bridge's GPTModelProvider
     "nemotron": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "normalization": "LayerNorm",
                  "gated_linear_unit": False, "layernorm_zero_centered_gamma": True, "add_bias_linear": False,

@@ -285,12 +285,17 @@ def _family_worker(root: str) -> None:
                     keys["pre_mlp_layernorm."] = "mlp.linear_fc1.layer_norm_"
             spec.layer_specs[i] = dataclasses.replace(layer, submodules=dataclasses.replace(
                 layer.submodules, sharded_state_dict_keys_map=keys))
+    mtp_spec = None
+    if m.get("mtp_num_layers"):  # DeepSeek-V3's MTP block: the last layer's spec, as Megatron-Core builds it
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
+        mtp_spec = get_gpt_mtp_block_spec(tc, spec, use_transformer_engine=False)
     model = GPTModel(tc, transformer_layer_spec=spec,
                      vocab_size=m["vocab_size"], max_sequence_length=m["seq_length"],
                      position_embedding_type=m.get("position_embedding_type", "rope"),
                      rotary_base=int(m["rotary_base"]), rotary_percent=float(m.get("rotary_percent", 1.0)),
                      share_embeddings_and_output_weights=m["share_embeddings_and_output_weights"],
-                     parallel_output=False).eval()
+                     parallel_output=False, mtp_block_spec=mtp_spec).eval()
     loaded = dist_checkpointing.load(model.sharded_state_dict(), f"{root}/mb/iter_0000000")
     result = model.load_state_dict(loaded, strict=False)
     assert not [k for k in result.missing_keys if not k.endswith("_extra_state")], result.missing_keys
@@ -306,10 +311,19 @@ def _family_worker(root: str) -> None:
     want = torch.load(f"{root}/want.pt")
     n = want["ids"].shape[1]
     mask = torch.triu(torch.ones(1, 1, n, n, dtype=torch.bool), diagonal=1)
+    heads: list[torch.Tensor] = []  # with MTP (as tests/test_family_megatron.py): the MTP head, then the main one
+    hook = model.output_layer.register_forward_hook(lambda mod, i, o: heads.append(o[0].transpose(0, 1).clone()))
     with torch.no_grad():
-        got = model(want["ids"], torch.arange(n)[None], mask)
+        got = model(want["ids"], torch.arange(n)[None], mask, **({"labels": want["ids"]} if mtp_spec else {}))
+    hook.remove()
+    if mtp_spec is not None:
+        got = heads[-1]
     delta = (got.float() - want["logits"].float()).abs().max().item()
     print(f"MCORE-FAMILY {m['_target_'].rsplit('.', 1)[-1]} max|dlogit| = {delta:.3g}")
+    if mtp_spec is not None:
+        mtp_delta = (heads[0][:, :-1].float() - want["mtp_logits"][:, :-1].float()).abs().max().item()
+        print(f"MCORE-FAMILY {m['_target_'].rsplit('.', 1)[-1]} MTP max|dlogit| = {mtp_delta:.3g}")
+        delta = max(delta, mtp_delta)
     dist.destroy_process_group()
     assert delta < 1e-4, delta
     print("MCORE-WORKER OK")
@@ -332,7 +346,12 @@ def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family:
     root = str(tmp_path)
     src = make_model(f"{root}/hf", family, **over)
     api.import_hf(src, f"{root}/mb", to="megatron-bridge")
-    torch.save({"ids": IDS, "logits": logits(src)}, f"{root}/want.pt")
+    want = {"ids": IDS, "logits": logits(src)}
+    if family == "deepseek_v3":  # its MTP layer: transformers' own MTP module gives the MTP logits
+        from test_family_megatron import _mtp_logits
+
+        want["mtp_logits"] = _mtp_logits(src, IDS)
+    torch.save(want, f"{root}/want.pt")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), root, "family"], env=env, capture_output=True,

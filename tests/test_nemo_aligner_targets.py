@@ -79,7 +79,10 @@ def _aligner_nemo(llama: dict[str, Any], out: str, target: str, *, head: int | N
 
 @pytest.mark.parametrize("target", sorted(GPT_TARGET_ALIASES))
 def test_every_aliased_target_is_a_gpt_model(target: str) -> None:
-    cfg = {"target": target, "normalization": "rmsnorm", "activation": "fast-swiglu", "position_embedding_type": "rope"}
+    cfg = {"target": target, "normalization": "rmsnorm", "activation": "fast-swiglu", "position_embedding_type": "rope",
+           "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4,
+           "num_query_groups": 4, "max_position_embeddings": 128, "bias": False,
+           "share_embeddings_and_output_weights": False}
     want = get_registry().family_for_nemo_config({**cfg, "target": GPT_TARGET})
     assert get_registry().family_for_nemo_config(cfg) is want
 

@@ -131,6 +131,6 @@ def report(args: argparse.Namespace, rep: Any, verb: str) -> None:
         Console(stderr=True, soft_wrap=True).print(
             f"{verb} {rep.output}: {rep.tensors} tensors, {human_bytes(rep.bytes)} in {rep.seconds:.2f} s "
             f"({rate:.0f} MiB/s), family {rep.family}{layout}"
-            + (f"; dropped {len(rep.dropped)} non-weight tensor(s)" if rep.dropped else "")
+            + (f"; dropped {len(rep.dropped)} tensor(s) the family leaves out" if rep.dropped else "")
             + (f"; all {workers.world} processes together (the bar showed process 0's share)"
                if workers is not None and workers.world > 1 else ""), highlight=False)

@@ -41,6 +41,7 @@ from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import identity_plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.plugins.manager import Registry
+from nemo_convert.sharding.layout import embedding_on_last_stage
 from nemo_convert.tensors.base import TensorSource
 
 #: The tokenizer fields of a NeMo model config that name files (``register_artifact``).
@@ -283,7 +284,7 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
         artifacts, renamed, data_of, tok_warnings = pack_tokenizer_files(
             cfg, list(dict.fromkeys(bases)), allow_missing=allow_missing_tokenizer)
         warnings += tok_warnings
-        source = ck.weights(kinds, tied=bool(cfg.get("share_embeddings_and_output_weights")))
+        source = ck.weights(kinds, tied=embedding_on_last_stage(cfg))
         tok = cfg.get("tokenizer") if isinstance(cfg.get("tokenizer"), dict) else {}
         spm = data_of.get("tokenizer.model") if tok.get("library", "sentencepiece") == "sentencepiece" else None
         vocab, vocab_note = true_vocab_size(cfg, source, kinds, src_tp, vocab_size, spm)

@@ -13,6 +13,7 @@ from nemo_convert import __version__
 from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, registry_or_default,
                                           tokenizer_rows_warning)
+from nemo_convert.convert.hf_quantized import dequantize_on_read
 from nemo_convert.convert.nemo_defaults import restore_notes, restore_warnings
 from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
@@ -25,7 +26,6 @@ from nemo_convert.formats.nemo.nemo import artifact_name
 from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
 from nemo_convert.formats.io.staging import check_target, refuse_overlap
 from nemo_convert.hf_config import read_config_json
-from nemo_convert.mapping.dequant import BlockDequantSource, fp8_block_size
 from nemo_convert.mapping.planner import Plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.tokenizers import add_tokens_sentencepiece
@@ -101,13 +101,6 @@ def _pop_key(cfg: dict[str, Any], key: str) -> Any:
     return cur.pop(last)
 
 
-def _config_dtype(hf_cfg: dict[str, Any]) -> torch.dtype:
-    """The dtype ``config.json`` names (``dtype`` / ``torch_dtype``), bfloat16 by default."""
-    name = str(hf_cfg.get("dtype") or hf_cfg.get("torch_dtype") or "bfloat16").removeprefix("torch.")
-    dtype = getattr(torch, name, None)
-    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.bfloat16
-
-
 def translatable_config(hf_cfg: dict[str, Any], ignore_config_keys: Sequence[str]) -> dict[str, Any]:
     """A copy of ``config.json`` without the keys the user chose to ignore (each must exist;
     ``vision_config.foo`` names a key of a section)."""
@@ -146,6 +139,22 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
     cfg.setdefault("target", family.nemo.target)
     plan = plan_conversion(family.mapping(cfg), cfg, source, "to_nemo", allow_unmapped=allow_unmapped)
     return cfg, plan
+
+
+def _mtp_notes(cfg: dict[str, Any], plan: Plan) -> list[str]:
+    """One line for multi-token-prediction layers the ``.nemo`` leaves out (``hf_mtp``)."""
+    mtp = (cfg.get(SECTION) or {}).get("hf_mtp") or {}
+    first = int(cfg.get("num_layers") or 0)
+    if mtp.get("dropped"):
+        n = int(mtp["dropped"])
+        count = sum(k.startswith(tuple(f"model.layers.{first + i}." for i in range(n))) for k in plan.dropped)
+        return [f"--drop-mtp: left out the source's {n} multi-token-prediction layer(s) (model.layers.{first}"
+                f"{'' if n == 1 else f'-{first + n - 1}'}.*, {count} tensors); export writes num_nextn_predict_layers: 0"]
+    if mtp.get("absent"):
+        return [f"config.json announces {mtp['absent']} multi-token-prediction layer(s) that the checkpoint does not "
+                f"store (no model.layers.{first}.*; transformers never saves them): none imported, and export "
+                "announces them again"]
+    return []
 
 
 def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, family: str | None = None,
@@ -199,18 +208,14 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
     ckpt = open_hf(src, tokenizer_files=fam.hf.tokenizer_files, trust_pickle=trust_pickle)
     notes: list[str] = []
     try:
-        quantized = ckpt.config.get("quantization_config")
-        if quantized is not None:  # block-scaled fp8: dequantized, and the config says so no more
-            block = fp8_block_size(quantized)
-            ckpt.config = {k: v for k, v in ckpt.config.items() if k != "quantization_config"}
-            deq = BlockDequantSource(ckpt.source, block, _config_dtype(ckpt.config))
-            ckpt.source = deq
-            notes.append(f"dequantized {deq.dequantized} fp8 tensors ({block[0]}×{block[1]} blocks) "
-                         f"to {_config_dtype(ckpt.config)}; quantization_config is not kept")
+        quantized, note = dequantize_on_read(ckpt, want)  # fp8 / MXFP4 pairs: decoded one tensor at a time
+        if note:
+            notes.append(note)
         cfg, plan = plan_import(fam, ckpt.config, ckpt.source, allow_unmapped=allow_unmapped, options=options,
                                 ignore_config_keys=ignore_config_keys)
         if quantized is not None:
             cfg[SECTION]["hf_dequantized"] = copy.deepcopy(quantized)
+        notes += _mtp_notes(cfg, plan)
         plan.check_finite = check_finite
         warnings = apply_dtype(plan, want)
         plan.pool.enabled = True  # the writers consume each fused tensor before the next task

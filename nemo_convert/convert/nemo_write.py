@@ -20,7 +20,7 @@ from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.expert import ExpertParallel
-from nemo_convert.sharding.layout import ParallelLayout, rank_dir
+from nemo_convert.sharding.layout import ParallelLayout, embedding_on_last_stage, rank_dir
 from nemo_convert.sharding.tensor import TensorParallel
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
@@ -96,7 +96,7 @@ def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], 
         tp_math.local_shape(info.shape, kind, tp, padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
     layers = int(cfg.get("num_layers") or 0)
     return ParallelLayout.make(layers, tp, pp, stage_sizes=par.stage_layers,
-                               tied=bool(cfg.get("share_embeddings_and_output_weights")),
+                               tied=embedding_on_last_stage(cfg),
                                pipeline=strategies.pipeline)
 
 

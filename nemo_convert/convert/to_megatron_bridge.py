@@ -116,10 +116,14 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
     check_geometry(cfg, plan, kinds, par, vocab, strategies)
     model = nemo_to_provider(cfg, family, vocab_size=vocab, params_dtype=params_dtype_of(cfg, plan),
                              tp=par.tp, pp=par.pp, ep=par.ep)
-    mtp = int((cfg.get(SECTION) or {}).get("hf_mtp_layers") or 0)
-    if mtp:
-        notes.append(f"the source's {mtp} multi-token-prediction layer(s) were dropped at import: run_config.yaml "
-                     "leaves mtp_num_layers unset (Megatron-Bridge's DeepSeekV3Bridge would set it)")
+    left_out = (cfg.get(SECTION) or {}).get("hf_mtp") or {}
+    if left_out:
+        notes.append(f"the source's {sum(left_out.values())} multi-token-prediction layer(s) were left out at "
+                     "import: run_config.yaml leaves mtp_num_layers unset")
+    elif cfg.get("mtp_num_layers"):
+        notes.append(f"{cfg['mtp_num_layers']} multi-token-prediction layer(s): mtp.layers.<k>.transformer_layer.* as "
+                     "Megatron-Core 0.16.1 names them (Megatron-Bridge's DeepSeek mapping, v0.6.0, reads "
+                     "mtp_model_layer: a later Megatron-Core's name)")
     files = dict(tokenizer or {})
     run_config: dict[str, Any] = {"model": model}
     tok = tokenizer_section(files, out, notes)

@@ -8,17 +8,18 @@ from nemo_convert.families.architecture import linear_bias_pattern, mlp_activati
 from nemo_convert.families.config_table import (HARMLESS_KEYS, REQUIRED, Check, ConfigTable, Derived, Field, NemoCheck,
                                                 refuse_unknown_keys, set_path)
 from nemo_convert.families.gpt import (NEMO_GPT_TARGET, GPTFeatures, MoEBlock, attention_rules, dense_mlp_rules,
-                                       gpt_family, gpt_mapping, mla_attention_rules, moe_mlp_rules, never, norm_rules,
-                                       table_translation)
+                                       gpt_family, gpt_mapping, mla_attention_rules, moe_mlp_rules, mtp_rules, never,
+                                       norm_rules, table_translation)
 from nemo_convert.families.gpt_config import (DTYPE, EXPERTS_FFN, GELU_ERF, GELU_TANH, GPT_CONFIG, GPT_NEMO_CONSTANTS,
-                                              MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, NORM_TOPK_PROB, activation,
-                                              activation_choice, linear_biases, moe_layers, no_per_layer_windows,
-                                              num_experts, partial_rope, rope, sliding_window)
+                                              HF_MTP, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, MTP_LAYERS,
+                                              NORM_TOPK_PROB, activation, activation_choice, linear_biases, moe_layers,
+                                              no_per_layer_windows, num_experts, partial_rope, rope, sliding_window)
 
 __all__ = ["DTYPE", "EXPERTS_FFN", "GELU_ERF", "GELU_TANH", "GPT_CONFIG", "GPT_NEMO_CONSTANTS", "HARMLESS_KEYS",
-           "MOE_HARMLESS", "MOE_NEMO_CONSTANTS", "MOE_ROWS", "NEMO_GPT_TARGET", "NORM_TOPK_PROB", "REQUIRED", "Check",
-           "ConfigTable", "Derived", "Field", "GPTFeatures", "MoEBlock", "NemoCheck", "activation", "activation_choice",
-           "attention_rules", "dense_mlp_rules", "gpt_family", "gpt_mapping", "linear_bias_pattern", "linear_biases",
-           "mla_attention_rules", "mlp_activation", "moe_layers", "moe_mlp_rules", "never", "nemo_refusal",
-           "no_per_layer_windows", "norm_rules", "num_experts", "partial_rope", "refuse_unknown_keys", "rope",
-           "set_path", "signature", "sliding_window", "table_translation"]
+           "HF_MTP", "MOE_HARMLESS", "MOE_NEMO_CONSTANTS", "MOE_ROWS", "MTP_LAYERS", "NEMO_GPT_TARGET",
+           "NORM_TOPK_PROB", "REQUIRED", "Check", "ConfigTable", "Derived", "Field", "GPTFeatures", "MoEBlock",
+           "NemoCheck", "activation", "activation_choice", "attention_rules", "dense_mlp_rules", "gpt_family",
+           "gpt_mapping", "linear_bias_pattern", "linear_biases", "mla_attention_rules", "mlp_activation",
+           "moe_layers", "moe_mlp_rules", "mtp_rules", "never", "nemo_refusal", "no_per_layer_windows", "norm_rules",
+           "num_experts", "partial_rope", "refuse_unknown_keys", "rope", "set_path", "signature", "sliding_window",
+           "table_translation"]

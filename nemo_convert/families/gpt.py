@@ -22,9 +22,10 @@ from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.architecture import linear_bias_pattern, nemo_refusal
 from nemo_convert.families.config_table import ConfigTable, set_path
 from nemo_convert.families.trtllm import gpt_trtllm
-from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
-                                        StackedExperts, Tied, cfg_get)
-from nemo_convert.plugins.records import FamilyOptions, HFSide, ModelFamily, NemoTarget
+from nemo_convert.families.gpt_config import HF_MTP, MTP_LAYERS
+from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule, Shared,
+                                        StackedExperts, Tied, cfg_get, layer_pattern)
+from nemo_convert.plugins.records import CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget
 
 NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
 
@@ -56,6 +57,10 @@ class GPTFeatures:
         ``final_layernorm.bias``.
     :param gated_mlp: the MLP is gated (``gate_proj``, ``up_proj``); False: one ``up_proj``
         ⇄ ``linear_fc1`` and the activation alone (Nemotron's squared ReLU).
+    :param mtp: the checkpoint may carry multi-token-prediction layers after the last one
+        (DeepSeek-V3's ``num_nextn_predict_layers``) ⇄ Megatron-Core's MTP block
+        (:func:`mtp_rules`); adds the config row :data:`~nemo_convert.families.gpt_config.MTP_LAYERS`
+        and the import switch ``--drop-mtp``.
     """
 
     packed_qkv: bool = False
@@ -67,6 +72,7 @@ class GPTFeatures:
     attention_sinks: bool = False
     norm_bias: bool = False
     gated_mlp: bool = True
+    mtp: bool = False
 
 
 @dataclass(frozen=True)
@@ -274,6 +280,62 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
     return rules
 
 
+def _at_layer(rule: Rule, hf_prefix: str, nemo_prefix: str) -> Rule:
+    """A decoder-layer rule (``model.layers.{i}.`` ⇄ ``decoder.layers.{i}.``) respelled for
+    one concrete layer under other prefixes."""
+
+    def hf(name: str) -> str:
+        return name.replace(L, hf_prefix)
+
+    def nemo(name: str) -> str:
+        return name.replace(D, nemo_prefix)
+
+    return rule.renamed(hf=hf, nemo=nemo)
+
+
+def mtp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
+    """Megatron-Core's multi-token-prediction block ⇄ the MTP layers an HF checkpoint stores
+    after its ``L`` decoder layers (DeepSeek-V3's hub files: ``model.layers.{L+k}.*``).
+
+    Megatron-Core 0.16.1 (``megatron/core/transformer/multi_token_prediction.py``,
+    ``MultiTokenPredictionLayer``, lines 589-679; ``MultiTokenPredictionBlock.sharded_state_dict``,
+    lines 1135-1163) keeps MTP layer ``k`` under ``mtp.layers.{k}.`` unstacked: ``enorm``,
+    ``hnorm`` (RMSNorms), ``eh_proj`` (column-parallel ``[H, 2H]``, applied to
+    ``[enorm(embedding); hnorm(hidden)]``, lines 726-737), ``transformer_layer`` (the *last*
+    decoder layer's spec: ``get_gpt_mtp_block_spec_for_backend`` in
+    ``models/gpt/gpt_layer_specs.py``, lines 698-708) and ``final_layernorm``; the embedding and
+    the output layer are the main model's (``GPTModel._postprocess``, lines 589-622). The HF
+    layer names them ``enorm``, ``hnorm``, ``eh_proj``, its attention and MLP,
+    ``shared_head.norm``, and stores copies of ``embed_tokens`` and ``shared_head.head``
+    (DeepSeek-V3's README_WEIGHTS.md: they share parameters with the main model) — checked
+    equal on import and written again on export (:class:`~nemo_convert.mapping.rules.Shared`).
+    Megatron-Bridge maps the same names (``deepseek/common.py`` at v0.6.0, lines 96-157)."""
+    layers, count = int(cfg["num_layers"]), int(cfg.get("mtp_num_layers") or 0)
+    if not count:
+        return []
+    moe_last = (features.moe is not None and bool(cfg.get("num_moe_experts"))
+                and layer_pattern(cfg.get("moe_layer_freq", 1), layers)[-1])
+    layer = mla_attention_rules(features, cfg) if features.mla else attention_rules(features, cfg)
+    layer += moe_mlp_rules(features, cfg, "{i}") if moe_last else dense_mlp_rules(features, cfg, "{i}")
+    why = ("Megatron-Core's MTP block shares the main model's embedding and output layer; import with --drop-mtp "
+           "to leave the MTP layers out")
+    rules: list[Rule] = []
+    for k in range(count):
+        h, n = f"model.layers.{layers + k}.", f"mtp.layers.{k}."
+        rules += norm_rules(features, h + "enorm.weight", n + "enorm.weight")
+        rules += norm_rules(features, h + "hnorm.weight", n + "hnorm.weight")
+        rules.append(Rename(h + "eh_proj.weight", n + "eh_proj.weight", Parallel.COLUMN, shape=("hidden_size", None)))
+        rules += [_at_layer(r, h, n + "transformer_layer.") for r in layer]
+        rules += norm_rules(features, h + "shared_head.norm.weight", n + "final_layernorm.weight")
+        rules += [Shared(h + "embed_tokens.weight", "model.embed_tokens.weight", "embedding.word_embeddings.weight",
+                         why=why),
+                  Shared(h + "shared_head.head.weight", "lm_head.weight", "output_layer.weight", why=why,
+                         when="!share_embeddings_and_output_weights"),
+                  Shared(h + "shared_head.head.weight", "model.embed_tokens.weight",
+                         "embedding.word_embeddings.weight", why=why, when="share_embeddings_and_output_weights")]
+    return rules
+
+
 def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, Any]], Mapping]:
     """The family's ``mapping(cfg)``: HF decoder names ⇄ NeMo mcore GPT names (logical,
     per layer, without the ``model.`` prefix)."""
@@ -291,10 +353,11 @@ def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, An
         rules += [Rename("lm_head.weight", "output_layer.weight", Parallel.VOCAB, shape=vocab,
                          when="!share_embeddings_and_output_weights"),
                   Tied("lm_head.weight", "model.embed_tokens.weight", when="share_embeddings_and_output_weights")]
-        # Multi-token-prediction layers after the last one (DeepSeek-V3's hub checkpoint):
-        # not part of HF's model (its forward never runs them), dropped and reported.
-        mtp = int(cfg_get(cfg, "nemo_convert.hf_mtp_layers", 0) or 0)
-        extra = tuple(f"model.layers.{int(cfg['num_layers']) + k}.*" for k in range(mtp))
+        if features.mtp:
+            rules += mtp_rules(features, cfg)
+        # MTP layers left out on request (--drop-mtp): consumed without output and reported.
+        dropped = int((cfg_get(cfg, HF_MTP) or {}).get("dropped") or 0)
+        extra = tuple(f"model.layers.{int(cfg['num_layers']) + k}.*" for k in range(dropped))
         return Mapping(tuple(rules), layers="num_layers", drop_hf=(L + "self_attn.rotary_emb.inv_freq", *extra))
 
     return mapping
@@ -319,11 +382,11 @@ def _with_expert_layout(to_nemo: Callable[..., dict[str, Any]], family: str) -> 
     """``config_to_nemo`` that records the ``hf_experts`` layout (import option, read from
     the tensor names by :func:`hf_experts_layout` unless given)."""
 
-    def config_to_nemo(hf: dict[str, Any], hf_experts: str = "per_expert") -> dict[str, Any]:
+    def config_to_nemo(hf: dict[str, Any], hf_experts: str = "per_expert", **more: Any) -> dict[str, Any]:
         if hf_experts not in HF_EXPERT_LAYOUTS:
             raise ConfigError(f"hf_experts={hf_experts!r} is not an expert layout of family {family} "
                               f"(use {' or '.join(HF_EXPERT_LAYOUTS)})")
-        cfg = to_nemo(hf)
+        cfg = to_nemo(hf, **more)
         if hf_experts == "fused":
             set_path(cfg, HF_EXPERTS, hf_experts)
         return cfg
@@ -345,6 +408,57 @@ def checked_to_hf(to_hf: Callable[[dict[str, Any]], dict[str, Any]], refuse: Cal
     return config_to_hf
 
 
+#: ``--drop-mtp``: an import switch of every family with MTP layers.
+DROP_MTP = CommandOption("import", "--drop-mtp", "leave the source's multi-token-prediction layers "
+                         "(num_nextn_predict_layers, e.g. DeepSeek-V3's) out, with one note; without it they are "
+                         "imported into Megatron-Core's MTP block. Same as --option drop_mtp=true")
+
+
+def hf_mtp_weights(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The ``hf_mtp_weights`` import option read from the source: whether it stores the MTP
+    layers its config announces (transformers announces one and never saves it)."""
+    count, layers = int(hf.get("num_nextn_predict_layers") or 0), int(hf.get("num_hidden_layers") or 0)
+    if not count:
+        return {}
+    prefixes = tuple(f"model.layers.{layers + k}." for k in range(count))
+    return {"hf_mtp_weights": any(k.startswith(prefixes) for k in keys)}
+
+
+def _flag(value: Any) -> bool:
+    """A switch given as a bool or as ``--option KEY=VALUE`` text."""
+    return str(value).strip().lower() not in ("false", "0", "no", "none", "")
+
+
+def _with_mtp(to_nemo: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """``config_to_nemo`` that leaves the MTP layers out when asked (``drop_mtp``) or when
+    the source does not store them (``hf_mtp_weights=False``), recording which under
+    ``nemo_convert.hf_mtp`` (``{"dropped": k}`` / ``{"absent": k}``) for the mapping and
+    for export's ``num_nextn_predict_layers``."""
+
+    def config_to_nemo(hf: dict[str, Any], drop_mtp: Any = False, hf_mtp_weights: Any = True,
+                       **more: Any) -> dict[str, Any]:
+        cfg = to_nemo(hf, **more)
+        count = int(cfg.get("mtp_num_layers") or 0)
+        stored, drop = _flag(hf_mtp_weights), _flag(drop_mtp)
+        if count and (drop or not stored):
+            cfg["mtp_num_layers"] = None
+            set_path(cfg, HF_MTP, {"dropped" if stored else "absent": count})
+        return cfg
+
+    return config_to_nemo
+
+
+def _source_options(*readers: Callable[[dict[str, Any], Sequence[str]], dict[str, Any]]) -> Callable[
+        [dict[str, Any], Sequence[str]], dict[str, Any]]:
+    def read(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for r in readers:
+            out.update(r(hf, keys))
+        return out
+
+    return read
+
+
 def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigTable,
                features: GPTFeatures = GPTFeatures(), nemo2_targets: tuple[str, ...] = (),
                description: str = "", claims: Callable[[dict[str, Any]], bool] | None = None,
@@ -361,13 +475,22 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
     family out of the choice for a NeMo-native config). ``mapping`` replaces the GPT
     block's (a decoder whose HF names are its own, GPT-2). ``extra`` replaces other
     :class:`ModelFamily` fields (``trtllm=``, ``hf=HFSide(...)``)."""
-    table = config.extend(hf_constants={"architectures": [architecture], "model_type": model_type})
+    table = (config.extend(MTP_LAYERS) if features.mtp else config).extend(
+        hf_constants={"architectures": [architecture], "model_type": model_type})
     to_nemo, to_hf = table_translation(table, name)
     refuse = nemo_refusal(table, name, architecture, zero_centred_either=features.zero_centred_norms)
-    options = FamilyOptions()
+    keys: tuple[str, ...] = ()
+    readers: list[Callable[[dict[str, Any], Sequence[str]], dict[str, Any]]] = []
+    cli: tuple[CommandOption, ...] = ()
+    if features.mtp:
+        to_nemo = _with_mtp(to_nemo)
+        keys, cli = keys + ("drop_mtp", "hf_mtp_weights"), (DROP_MTP,)
+        readers.append(hf_mtp_weights)
     if features.moe is not None:
         to_nemo = _with_expert_layout(to_nemo, name)
-        options = FamilyOptions(keys=("hf_experts",), from_source=hf_experts_layout)
+        keys = ("hf_experts",) + keys
+        readers.insert(0, hf_experts_layout)
+    options = FamilyOptions(keys=keys, cli=cli, from_source=_source_options(*readers) if readers else None)
     fields: dict[str, Any] = {
         "nemo": NemoTarget(NEMO_GPT_TARGET, nemo2_targets=nemo2_targets, default_layout="dist"),
         "hf": HFSide(model_class=architecture), "options": options, "trtllm": gpt_trtllm(architecture), **extra}

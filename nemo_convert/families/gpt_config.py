@@ -383,3 +383,26 @@ def _ffn_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
 #: ``intermediate_size`` as the experts' ffn (Mixtral, GPT-OSS: every layer MoE) ⇄
 #: ``moe_ffn_hidden_size`` and ``ffn_hidden_size`` alike (what NeMo's converters write).
 EXPERTS_FFN = Derived(("intermediate_size",), _ffn_to_nemo, _ffn_to_hf)
+
+
+# -- multi-token prediction ---------------------------------------------------------------
+
+#: Where import records MTP layers that the source's config announces but that the
+#: ``.nemo`` leaves out: ``{"dropped": k}`` (``--drop-mtp``) or ``{"absent": k}`` (the
+#: source does not store them: transformers announces one MTP layer and never saves it).
+HF_MTP = "nemo_convert.hf_mtp"
+
+
+def _mtp_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    return {"mtp_num_layers": int(hf.get("num_nextn_predict_layers") or 0) or None}
+
+
+def _mtp_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    count = int(cfg.get("mtp_num_layers") or 0) or int((cfg_get(cfg, HF_MTP) or {}).get("absent") or 0)
+    return {"num_nextn_predict_layers": count}
+
+
+#: ``num_nextn_predict_layers`` ⇄ Megatron-Core's ``mtp_num_layers`` (None: no MTP block).
+#: Export writes the count of MTP layers it writes — none after ``--drop-mtp`` — or, for a
+#: source that announced layers it did not store, the announced count again.
+MTP_LAYERS = Derived(("num_nextn_predict_layers",), _mtp_to_nemo, _mtp_to_hf, restore=True)

@@ -2,8 +2,10 @@
 
 Logical names are the global, per-layer NeMo names (``decoder.layers.7.…``). A pipeline
 stage holds a contiguous run of layers renumbered from 0, the embedding (first stage),
-and the final norm and output layer (last stage); with tied embeddings and PP > 1 the last
-stage also holds a copy of the word embedding.
+and the final norm, the output layer and the multi-token-prediction block (``mtp.…``, last
+stage: Megatron-Core's ``mtp_on_this_rank`` without a custom layout); with tied embeddings or
+an MTP block (which embeds the shifted tokens there) and PP > 1 the last stage also holds a
+copy of the word embedding.
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ from nemo_convert.sharding.pipeline import PipelineParallel
 TIED_EMBEDDING = "embedding.word_embeddings.weight"
 LAYER_RE = re.compile(r"^(?P<stack>(?:.*\.)?layers)\.(?P<i>\d+)\.(?P<rest>.+)$")
 _RANK_DIR = re.compile(r"^(?:mp_rank_(?P<mp>\d{2,})|tp_rank_(?P<tp>\d{2,})_pp_rank_(?P<pp>\d{3,}))$")
+
+
+def embedding_on_last_stage(cfg: dict) -> bool:
+    """Whether the last pipeline stage holds a copy of the word embedding (``tied`` of
+    :class:`ParallelLayout`): for tied output weights, and for an MTP block, which
+    Megatron-Core's ``GPTModel`` gives an embedding wherever it is (``pre_process or
+    mtp_process``, ``models/gpt/gpt_model.py`` line 149, 0.16.1)."""
+    return bool(cfg.get("share_embeddings_and_output_weights") or cfg.get("mtp_num_layers"))
 
 
 def split_layer_name(name: str) -> tuple[str, int, str] | None:
@@ -86,7 +96,7 @@ class ParallelLayout:
         if parts is not None and parts[0] == "decoder.layers":
             return [self.stage_of_layer(parts[1])]
         last = self.pp - 1
-        if name.startswith("decoder.") or name.startswith("output_layer"):
+        if name.startswith(("decoder.", "output_layer", "mtp.")):
             return [last]
         if self.tied and name == TIED_EMBEDDING and last > 0:
             return [0, last]

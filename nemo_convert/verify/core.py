@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Sequence
 
 from nemo_convert.convert.common import SECTION, kinds_for, registry_or_default
+from nemo_convert.convert.hf_quantized import dequantize_on_read
 from nemo_convert.convert.nemo_to_hf import export_hf, plan_to_hf
 from nemo_convert.errors import InputError, PluginError
 from nemo_convert.formats.detect import require_kind
@@ -76,6 +77,7 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool,
     if require_kind(path, ("hf", "nemo", "nemo2", "megatron"), "a Hugging Face folder or a .nemo").kind == "hf":
         hf = open_hf(path, trust_pickle=trust_pickle)
         try:
+            _, dequantized = dequantize_on_read(hf)  # as import reads it: the plain model it encodes
             fam: ModelFamily | None
             try:
                 fam = reg.family(family) if family else reg.family_for_hf_config(hf.config)
@@ -86,7 +88,7 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool,
             side = _Side(SideInfo(path, "hf", None, fam.name if fam else None), hf, HFView(hf.source),
                          hf.config, fam,
                          _read_folder_files(path, fam.hf.tokenizer_files if fam else DEFAULT_TOKENIZER_FILES),
-                         hf.generation_config)
+                         hf.generation_config, warnings=[dequantized] if dequantized else [])
             if fam is not None:
                 try:
                     side.tied, side.drops = _mapping_facts(fam, fam.config_to_nemo(copy.deepcopy(hf.config)))
@@ -109,6 +111,10 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool,
                      warnings=list(getattr(ck, "warnings", [])) + prep.warnings + prep.notes
                      + prep.tokenizer.warnings, native=native)
         side.tied, side.drops = _mapping_facts(fam, cfg)
+        source_quant = (cfg.get(SECTION) or {}).get("hf_dequantized")
+        if isinstance(source_quant, dict):
+            side.warnings.append(f"imported from a {source_quant.get('quant_method')} checkpoint, dequantized on "
+                                 "import (its HF export is the plain model)")
         return side
     except BaseException:
         ck.close()

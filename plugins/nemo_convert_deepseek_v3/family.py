@@ -9,10 +9,13 @@ is HF's with ``norm_topk_prob: true``; without it, or with ``rope_interleave: fa
 the import is refused. The first ``first_k_dense_replace`` layers are dense: a mixed stack.
 RoPE, plain or YaRN (the hub models'), is MLA's: ``rope_type`` and
 ``MLATransformerConfig``'s YaRN fields (:mod:`nemo_convert.families.yarn`).
+The hub's multi-token-prediction layers (``num_nextn_predict_layers``) go to Megatron-Core's
+MTP block (``GPTFeatures(mtp=True)``: :func:`~nemo_convert.families.gpt.mtp_rules`).
 """
 
 from typing import Any
 
+from nemo_convert.errors import UnsupportedError
 from nemo_convert.families import (GPT_CONFIG, MOE_NEMO_CONSTANTS, Check, Derived, Field, GPTFeatures, MoEBlock,
                                    gpt_family, rope)
 
@@ -41,13 +44,15 @@ def _mla_derived(hf: dict[str, Any]) -> str | None:
 
 def _experts_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
     fe, layers, dense = int(hf["moe_intermediate_size"]), int(hf["num_hidden_layers"]), int(hf["first_k_dense_replace"])
+    reason = _mtp_layer_kind(hf)
+    if reason:
+        raise UnsupportedError(f"{reason} (family deepseek_v3 cannot represent it exactly)")
     groups = int(hf.get("n_group") or 1)
     return {"num_moe_experts": int(hf["n_routed_experts"]), "moe_ffn_hidden_size": fe,
             "moe_shared_expert_intermediate_size": fe * int(hf["n_shared_experts"]) or None,
             "moe_layer_freq": [0] * dense + [1] * (layers - dense) if dense else 1,
             "moe_router_num_groups": groups if groups > 1 else None,
-            "moe_router_group_topk": int(hf["topk_group"]) if groups > 1 else None,
-            "nemo_convert.hf_mtp_layers": int(hf.get("num_nextn_predict_layers") or 0)}
+            "moe_router_group_topk": int(hf["topk_group"]) if groups > 1 else None}
 
 
 def _experts_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -56,8 +61,18 @@ def _experts_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"n_routed_experts": cfg["num_moe_experts"], "moe_intermediate_size": fe,
             "n_shared_experts": int(cfg.get("moe_shared_expert_intermediate_size") or 0) // fe,
             "first_k_dense_replace": freq.index(1) if isinstance(freq, list) else 0,
-            "n_group": cfg.get("moe_router_num_groups") or 1, "topk_group": cfg.get("moe_router_group_topk") or 1,
-            "num_nextn_predict_layers": 0}
+            "n_group": cfg.get("moe_router_num_groups") or 1, "topk_group": cfg.get("moe_router_group_topk") or 1}
+
+
+def _mtp_layer_kind(hf: dict[str, Any]) -> str | None:
+    """Megatron-Core's MTP layer has the last decoder layer's kind; HF's is MoE from layer
+    ``first_k_dense_replace`` on. They differ only when every decoder layer is dense and the
+    first MTP layer is the first MoE one."""
+    layers, dense = int(hf["num_hidden_layers"]), int(hf["first_k_dense_replace"])
+    if int(hf.get("num_nextn_predict_layers") or 0) and dense == layers:
+        return (f"num_nextn_predict_layers={hf['num_nextn_predict_layers']} with first_k_dense_replace={dense}: HF's "
+                "MTP layer would be MoE, Megatron-Core's a copy of the last (dense) layer (use --drop-mtp)")
+    return None
 
 
 def _hub_routing(hf: dict[str, Any]) -> str | None:
@@ -74,7 +89,7 @@ DEEPSEEK_V3 = gpt_family(
                 _mla_to_nemo, _mla_to_hf),
         Check(("head_dim", "qk_head_dim"), _mla_derived),
         Derived(("n_routed_experts", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
-                 "n_group", "topk_group", "num_nextn_predict_layers"), _experts_to_nemo, _experts_to_hf),
+                 "n_group", "topk_group"), _experts_to_nemo, _experts_to_hf),
         Field("num_experts_per_tok", "moe_router_topk", to_nemo=int, to_hf=int),
         Field("routed_scaling_factor", "moe_router_topk_scaling_factor", 1.0, to_nemo=float, to_hf=float),
         Field("norm_topk_prob", "nemo_convert.norm_topk_prob", True, accept=lambda v: v is True),
@@ -86,7 +101,8 @@ DEEPSEEK_V3 = gpt_family(
         nemo_constants={**MOE_NEMO_CONSTANTS, "multi_latent_attention": True, "qk_layernorm": True,
                         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
                         "moe_router_pre_softmax": False, "moe_shared_expert_gate": False}),
-    features=GPTFeatures(mla=True, moe=MoEBlock(shared="shared_experts", expert_bias="gate.e_score_correction_bias")),
+    features=GPTFeatures(mla=True, moe=MoEBlock(shared="shared_experts", expert_bias="gate.e_score_correction_bias"),
+                         mtp=True),
     claims=lambda cfg: bool(cfg.get("multi_latent_attention")),
     nemo2_targets=("nemo.collections.llm.gpt.model.deepseek.DeepSeekModel",),
     description="DeepSeek-V3 (MLA, dense first layers, sigmoid-routed experts with bias, shared experts)",

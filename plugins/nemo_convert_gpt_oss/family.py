@@ -9,13 +9,14 @@ Megatron's quick-GELU GLU with ``glu_linear_offset: 1`` and ``activation_func_cl
 Experts with biases need ``expert_tensor_parallel_size: 1`` in Megatron: whole experts per
 TP rank. YaRN (the hub models' RoPE) is GPTModel's ``position_embedding_type: yarn`` with
 its ``yarn_*`` fields (:mod:`nemo_convert.families.yarn`). Refused: ``swiglu_alpha`` ≠ 1.702,
-other RoPE scaling, MXFP4 weights.
+other RoPE scaling. The hub's MXFP4 experts are dequantized on import
+(``nemo_convert/mapping/dequant.py``).
 """
 
 from typing import Any
 
-from nemo_convert.families import (EXPERTS_FFN, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, Derived,
-                                   Field, GPTFeatures, MoEBlock, activation, gpt_family, num_experts, rope)
+from nemo_convert.families import (EXPERTS_FFN, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, Check,
+                                   Derived, Field, GPTFeatures, MoEBlock, activation, gpt_family, num_experts, rope)
 
 
 def _windows_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
@@ -32,6 +33,15 @@ def _windows_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
             "sliding_window": (cfg.get("nemo_convert") or {}).get("sliding_window")}
 
 
+def _openai_topk(hf: dict[str, Any]) -> str | None:
+    """The published configs repeat OpenAI's own ``experts_per_token`` beside transformers'
+    ``num_experts_per_tok`` (which ``GptOssConfig`` reads; it never reads this one)."""
+    k = hf.get("experts_per_token")
+    if k is not None and k != hf.get("num_experts_per_tok", 4):
+        return f"experts_per_token={k} differs from num_experts_per_tok={hf.get('num_experts_per_tok', 4)}"
+    return None
+
+
 GPT_OSS = gpt_family(
     "gpt_oss", architecture="GptOssForCausalLM", model_type="gpt_oss",
     config=GPT_CONFIG.extend(
@@ -41,7 +51,10 @@ GPT_OSS = gpt_family(
         Field("swiglu_limit", "activation_func_clamp_value", 7.0, to_nemo=float, to_hf=float),
         activation("silu", "quick-geglu"), num_experts("num_local_experts"),
         EXPERTS_FFN, rope("yarn", explicit_default=True),
-        *MOE_ROWS, harmless=MOE_HARMLESS,
+        Check(("experts_per_token",), _openai_topk),
+        # OpenAI's original-format key in the published configs: transformers never reads it
+        # (YaRN's original context is rope_scaling.original_max_position_embeddings).
+        *MOE_ROWS, harmless=(*MOE_HARMLESS, "initial_context_length"),
         nemo_constants={**MOE_NEMO_CONSTANTS, "qkv_bias": True, "softmax_type": "learnable", "glu_linear_offset": 1.0,
                         "moe_router_pre_softmax": False, "moe_layer_freq": 1, "expert_tensor_parallel_size": 1,
                         "nemo_convert.linear_biases": {"qkv": True, "proj": True, "mlp": True}}),

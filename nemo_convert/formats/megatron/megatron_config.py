@@ -63,8 +63,9 @@ class's ``rope_type: yarn`` (``model_bridge.py`` lines 604–614): YaRN at facto
 RoPE; with YaRN (the hub models'), the HF block's ``factor``, ``original_max_position_embeddings``,
 ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim`` as ``rotary_scaling_factor`` and the
 same names (lines 495–504, 583–594) — MLATransformerConfig's fields, which our NeMo config
-carries under those names already (``nemo_convert/families/yarn.py``). Reading a directory,
-the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
+carries under those names already (``nemo_convert/families/yarn.py``). ``mtp_num_layers`` is the count of multi-token-prediction layers (line 97), whose keys we
+write as Megatron-Core 0.16.1 names them (``mtp.layers.<k>.transformer_layer.…``). Reading a
+directory, the MoE fields (:data:`MOE_FIELDS`; Megatron-LM's
 ``--num-experts`` is ``num_experts``, arguments.py line 2691, ``moe_ffn_hidden_size``
 defaulting to ``ffn_hidden_size``, lines 1016–1018) pass into the NeMo config, where the
 family registry decides (Mixtral, Qwen3-MoE, Qwen2-MoE by their claims); routing the table
@@ -319,7 +320,8 @@ MLA_PLAIN = {"rope_type": "rope", "rotary_scaling_factor": 1.0, "mscale_all_dim"
 #: YaRN at factor 1 over the class's ``rope_type: yarn``, i.e. plain RoPE.
 MLA_BRIDGE_PLAIN = {"rope_type": "yarn", "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
 DEEPSEEK_ROUTING = ("multi_latent_attention", "moe_router_score_function", "moe_router_enable_expert_bias",
-                    "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk")
+                    "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk",
+                    "mtp_num_layers")  # DeepSeekV3Bridge: mtp_num_layers = num_nextn_predict_layers or None
 
 #: What an absent provider field means where it differs from :data:`FIELDS`' default
 #: (``GPTModelProvider``'s own defaults, ``src/megatron/bridge/models/gpt_provider.py``).
@@ -520,7 +522,9 @@ def _mla_provider(cfg: dict[str, Any], family: str) -> dict[str, Any]:
                 "moe_router_num_groups": int(cfg.get("moe_router_num_groups") or 1),
                 "moe_router_group_topk": int(cfg.get("moe_router_group_topk") or 1),
                 "moe_aux_loss_coeff": float(((cfg.get("nemo_convert") or {}).get("hf_config") or {}).get(
-                    "aux_loss_alpha", 0.0001))})
+                    "aux_loss_alpha", 0.0001)),
+                # deepseek_v3_bridge.py line 97: the MTP block's layer count (None: none)
+                "mtp_num_layers": int(cfg["mtp_num_layers"]) if cfg.get("mtp_num_layers") else None})
     return out
 
 
@@ -588,6 +592,8 @@ def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
         if have != want:
             raise UnsupportedError(f"{where}: {k}={have!r} with multi-latent attention: DeepSeek-V3 needs {want!r}")
     cfg["multi_latent_attention"] = True
+    if values.get("mtp_num_layers"):
+        cfg["mtp_num_layers"] = int(values["mtp_num_layers"])
     for k in MLA_FIELDS:
         cfg[k] = None if values.get(k) is None else int(values[k])
     if cfg["kv_lora_rank"] is None:

@@ -44,7 +44,7 @@ from nemo_convert.formats.nemo.nemo_ranks import WEIGHTS, PerRankSource
 from nemo_convert.formats.io.tar_archive import Container, DirectoryContainer
 from nemo_convert.hf_config import read_json_object
 from nemo_convert.mapping.rules import Parallel
-from nemo_convert.sharding.layout import ParallelLayout, rank_dir
+from nemo_convert.sharding.layout import ParallelLayout, embedding_on_last_stage, rank_dir
 from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
 from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
 from nemo_convert.tensors.safe_unpickle import safe_load, to_plain
@@ -362,7 +362,7 @@ def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: 
             files = _LegacyRanks(folder, ranks, rpp)
             sizes = stage_sizes(files, "", (rtp, rpp), trust_pickle)  # Megatron may split stages unevenly
             playout = ParallelLayout.make(sum(sizes), rtp, rpp, stage_sizes=sizes,
-                                          tied=bool(cfg.get("share_embeddings_and_output_weights")))
+                                          tied=embedding_on_last_stage(cfg))
             source = LocalSpecNames(PerRankSource(files, "", playout, kinds, vocab=vocab, trust_pickle=trust_pickle,
                                                   tensor_parallel=tensor_parallel))
             extra = []

@@ -24,7 +24,8 @@ from nemo_convert.formats.nemo.nemo_targets import reward_model_config
 from nemo_convert.formats.io.sink import MemberSink
 from nemo_convert.formats.io.tar_archive import Container, find_member, open_nemo_container
 from nemo_convert.mapping.rules import Parallel
-from nemo_convert.sharding.layout import ParallelLayout, detect_ranks, parse_rank_dir, rank_dir, split_layer_name
+from nemo_convert.sharding.layout import (ParallelLayout, detect_ranks, embedding_on_last_stage, parse_rank_dir,
+                                          rank_dir, split_layer_name)
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.tensors.torch_zip_source import TorchZipSource
 from nemo_convert.tensors.views import PrefixView  # noqa: F401  (re-exported)
@@ -113,7 +114,7 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
             sizes = _stage_sizes(container, prefix, (tp, pp), trust_pickle)
             rank_view: Callable[[TensorSource, str], TensorSource] | None = None
             kind_of: Callable[[str], Parallel | None] | None = None
-            tied = config.get("share_embeddings_and_output_weights")
+            tied = embedding_on_last_stage(config)
             first = _rank_names(container, prefix, rank_dir(0, 0, pp), trust_pickle)
             if has_legacy_names(first):
                 own = config
@@ -127,7 +128,8 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
             if tp > 1 and not kinds and kind_of is None:
                 raise InputError(f"{path}: per-rank weights at TP={tp} can only be merged through the model "
                                  "family's mapping, and no installed family handles this config (pass --family)")
-            playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes, tied=bool(tied))
+            playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes,
+                                          tied=bool(tied))
             vocab = (config.get("nemo_convert") or {}).get("vocab_size")
             source = PerRankSource(container, prefix, playout, kinds, vocab=vocab, trust_pickle=trust_pickle,
                                    tensor_parallel=tensor_parallel, rank_view=rank_view, kind_of=kind_of)

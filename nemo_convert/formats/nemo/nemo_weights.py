@@ -35,11 +35,24 @@ class WeightsWriter(Protocol):
     def close(self) -> None: ...
 
 
+#: Module names of linear layers that are not spelled ``linear_*``: the MTP block's
+#: ``eh_proj`` (a column-parallel linear: Megatron-Core 0.16.1 saves its ``_extra_state``).
+OTHER_LINEARS = ("eh_proj",)
+#: Logical-name prefixes Megatron-Core never stacks: the MTP block keeps every layer's keys
+#: (``MultiTokenPredictionBlock.sharded_state_dict``: ``mtp.layers.<k>.…``, experts ``[E, …]``).
+NEVER_STACKED = ("mtp.layers.",)
+
+
+def _is_linear(module: str) -> bool:
+    last = module.rsplit(".", 1)[-1]
+    return last.startswith("linear_") or last in OTHER_LINEARS
+
+
 def extra_state_modules(rests: Sequence[str]) -> list[str]:
     """The Transformer-Engine modules of one layer that carry ``_extra_state``: every
-    ``linear_*`` module with a weight, plus ``core_attention`` beside ``linear_qkv``."""
-    mods = sorted({r[: -len(".weight")] for r in rests
-                   if r.endswith(".weight") and r[: -len(".weight")].rsplit(".", 1)[-1].startswith("linear_")})
+    linear module with a weight (``linear_*``, :data:`OTHER_LINEARS`), plus
+    ``core_attention`` beside ``linear_qkv``."""
+    mods = sorted({r[: -len(".weight")] for r in rests if r.endswith(".weight") and _is_linear(r[: -len(".weight")])})
     if any(m.endswith("linear_qkv") for m in mods):
         mods += [m.replace("linear_qkv", "core_attention") for m in mods if m.endswith("linear_qkv")]
     return sorted(mods)
@@ -71,7 +84,9 @@ def dist_places(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) ->
     (``decoder.layers.<rest>`` ``[L, …]``), experts on a further expert axis
     (``[L, E, …]``). A stack whose layers hold different tensors (a mixed dense/MoE stack)
     is *non-homogeneous*: every key keeps its layer index (``decoder.layers.<i>.<rest>``,
-    experts ``[E, …]``), as it is for the stacks of ``unstacked`` name prefixes."""
+    experts ``[E, …]``), as it is for the stacks of ``unstacked`` name prefixes and of
+    :data:`NEVER_STACKED`."""
+    unstacked = (*unstacked, *NEVER_STACKED)
     per_layer: dict[str, dict[int, set[str]]] = {}
     for info in infos:
         parts = None if info.name.startswith(unstacked) else split_layer_name(info.name)

@@ -10,7 +10,7 @@ paths into the NeMo config, so a rule set can be reused under a prefix
 Each rule has an inverse; export is derived from import and never written twice. Each
 rule type is a :class:`Rule` (:mod:`.protocol`) that expands itself into tasks; the
 planner knows none by name. By kind: :mod:`.plain` (one tensor is one tensor),
-:mod:`.fused` (QKV, gated fc1, experts), :mod:`.special` (``Custom``, ``Tied``).
+:mod:`.fused` (QKV, gated fc1, experts), :mod:`.special` (``Custom``, ``Tied``, ``Shared``).
 """
 
 from nemo_convert.mapping.rules.base import Axes, Parallel, cfg_get, condition_holds, layer_pattern
@@ -18,8 +18,8 @@ from nemo_convert.mapping.rules.fused import FuseGated, FuseQKV, PackedQKV, Stac
 from nemo_convert.mapping.rules.mapping import Mapping
 from nemo_convert.mapping.rules.plain import Offset, Rename, Reshape, Transposed
 from nemo_convert.mapping.rules.protocol import Direction, LazyFn, PlanContext, Rule, Task, TaskFn, same
-from nemo_convert.mapping.rules.special import Custom, TensorFn, Tied
+from nemo_convert.mapping.rules.special import Custom, Shared, TensorFn, Tied
 
 __all__ = ["Axes", "Custom", "Direction", "FuseGated", "FuseQKV", "LazyFn", "Mapping", "Offset", "PackedQKV",
-           "Parallel", "PlanContext", "Rename", "Reshape", "Rule", "StackedExperts", "Task", "TaskFn", "TensorFn",
-           "Tied", "Transposed", "cfg_get", "condition_holds", "layer_pattern", "same"]
+           "Parallel", "PlanContext", "Rename", "Reshape", "Rule", "Shared", "StackedExperts", "Task", "TaskFn",
+           "TensorFn", "Tied", "Transposed", "cfg_get", "condition_holds", "layer_pattern", "same"]

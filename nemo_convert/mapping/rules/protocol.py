@@ -44,6 +44,8 @@ class Task:
     infos: tuple[TensorInfo, ...] = ()
     label: str = ""
     check_equal: bool = False  # an equality check (Tied): the inputs must be equal; no outputs
+    #: why they must be equal (the end of the error when they are not)
+    why_equal: str = "the config says the embeddings are tied"
     #: ``fn`` in its deferred form, where it only rearranges rows: takes tensors or
     #: :class:`~nemo_convert.tensors.pieces.Pieces` and may return pieces (engine ``lazy`` runs)
     lazy_fn: LazyFn | None = None

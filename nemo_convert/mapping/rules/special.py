@@ -1,4 +1,5 @@
-"""The escape hatch (:class:`Custom`) and the rule that moves nothing (:class:`Tied`)."""
+"""The escape hatch (:class:`Custom`), the rule that moves nothing (:class:`Tied`) and the one
+that stores a copy once (:class:`Shared`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.mapping.rules.base import Parallel, cfg_get
-from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task
+from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task, same
 from nemo_convert.tensors.base import TensorInfo
 
 TensorFn = Callable[[Sequence[torch.Tensor], dict[str, Any]], Sequence[torch.Tensor]]
@@ -103,6 +104,47 @@ class Tied(Rule):
         a, b = inputs
         if a.shape != b.shape:
             raise ShapeError(f"{a.name} {list(a.shape)} should equal {b.name} {list(b.shape)} (tied)")
+
+    def aliases(self, ctx: PlanContext) -> dict[str, str]:
+        return dict(zip(ctx.names(self.hf), ctx.names(self.same_as)))
+
+
+@dataclass(frozen=True)
+class Shared(Rule):
+    """An HF tensor that is a stored copy of another, where the NeMo model shares one tensor
+    (DeepSeek-V3's multi-token-prediction layer holds its own ``embed_tokens`` and
+    ``shared_head.head``; Megatron-Core's MTP block uses the main model's embedding and
+    output layer). Import checks the copy equal to ``same_as`` and consumes it (nothing is
+    stored; ``why`` ends the error when they differ); export writes it again from the NeMo
+    tensor ``nemo`` — the one ``same_as`` is made from — without consuming it.
+    :meth:`aliases` names the pair for ``verify``."""
+
+    hf_fields: ClassVar[tuple[str, ...]] = ("hf", "same_as")
+    nemo_fields: ClassVar[tuple[str, ...]] = ("nemo",)
+
+    hf: str
+    same_as: str
+    nemo: str
+    why: str = "the NeMo model shares one tensor for both"
+    when: str | None = None
+
+    def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
+        if direction == "to_nemo":
+            return [Task((a, b), (), _no_outputs, (), label="shared", check_equal=True, why_equal=self.why,
+                         consumes=(a,)) for a, b in zip(ctx.names(self.hf), ctx.names(self.same_as))]
+        return [Task((n,), (h,), same, (Parallel.REPLICATED,), label="shared", lazy_fn=same, consumes=())
+                for h, n in zip(ctx.names(self.hf), ctx.names(self.nemo))]
+
+    def nemo_kinds(self, ctx: PlanContext) -> dict[str, Parallel]:
+        return {}  # produces no NeMo tensor: ``nemo`` is another rule's
+
+    def check(self, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], ctx: PlanContext,
+              direction: Direction) -> None:
+        if direction == "to_nemo":
+            a, b = inputs
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise ShapeError(f"{a.name} {list(a.shape)} {a.dtype} should equal {b.name} {list(b.shape)} "
+                                 f"{b.dtype} ({self.why})")
 
     def aliases(self, ctx: PlanContext) -> dict[str, str]:
         return dict(zip(ctx.names(self.hf), ctx.names(self.same_as)))
