@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_convert.convert.common import SECTION
-from nemo_convert.convert.from_ckpt import true_vocab_size
+from nemo_convert.convert.vocab import true_vocab_size
 from nemo_convert.errors import InputError
 from nemo_convert.formats.nemo.nemo import NemoCheckpoint, VocabTrimView
 from nemo_convert.hf_config import dtype_name_of_precision
