@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from typing import Callable
-
-from rich.console import Console
 
 from nemo_convert.cli.common import common_flags, print_json
 
@@ -30,6 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from rich.console import Console
+
     from transformers.utils import logging as hf_logging  # lazy: CLI start-up time (transformers)
 
     hf_logging.disable_progress_bar()

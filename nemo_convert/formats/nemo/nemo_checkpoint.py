@@ -6,9 +6,8 @@ it, so neither imports the other's module for these."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
 import yaml
 
 from nemo_convert.errors import InputError
@@ -16,6 +15,9 @@ from nemo_convert.formats.io.tar_archive import Container
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy
+
+if TYPE_CHECKING:
+    import torch
 
 CONFIG_MEMBER = "model_config.yaml"
 
@@ -82,7 +84,7 @@ class VocabTrimView:
 
     def info(self, key: str) -> TensorInfo:
         i = self._inner.info(key)
-        return TensorInfo(key, (self._vocab, *i.shape[1:]), i.dtype) if self._trims(key) else i
+        return TensorInfo(key, (self._vocab, *i.shape[1:]), i.dtype_name) if self._trims(key) else i
 
     def load(self, key: str) -> torch.Tensor:
         t = self._inner.load(key)
