@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-from rich.table import Table
-
 from nemo_convert.cli.common import TABLE_MIN_WIDTH, QUIET_RESULT_HELP, common_flags, output_width, print_json, wrapped
 
 
@@ -33,6 +30,9 @@ def collect() -> dict[str, list[dict[str, object]]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
     data = collect()
     if args.json:
         print_json(data)

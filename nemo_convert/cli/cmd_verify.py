@@ -9,9 +9,6 @@ from __future__ import annotations
 import argparse
 import math
 
-from rich.console import Console
-from rich.table import Table
-
 from nemo_convert.cli.common import (TABLE_MIN_WIDTH, QUIET_RESULT_HELP, common_flags, hf_source, output_width,
                                      print_json, revision_flag, wrapped)
 from nemo_convert.cli.plugin_options import plugin_option_values
@@ -75,6 +72,9 @@ def _short(v: object, limit: int = 60) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
     from nemo_convert.verify import verify  # lazy: CLI start-up time
 
     if args.top < 0:

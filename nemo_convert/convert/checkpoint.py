@@ -78,7 +78,7 @@ def inspect_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = Fal
         tensors = []
         for k in ck.source.keys():
             info = ck.source.info(k)
-            tensors.append({"name": k, "shape": list(info.shape), "dtype": str(info.dtype).replace("torch.", ""),
+            tensors.append({"name": k, "shape": list(info.shape), "dtype": info.dtype_name,
                             "bytes": info.nbytes})
         summary = {k: ck.config[k] for k in CONFIG_SUMMARY_KEYS if k in ck.config}
         family = None

@@ -173,11 +173,15 @@ def build_plugin_manager(extra_plugins: Iterable[tuple[str, object]] = (),
     for name in disabled:
         pm.set_blocked(name)
     dists: dict[str, str] = {}
+    names: dict[int, str] = {}  # a distribution's name parses its METADATA: once per distribution
     if entry_points:
         for ep in md.entry_points(group=ENTRY_POINT_GROUP):
             if ep.name in disabled or pm.is_registered(ep.name) or pm.has_plugin(ep.name):
                 continue
-            dist = ep.dist.name if ep.dist is not None else "?"
+            if ep.dist is None:
+                dist = "?"
+            else:
+                dist = names.get(id(ep.dist)) or names.setdefault(id(ep.dist), ep.dist.name)
             try:
                 plugin = ep.load()
             except Exception as exc:  # a broken plugin must not break the tool
@@ -199,14 +203,34 @@ def build_plugin_manager(extra_plugins: Iterable[tuple[str, object]] = (),
 
 
 _REGISTRY: Registry | None = None
+#: A registry built moments ago (by the CLI, to read its plugins' options) with the warnings
+#: its build raised, for :func:`get_registry` to adopt instead of building another.
+_OFFERED: tuple[Registry, list[warnings.WarningMessage]] | None = None
+
+
+def offer_registry(registry: Registry | None, caught: Iterable[warnings.WarningMessage] = ()) -> None:
+    """Offer ``registry`` (built from the installed entry points, its build's warnings
+    ``caught``) to the next :func:`get_registry`, which adopts it — re-issuing those warnings
+    where its own build would have issued them — instead of loading every plugin again;
+    ``None`` withdraws the offer. The CLI offers the registry it read the plugins' command
+    options from, and withdraws it when the command ends."""
+    global _OFFERED
+    _OFFERED = (registry, list(caught)) if registry is not None else None
 
 
 def get_registry(*, refresh: bool = False) -> Registry:
-    """The process-wide registry, built on first use from the installed entry points."""
-    global _REGISTRY
+    """The process-wide registry, built on first use from the installed entry points (or
+    adopted from :func:`offer_registry`)."""
+    global _REGISTRY, _OFFERED
     if _REGISTRY is None or refresh:
-        pm, dists = build_plugin_manager()
-        _REGISTRY = Registry(pm, dists)
+        offered, _OFFERED = _OFFERED, None
+        if offered is not None and not refresh:
+            _REGISTRY, caught = offered
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        else:
+            pm, dists = build_plugin_manager()
+            _REGISTRY = Registry(pm, dists)
     return _REGISTRY
 
 

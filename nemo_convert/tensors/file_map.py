@@ -18,10 +18,13 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-import torch
+from typing import TYPE_CHECKING
 
 from nemo_convert.crc import crc32_combine
 from nemo_convert.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 _LIVE: "weakref.WeakSet[FileMap]" = weakref.WeakSet()
 _LOCK = threading.Lock()
@@ -59,6 +62,7 @@ class FileMap:
     """
 
     def __init__(self, path: str) -> None:
+        import torch
         self.path = path
         self.size = os.path.getsize(path)
         self._file = open(path, "rb")
@@ -78,6 +82,7 @@ class FileMap:
 
     def tensor(self, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A tensor viewing ``numel(shape)`` elements at byte ``offset`` of the file."""
+        import torch
         numel = 1
         for s in shape:
             numel *= s

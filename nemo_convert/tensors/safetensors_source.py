@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nemo_convert.errors import InputError
-from nemo_convert.tensors.base import SAFETENSORS_DTYPES, FileMap, TensorInfo
+from nemo_convert.tensors.base import SAFETENSORS_DTYPE_NAMES, FileMap, TensorInfo
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -79,7 +80,7 @@ class SafetensorsFile:
         if not isinstance(entry, dict):
             raise InputError(bad)
         raw_dtype = entry.get("dtype")
-        dtype = SAFETENSORS_DTYPES.get(raw_dtype) if isinstance(raw_dtype, str) else None
+        dtype = SAFETENSORS_DTYPE_NAMES.get(raw_dtype) if isinstance(raw_dtype, str) else None
         shape = entry.get("shape")
         offs = entry.get("data_offsets")
         if dtype is None:

@@ -31,8 +31,6 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
-
 from nemo_convert.errors import ConfigError, InputError, NemoConvertError
 from nemo_convert.formats.dist_checkpoint.distckpt_meta import MetadataIndex
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
@@ -210,7 +208,7 @@ def _dropped_notes(dist: Any) -> list[str]:
             for s in item.size:
                 numel *= int(s)
             opt_n += 1
-            opt_b += numel * dtype_size(item.properties.dtype)
+            opt_b += numel * dtype_size(item.properties.dtype_name)
     rng = [k for k in dist.object_keys if k.startswith("rng_state")]
     rng_b = sum(int(getattr(dist.metadata.storage_data.get(MetadataIndex(k)), "length", 0) or 0) for k in rng)
     notes = []
@@ -379,6 +377,7 @@ def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: 
 # ------------------------------------------------------------------ writing helpers
 def train_state_bytes(step: int = 0) -> bytes:
     """``train_state.pt`` as Megatron-Bridge writes it: a dict of 0-dim tensors."""
+    import torch
     state = {
         "step": torch.tensor(step, dtype=torch.int64),
         "consumed_train_samples": torch.tensor(0, dtype=torch.int64),

@@ -10,9 +10,7 @@ file by rank file with no temporary copy.
 
 from __future__ import annotations
 
-from typing import BinaryIO, Callable
-
-import torch
+from typing import TYPE_CHECKING, BinaryIO, Callable
 
 from nemo_convert.errors import InputError, ShapeError
 from nemo_convert.formats.io.tar_archive import Container
@@ -24,6 +22,9 @@ from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy, materialize
 from nemo_convert.tensors.torch_zip_source import TorchZipSource
 from nemo_convert.tensors.views import PrefixView
+
+if TYPE_CHECKING:
+    import torch
 
 WEIGHTS = "model_weights.ckpt"
 _TP = TensorParallel()
@@ -88,6 +89,7 @@ class PerRankSource:
         return list(self._where)
 
     def info(self, key: str) -> TensorInfo:
+        import torch
         if key not in self._infos:
             p, local = self._where[key]
             parts = [torch.empty(self._ranks[(p, t)].info(local).shape, device="meta",

@@ -89,7 +89,7 @@ def _size_of(node: Any) -> Dropped:
         seen.add(id(n))
         if isinstance(n, lazy):
             d.tensors += 1
-            d.bytes += n.numel * dtype_size(n.dtype)
+            d.bytes += n.numel * dtype_size(n.dtype_name)
         elif isinstance(n, dict):
             stack.extend(n.values())
         elif isinstance(n, (list, tuple, set, frozenset)):
@@ -311,7 +311,7 @@ def _open_dist(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
             for s in item.size:
                 numel *= int(s)
             section = raw.split(".", 1)[0] if not raw.startswith(prefix) else "model (not weights)"
-            _add(dropped, section, Dropped(1, numel * dtype_size(item.properties.dtype)))
+            _add(dropped, section, Dropped(1, numel * dtype_size(item.properties.dtype_name)))
         for obj in dist.object_keys:
             info = dist.metadata.storage_data.get(MetadataIndex(obj))
             size = Dropped(0, int(getattr(info, "length", 0) or 0), 1)
