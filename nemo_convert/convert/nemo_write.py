@@ -22,6 +22,7 @@ from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.expert import ExpertParallel
 from nemo_convert.sharding.layout import ParallelLayout, embedding_on_last_stage, rank_dir
 from nemo_convert.sharding.tensor import TensorParallel
+from nemo_convert.spec import recorded_vocab
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
 from nemo_convert.workers import SINGLE, Workers, split_balanced, write_together
@@ -105,7 +106,7 @@ def vocab_sizes(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], tp:
     rows = [i.shape[0] for i in plan.outputs() if kinds.get(i.name) is Parallel.VOCAB]
     if not rows:
         return None, None
-    vocab = int((cfg.get(SECTION) or {}).get("vocab_size") or min(rows))
+    vocab = recorded_vocab(cfg) or min(rows)
     return vocab, padded_vocab_size(vocab, int(cfg.get("make_vocab_size_divisible_by") or 1), tp)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from nemo_convert.families import (EXPERTS_FFN, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, Check,
                                    Derived, Field, GPTFeatures, MoEBlock, activation, gpt_family, num_experts, rope)
+from nemo_convert.spec import spec_of
 
 
 def _windows_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
@@ -28,9 +29,10 @@ def _windows_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _windows_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    sliding = cfg.get("window_attn_skip_freq") or [0] * int(cfg["num_layers"])
+    spec = spec_of(cfg)
+    sliding = spec.attention.window_pattern or (False,) * spec.geometry.layers
     return {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
-            "sliding_window": (cfg.get("nemo_convert") or {}).get("sliding_window")}
+            "sliding_window": spec.attention.window}
 
 
 def _openai_topk(hf: dict[str, Any]) -> str | None:
