@@ -193,7 +193,7 @@ def test_rules_tensorrt_llm_cannot_take_apart_are_refused():
     table = gpt_trtllm("LlamaForCausalLM")
     assert table is not None and gpt_trtllm("Phi3ForCausalLM") is None
     with pytest.raises(UnsupportedError, match="linear_qkv.weight: the family makes it with PackedQKV"):
-        derive_spec(table, PHI3.mapping({}), {})
+        derive_spec(table, PHI3.mapping({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}), {})
 
 
 def test_a_sliding_window_refusal_names_the_way_forward(tmp_path):

@@ -15,7 +15,7 @@ from nemo_convert.families.yarn import MLA_PLAIN, yarn_to_hf, yarn_to_nemo
 from nemo_convert.hf_config import precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
 from nemo_convert.spec import (LLAMA3_DEFAULTS, Llama3Scaling, Rope, YarnScaling, geometry_of,
-                               linear_biases as bias_pattern, provenance_of, rope_of, sliding_window as window_of,
+                               linear_biases as bias_pattern, megatron_window, provenance_of, rope_of, sliding_window as window_of,
                                spec_of)
 
 
@@ -223,7 +223,7 @@ def sliding_window() -> Derived:
         w = hf.get("sliding_window")
         if w is None:
             return {"window_size": None}
-        return {"window_size": [int(w) - 1, 0], "nemo_convert.sliding_window": int(w)}
+        return {"window_size": megatron_window(int(w)), "nemo_convert.sliding_window": int(w)}
 
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
         return {"sliding_window": window_of(cfg)[0]}  # our record, else NeMo's importer convention [W, 0]

@@ -48,6 +48,21 @@ MCORE_FUNCTIONS: dict[str, str] = {
 }
 
 
+#: (gated, function) → the NeMo 1 fields that make NeMo compute it: NeMo's names, the tanh
+#: GeLU through ``openai_gelu``, the erf GeLU without the fused kernel. A gated squared ReLU
+#: has no NeMo 1 name.
+NEMO_ACTIVATION_FIELDS: dict[tuple[bool, str], dict[str, Any]] = {
+    (True, "silu"): {"activation": "fast-swiglu"}, (False, "silu"): {"activation": "silu"},
+    (True, "gelu"): {"activation": "fast-geglu", "bias_activation_fusion": False},
+    (False, "gelu"): {"activation": "gelu", "bias_activation_fusion": False},
+    (True, "gelu_tanh"): {"activation": "geglu", "openai_gelu": True},
+    (False, "gelu_tanh"): {"activation": "gelu", "openai_gelu": True},
+    (True, "relu"): {"activation": "fast-reglu"}, (False, "relu"): {"activation": "relu"},
+    (False, "squared_relu"): {"activation": "squared-relu"},
+    (True, "quick_gelu"): {"activation": "quick-geglu"}, (False, "quick_gelu"): {"activation": "approx-gelu"},
+}
+
+
 def nemo_activation(cfg: Mapping[str, Any]) -> tuple[bool, str]:
     """(gated, function) of the MLP that NeMo / Megatron-Core run for a NeMo config
     (module docstring; NeMo's defaults: ``gelu``, fused)."""

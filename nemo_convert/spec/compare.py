@@ -57,6 +57,7 @@ def signature(spec: ModelSpec) -> dict[str, Any]:
         "apply_residual_connection_post_layernorm": spec.block.residual_post_norm,
         "headscale": a.headscale,
         "attention_type": a.kind,
+        "unsupported": spec.unsupported,
     }
 
 

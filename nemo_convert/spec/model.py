@@ -217,7 +217,9 @@ class MoE:
 class ModelSpec:
     """What a decoder computes (module docstring). ``precision`` is the dtype its weights
     are kept in (``bfloat16``, ``float16``, ``float32``), the one storage fact every target
-    records; ``mtp_layers`` counts the multi-token-prediction layers after the last one."""
+    records; ``mtp_layers`` counts the multi-token-prediction layers after the last one;
+    ``unsupported`` lists the math fields the config sets that no field here models
+    (:data:`nemo_convert.spec.nemo.UNMODELLED`, field and value): no target computes them."""
 
     geometry: Geometry
     attention: Attention
@@ -230,6 +232,7 @@ class ModelSpec:
     moe: MoE | None = None
     mtp_layers: int = 0
     precision: str = "float32"
+    unsupported: tuple[tuple[str, Any], ...] = ()
 
 
 #: The HF expert layouts a MoE checkpoint may have (``fused``: transformers v5 in memory).

@@ -41,6 +41,22 @@ from nemo_convert.spec.precision import dtype_name_of_precision
 
 SECTION = "nemo_convert"
 
+#: Fields of Megatron-Core's ``TransformerConfig`` (which NeMo passes through) and of
+#: Megatron-LM's arguments that change the math and that no spec field models, at their
+#: neutral values: a config setting one otherwise is what no family here computes, and its
+#: spec says so (:attr:`ModelSpec.unsupported`). Megatron-Core 0.16.1
+#: ``transformer_config.py``; core_v0.16.1 ``arguments.py`` (``--squared-relu``,
+#: ``--quick-geglu``, ``--apply-layernorm-1p``).
+UNMODELLED: dict[str, Any] = {
+    "softmax_scale": None, "attention_output_gate": False, "no_rope_freq": None,
+    "experimental_attention_variant": None, "linear_attention_freq": None, "is_hybrid_model": False,
+    "heterogeneous_layers_config_path": None, "mrope_section": None, "squared_relu": False, "quick_geglu": False,
+    "apply_layernorm_1p": False,
+    # token dropping, probabilities on the input, latent experts, device-limited routing, upcycling
+    "moe_expert_capacity_factor": None, "moe_apply_probs_on_input": False, "moe_latent_size": None,
+    "moe_router_topk_limited_devices": None, "moe_use_upcycling": False,
+}
+
 #: Plain RoPE in an MLA NeMo config: ``rope_type: rope`` and the two fields that enter MLA's
 #: softmax scale, at values that make it ``1/sqrt(d)`` whatever the reader's class defaults
 #: are (MLATransformerConfig: factor 40, NeMo 2's DeepSeekConfig: mscale_all_dim 1).
@@ -133,6 +149,24 @@ def linear_biases(cfg: Mapping[str, Any]) -> tuple[bool, bool, bool]:
     qkv = b.get("qkv", attention)
     proj = b.get("proj", attention if "attention" in b else bool(cfg.get("bias")))
     return bool(qkv), bool(proj), bool(b.get("mlp", cfg.get("bias")))
+
+
+def megatron_window(keys: int) -> list[int]:
+    """Megatron-Core's ``window_size`` for a window of ``keys`` keys (HF's ``sliding_window``):
+    ``[keys - 1, 0]`` (it keeps ``i - w0 ≤ j ≤ i + w1``; Megatron-Bridge's convention too,
+    ``mistral_bridge.py`` lines 56–59)."""
+    return [int(keys) - 1, 0]
+
+
+def window_keys(window_size: Any) -> int:
+    """The keys a query sees under Megatron-Core's ``window_size`` ``[w0, w1]``: ``w0 + 1``
+    (the inverse of :func:`megatron_window`)."""
+    return int(window_size[0]) + 1
+
+
+def unsupported(cfg: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The :data:`UNMODELLED` fields a config sets to other than their neutral value."""
+    return tuple((k, cfg[k]) for k, neutral in UNMODELLED.items() if cfg.get(k) is not None and cfg[k] != neutral)
 
 
 def sliding_window(cfg: Mapping[str, Any]) -> tuple[int | None, int]:
@@ -269,6 +303,7 @@ def spec_of(cfg: Mapping[str, Any]) -> ModelSpec:
         moe=_moe(cfg, geometry.layers),
         mtp_layers=_int(cfg, "mtp_num_layers", 0),
         precision=dtype_name_of_precision(cfg.get("precision", 32)),
+        unsupported=unsupported(cfg),
     )
 
 

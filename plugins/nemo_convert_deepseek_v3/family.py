@@ -109,7 +109,7 @@ DEEPSEEK_V3 = gpt_family(
                         "moe_router_pre_softmax": False, "moe_shared_expert_gate": False}),
     features=GPTFeatures(mla=True, moe=MoEBlock(shared="shared_experts", expert_bias="gate.e_score_correction_bias"),
                          mtp=True),
-    claims=lambda cfg: bool(cfg.get("multi_latent_attention")),
+    claims=lambda cfg: spec_of(cfg).attention.mla is not None,
     nemo2_targets=("nemo.collections.llm.gpt.model.deepseek.DeepSeekModel",),
     description="DeepSeek-V3 (MLA, dense first layers, sigmoid-routed experts with bias, shared experts)",
 )

@@ -8,6 +8,7 @@ subtracting 1. The embedding is scaled by sqrt(hidden) in the model
 """
 
 from nemo_convert.families import GPT_CONFIG, Check, Field, GPTFeatures, activation, gpt_family, linear_biases
+from nemo_convert.spec import spec_of
 
 GEMMA_CONFIG = GPT_CONFIG.extend(
     activation("gelu_pytorch_tanh", "geglu"),
@@ -23,7 +24,7 @@ GEMMA_CONFIG = GPT_CONFIG.extend(
 GEMMA = gpt_family(
     "gemma", architecture="GemmaForCausalLM", model_type="gemma", config=GEMMA_CONFIG,
     features=GPTFeatures(zero_centred_norms=True),
-    claims=lambda cfg: bool(cfg.get("apply_embedding_scaling") or cfg.get("layernorm_zero_centered_gamma")),
+    claims=lambda cfg: spec_of(cfg).embedding.scaled or spec_of(cfg).norm.zero_centred,
     nemo2_targets=("nemo.collections.llm.gpt.model.gemma.GemmaModel",),
     description="Gemma 2B/7B (GeGLU, zero-centred RMSNorm, tied embeddings scaled by sqrt(hidden))",
 )

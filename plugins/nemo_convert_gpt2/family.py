@@ -36,6 +36,7 @@ from nemo_convert.families import (GELU_ERF, GELU_TANH, GPT_CONFIG, Check, Deriv
                                    gpt_family, set_path)
 from nemo_convert.mapping import Mapping
 from nemo_convert.mapping.rules import PackedQKV, Parallel, Rename, Rule, Tied, Transposed
+from nemo_convert.spec import spec_of
 
 
 #: Where import records the HF checkpoint's tensor-name spelling (``"unprefixed"``: the hub's).
@@ -137,7 +138,7 @@ GPT2_CONFIG = GPT_CONFIG.extend(
 
 GPT2 = gpt_family(
     "gpt2", architecture="GPT2LMHeadModel", model_type="gpt2", config=GPT2_CONFIG, mapping=gpt2_mapping,
-    claims=lambda cfg: str(cfg.get("position_embedding_type") or "learned_absolute") == "learned_absolute",
+    claims=lambda cfg: spec_of(cfg).positions == "learned_absolute",
     description="GPT-2, NeMo's GPT-3-style models (learned positions, LayerNorm and linear biases, GeLU, tied)",
 )
 

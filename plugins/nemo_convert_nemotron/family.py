@@ -79,8 +79,8 @@ NEMOTRON_CONFIG = GPT_CONFIG.extend(
 
 def _claims(cfg: dict[str, Any]) -> bool:
     """A NeMo-written LayerNorm + RoPE decoder (the family's check then decides)."""
-    return (str(cfg.get("normalization", "")).lower() in ("layernorm1p", "layernorm")
-            and cfg.get("position_embedding_type") == "rope")
+    spec = spec_of(cfg)
+    return spec.norm.kind == "layernorm" and spec.positions == "rope"
 
 
 NEMOTRON = gpt_family(
