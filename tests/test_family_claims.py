@@ -130,3 +130,19 @@ def test_a_nemo2_class_listed_by_two_families_goes_to_the_one_that_represents_it
     moe.pop("target")
     moe["nemo2_target"] = "nemo.collections.llm.gpt.model.qwen2.Qwen2Model"
     assert get_registry().family_for_nemo_config(moe).name == "qwen2_moe"
+
+
+def test_two_fitting_defaults_are_an_error_naming_both():
+    """A second default family for MegatronGPTModel (another Llama, no claim) that also
+    represents a plain config exactly: the choice is not guessed, one line names both."""
+    llama = get_registry().family("llama")
+    twin = dataclasses.replace(llama, name="llama_twin", hf_architectures=("TwinLlamaForCausalLM",),
+                               hf_model_types=("twin_llama",))
+    reg = registry_with(("twin", _Plugin(twin)))
+    cfg = _native_config("llama")
+    with pytest.raises(PluginError) as ei:
+        reg.family_for_nemo_config(cfg)
+    msg = str(ei.value)
+    assert "llama" in msg and "llama_twin" in msg and "--family" in msg and "\n" not in msg
+    # a claim still wins over the defaults: a windowed config is Mistral's
+    assert reg.family_for_nemo_config(_native_config("mistral")).name == "mistral"

@@ -186,9 +186,14 @@ def _choose(families: list[ModelFamily], config: dict[str, Any], what: str, *, n
     if len(claimed) > 1:
         raise PluginError(f"{what}: the config fits families {', '.join(f.name for f in claimed)}; "
                           f"pass --family {claimed[0].name} (or another of them)")
+    if claimed:
+        return claimed[0]
     default = [f for f in fits if f.claims_nemo_config is None]
-    if claimed or default:
-        return (claimed or default)[0]
+    if len(default) > 1:
+        raise PluginError(f"{what}: families {', '.join(f.name for f in default)} are each its default and all fit "
+                          f"the config; pass --family {default[0].name} (or another of them)")
+    if default:
+        return default[0]
     why = "; ".join(f"{f.name}: {refused[f.name]}" if refused[f.name] is not None
                     else f"{f.name}: fits, but is never guessed (pass --family {f.name})" for f in families)
     raise UnsupportedError(f"no installed model family computes this NeMo config of {what} exactly ({why})")

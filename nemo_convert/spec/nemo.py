@@ -259,6 +259,18 @@ def _moe(cfg: Mapping[str, Any], layers: int) -> MoE | None:
                shared_gate=bool(cfg.get("moe_shared_expert_gate")))
 
 
+def query_groups(cfg: Mapping[str, Any]) -> int | None:
+    """``num_query_groups``, null meaning the heads (None when the config has no heads:
+    not a decoder's)."""
+    heads = _int(cfg, "num_attention_heads", 0)
+    return (_int(cfg, "num_query_groups", 0) or heads) or None
+
+
+def head_dim(cfg: Mapping[str, Any]) -> int:
+    """``kv_channels``, null meaning hidden / heads."""
+    return _int(cfg, "kv_channels", 0) or _int(cfg, "hidden_size") // _int(cfg, "num_attention_heads")
+
+
 def geometry_of(cfg: Mapping[str, Any]) -> Geometry:
     """The sizes of a NeMo config (module docstring's nulls resolved)."""
     layers, hidden, heads = _int(cfg, "num_layers"), _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
@@ -266,8 +278,7 @@ def geometry_of(cfg: Mapping[str, Any]) -> Geometry:
         raise ConfigError(f"the NeMo config has num_attention_heads={heads}")
     positions = cfg.get("max_position_embeddings") or cfg.get("encoder_seq_length")
     return Geometry(layers=layers, hidden=hidden, heads=heads,
-                    query_groups=_int(cfg, "num_query_groups", 0) or heads,
-                    head_dim=_int(cfg, "kv_channels", 0) or hidden // heads,
+                    query_groups=query_groups(cfg) or heads, head_dim=head_dim(cfg),
                     ffn=_opt_int(cfg, "ffn_hidden_size"),
                     vocab_size=recorded_vocab(cfg),
                     max_positions=int(positions) if positions is not None else None)
