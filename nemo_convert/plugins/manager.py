@@ -21,6 +21,7 @@ from nemo_convert.errors import NemoConvertError, PluginError, UnsupportedError
 from nemo_convert.formats.nemo.nemo_targets import canonical_target
 from nemo_convert.plugins import hookspecs
 from nemo_convert.plugins.records import CommandOption, ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
+from nemo_convert.spec import provenance_of
 
 ENTRY_POINT_GROUP = "nemo_convert"
 DISABLE_ENV = "NEMO_CONVERT_DISABLE_PLUGINS"
@@ -122,7 +123,7 @@ class Registry:
         taken when none claims (Llama for ``MegatronGPTModel``). Two claims are an error
         asking for ``--family``, naming both; a NeMo 2 class listed by one family that
         represents the config is that family's."""
-        ours = (config.get("nemo_convert") or {}).get("family")
+        ours = provenance_of(config).family
         if ours:
             return self.family(ours)
         target = canonical_target(config.get("target"))  # NeMo SFT / NeMo-Aligner classes: MegatronGPTModel

@@ -36,7 +36,7 @@ from nemo_convert.families import (GELU_ERF, GELU_TANH, GPT_CONFIG, Check, Deriv
                                    gpt_family, set_path)
 from nemo_convert.mapping import Mapping
 from nemo_convert.mapping.rules import PackedQKV, Parallel, Rename, Rule, Tied, Transposed
-from nemo_convert.spec import spec_of
+from nemo_convert.spec import provenance_of, spec_of
 
 
 #: Where import records the HF checkpoint's tensor-name spelling (``"unprefixed"``: the hub's).
@@ -48,7 +48,7 @@ def gpt2_mapping(cfg: dict[str, Any]) -> Mapping:
     """HF GPT-2 names ⇄ NeMo mcore GPT names (logical, per layer, no ``model.`` prefix), in
     the spelling import recorded."""
     mapping = _prefixed_mapping(cfg)
-    if (cfg.get("nemo_convert") or {}).get("hf_names") == "unprefixed":
+    if provenance_of(cfg).hf_names == "unprefixed":
         return mapping.respelled_hf(lambda n: n.removeprefix("transformer."))
     return mapping
 
