@@ -102,6 +102,14 @@ def test_every_stored_config_is_cited_and_pinned():
     assert len(CASES) >= 30
 
 
+def test_every_family_brings_published_configs():
+    """A family joins with its real configs: each installed family has one in the corpus."""
+    from nemo_convert.plugins.manager import get_registry
+
+    covered = {name.split("/")[0] for name in CASES}
+    assert set(get_registry().families) <= covered, set(get_registry().families) - covered
+
+
 # -- shrinking: sizes only -----------------------------------------------------------------------
 
 def _vocab(cfg: dict[str, Any], *keys: str) -> int:
