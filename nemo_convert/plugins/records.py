@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from nemo_convert.families.trtllm import TrtllmTable
     from nemo_convert.mapping.rules import Mapping
+    from nemo_convert.sharding.protocol import ExpertSharding, PipelineSharding, TensorSharding
 
 
 #: the HF tokenizer files a family keeps unless it names its own (:attr:`HFSide.tokenizer_files`)
@@ -153,18 +154,21 @@ class TokenizerPatcher:
 
 @dataclass(frozen=True)
 class ShardingStrategy:
-    """Splits global tensors across ranks and merges them back.
+    """How global tensors split across the ranks of one parallel axis and merge back.
+    Every reader and writer of a sharded layout uses the registry's strategy of each axis.
 
-    :param name: unique short name (``"tensor"``, ``"pipeline"``).
-    :param axis: which parallel axis it handles (``"tp"`` or ``"pp"``).
-    :param implementation: object with the strategy's methods; see
-        :mod:`nemo_convert.sharding` for the protocol.
+    :param name: unique short name (``"tensor"``, ``"pipeline"``, ``"expert"``).
+    :param axis: which parallel axis it handles: ``"tp"``, ``"pp"`` or ``"ep"``.
+    :param implementation: the object doing the work, with the methods of the axis's
+        protocol (:mod:`nemo_convert.sharding.protocol`: ``TensorSharding``,
+        ``PipelineSharding``, ``ExpertSharding``); the registry refuses, when it is built,
+        one whose methods cannot take the core's calls.
     :param description: one line for ``nemo-convert plugins``.
     """
 
     name: str
     axis: str
-    implementation: Any = field(repr=False)
+    implementation: "TensorSharding | PipelineSharding | ExpertSharding" = field(repr=False)
     description: str = ""
 
 
