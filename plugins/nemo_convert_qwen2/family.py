@@ -7,6 +7,7 @@ keys are accepted while they are off.
 """
 
 from nemo_convert.families import GPT_CONFIG, Check, gpt_family, no_per_layer_windows
+from nemo_convert.families.trtllm import gpt_trtllm, qwen_fields
 
 QWEN2_CONFIG = GPT_CONFIG.extend(
     Check(("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"), no_per_layer_windows),
@@ -17,5 +18,6 @@ QWEN2 = gpt_family(
     "qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", config=QWEN2_CONFIG,
     claims=lambda cfg: bool(cfg.get("qkv_bias")) and not cfg.get("bias") and not cfg.get("num_moe_experts"),
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
+    trtllm=gpt_trtllm("Qwen2ForCausalLM", qwen_fields("qwen2")),  # TensorRT-LLM's QWenForCausalLM
     description="Qwen2 / Qwen2.5 (GQA, q/k/v biases, tied or not)",
 )
