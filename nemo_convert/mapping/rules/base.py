@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from nemo_convert.errors import ConfigError
+from nemo_convert.spec.nemo import layer_pattern
 
 
 class Parallel(str, Enum):
@@ -40,22 +41,6 @@ def cfg_get(cfg: dict[str, Any], path: str | None, default: Any = None) -> Any:
             return default
         cur = cur[part]
     return cur
-
-
-def layer_pattern(value: Any, layers: int) -> list[bool]:
-    """Megatron's per-layer pattern (``moe_layer_freq``): an int ``N`` selects every N-th
-    layer from 0 (1: all), a list gives one 0/1 per layer; None selects none."""
-    if value is None:
-        return [False] * layers
-    if isinstance(value, bool) or not isinstance(value, (int, list, tuple)):
-        raise ConfigError(f"layer pattern {value!r} is neither an int nor a list")
-    if isinstance(value, int):
-        if value < 1:
-            raise ConfigError(f"layer pattern {value} is not a positive frequency")
-        return [i % value == 0 for i in range(layers)]
-    if len(value) != layers:
-        raise ConfigError(f"layer pattern {list(value)} has {len(value)} entries for {layers} layers")
-    return [bool(v) for v in value]
 
 
 def condition_holds(cfg: dict[str, Any], when: str | None) -> bool:
