@@ -13,6 +13,24 @@ sys.path.insert(0, os.path.dirname(__file__))
 from tiny_models import make_tiny_llama  # noqa: E402
 
 
+def _measured_slow() -> set[str]:
+    """Node ids in ``tests/measured_slow.txt`` (written by ``tests/measure_durations.py``)."""
+    path = os.path.join(os.path.dirname(__file__), "measured_slow.txt")
+    if os.environ.get("NEMO_CONVERT_MEASURE") or not os.path.exists(path):
+        return set()
+    with open(path) as f:
+        return {line.split("#", 1)[0].strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    """Tests that measured slow (``tests/measured_slow.txt``) are marked ``slow``: ``-m "not slow"``
+    stays the under-a-minute suite; the full suite runs them."""
+    slow = _measured_slow()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
+
+
 def folder_factory(tmp_path, build, stem):  # type: ignore[no-untyped-def]
     """``make(**overrides) -> folder``: each call builds a model in a new folder."""
     counter = {"n": 0}

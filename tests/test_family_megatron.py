@@ -20,6 +20,7 @@ EP=2 two processes each hold half of the experts and load them from the same che
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -28,7 +29,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("megatron.core")
+# found, not imported, at collection: importing megatron.core costs seconds (tests/conftest.py, test time)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="needs megatron.core")
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3",
             "gpt_oss", "nemotron", "gpt2")
@@ -64,19 +66,25 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
     import torch.nn.functional as fn
     import yaml
     from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.activations import quick_gelu, squared_relu
+    from megatron.core.dist_checkpointing.validation import StrictHandling
     from megatron.core.fusions import fused_softmax
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.dist_checkpointing.validation import StrictHandling
-    from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_decoder_block_spec, get_gpt_layer_local_spec,
-                                                          get_gpt_mtp_block_spec)
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_layer_local_spec,
+        get_gpt_mtp_block_spec,
+    )
     from megatron.core.tensor_parallel import random as tp_random
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer import multi_latent_attention as mla_module
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.moe import moe_utils
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
-    from megatron.core.activations import quick_gelu, squared_relu
+    from megatron.core.transformer.transformer_config import (
+        MLATransformerConfig,
+        TransformerConfig,
+    )
     from megatron.core.transformer.utils import openai_gelu
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
@@ -201,7 +209,10 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
     # when a negative control switched a feature off in the config: then keys are left over).
     if mtp_layers and not os.environ.get("MCORE_CONFIG_EDITED"):
         from megatron.core.dist_checkpointing.dict_utils import nested_values
-        from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+        from megatron.core.dist_checkpointing.mapping import (
+            ShardedObject,
+            ShardedTensor,
+        )
 
         ours = {k: tuple(v.global_shape) for k, v in dist_checkpointing.load_tensors_metadata(ckpt).items()
                 if k.startswith("model.mtp.")}
@@ -308,7 +319,6 @@ def _swap_mtp_norms(src: str, dst: str) -> str:
     import shutil
 
     from safetensors.torch import load_file, save_file
-
     from tiny_models import read_json
 
     shutil.copytree(src, dst)

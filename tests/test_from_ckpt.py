@@ -6,6 +6,7 @@ dropped and sized; errors name what is wrong."""
 from __future__ import annotations
 
 import fractions
+import importlib.util
 import json
 import os
 import shutil
@@ -19,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("lightning")
+# found, not imported, at collection: importing lightning costs seconds (tests/conftest.py, test time)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning")
 
 from ckpt_builders import (
     CKPT_NAME,
@@ -38,10 +40,10 @@ from ckpt_builders import (
     write_dist_checkpoint,
 )
 from pickle_fakes import omegaconf_modules
+from tiny_models import hf_tensors
 
 from nemo_convert import api
 from nemo_convert.errors import ConfigError, InputError, UnsafePickleError
-from tiny_models import hf_tensors
 from nemo_convert.sharding.layout import rank_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,6 +16,7 @@ global process-group state never leaks into the rest of the test session.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -23,7 +24,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("megatron.core")
+# found, not imported, at collection: importing megatron.core costs seconds (tests/conftest.py, test time)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="needs megatron.core")
 
 L, H, NH, NG, F, V = 2, 64, 4, 2, 96, 128
 MODULES = ["self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"]

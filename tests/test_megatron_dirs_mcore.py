@@ -11,6 +11,7 @@ from the measurements in /work/shared/reference/megatron-dirs.md.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,7 +20,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("megatron.core")
+# found, not imported, at collection: importing megatron.core costs seconds (tests/conftest.py, test time)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="needs megatron.core")
 
 SEQ = 16
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,10 +136,10 @@ def _run_workers(root: str, tp: int) -> None:
 @pytest.mark.parametrize("tp", [1, 2])
 def test_megatron_core_reads_ours_and_we_read_megatron_lm(tmp_path: Any, tiny_llama: Any, tp: int) -> None:
     import torch
+    from tiny_models import hf_tensors
     from transformers import LlamaForCausalLM
 
     from nemo_convert import api
-    from tiny_models import hf_tensors
 
     root = str(tmp_path)
     src = tiny_llama()

@@ -27,6 +27,7 @@ NeMo 1 saves with the ``model.`` prefix (nemo-formats.md §1.6, megatron_gpt_mod
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -36,7 +37,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("megatron.core")
+# found, not imported, at collection: importing megatron.core costs seconds (tests/conftest.py, test time)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="needs megatron.core")
 
 L, H, NH, NG, F, SEQ = 2, 64, 4, 2, 96, 256
 
