@@ -12,6 +12,7 @@ with :meth:`FileMap.note_checksum`, so a whole record written again needs no new
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import threading
@@ -23,8 +24,48 @@ import torch
 from nemo_convert.crc import crc32_combine
 from nemo_convert.errors import InputError
 
-_LIVE: "weakref.WeakSet[FileMap]" = weakref.WeakSet()
+#: The live maps by address: ``(start, end, map)`` sorted by ``start``, and the starts
+#: alone (for :mod:`bisect`). Live maps never overlap, so :func:`file_origin` finds a
+#: tensor's map with one search instead of asking every open map (a sharded checkpoint
+#: has hundreds, and it is asked once per tensor). A map collected without
+#: :meth:`FileMap.close` leaves a dead reference, dropped when a new map takes its
+#: addresses or when a search meets it.
+_BY_ADDRESS: list[tuple[int, int, "weakref.ref[FileMap]"]] = []
+_STARTS: list[int] = []
 _LOCK = threading.Lock()
+
+
+def _index_add(fmap: FileMap, start: int, end: int) -> None:
+    with _LOCK:
+        i = bisect.bisect_left(_STARTS, start)
+        j = i
+        while j < len(_BY_ADDRESS) and _BY_ADDRESS[j][0] < end:  # dead maps whose addresses were reused
+            j += 1
+        while i > 0 and _BY_ADDRESS[i - 1][1] > start:
+            i -= 1
+        _BY_ADDRESS[i:j] = [(start, end, weakref.ref(fmap))]
+        _STARTS[i:j] = [start]
+
+
+def _index_remove(fmap: FileMap) -> None:
+    with _LOCK:
+        i = bisect.bisect_left(_STARTS, fmap.address)
+        while i < len(_BY_ADDRESS) and _BY_ADDRESS[i][0] == fmap.address:
+            if _BY_ADDRESS[i][2]() in (fmap, None):
+                del _BY_ADDRESS[i], _STARTS[i]
+            else:
+                i += 1
+
+
+def _index_find(address: int) -> FileMap | None:
+    with _LOCK:
+        i = bisect.bisect_right(_STARTS, address) - 1
+        if i < 0 or address >= _BY_ADDRESS[i][1]:
+            return None
+        fmap = _BY_ADDRESS[i][2]()
+        if fmap is None:
+            del _BY_ADDRESS[i], _STARTS[i]
+        return fmap
 
 
 @dataclass(frozen=True)
@@ -73,8 +114,7 @@ class FileMap:
             probe = torch.frombuffer(self._mmap, dtype=torch.uint8, count=1)
             self.address = probe.data_ptr()
             del probe
-            with _LOCK:
-                _LIVE.add(self)
+            _index_add(self, self.address, self.address + self.size)
 
     def tensor(self, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A tensor viewing ``numel(shape)`` elements at byte ``offset`` of the file."""
@@ -138,8 +178,8 @@ class FileMap:
     def close(self) -> None:
         # Tensors may still view the map; dropping our reference lets the GC unmap it
         # once the last tensor is gone.
-        with _LOCK:
-            _LIVE.discard(self)
+        if self._mmap is not None:
+            _index_remove(self)
         self._mmap = None
         self._file.close()
 
@@ -149,11 +189,6 @@ def file_origin(t: torch.Tensor) -> FileOrigin | None:
     a live :class:`FileMap`; else None (computed tensors, copies, GPU tensors)."""
     if t.device.type != "cpu" or t.numel() == 0 or not t.is_contiguous() or t.requires_grad:
         return None
-    address, length = t.data_ptr(), t.numel() * t.element_size()
-    with _LOCK:
-        maps = list(_LIVE)
-    for fmap in maps:
-        found = fmap.origin(address, length)
-        if found is not None:
-            return found
-    return None
+    address = t.data_ptr()
+    fmap = _index_find(address)
+    return None if fmap is None else fmap.origin(address, t.numel() * t.element_size())
