@@ -16,6 +16,7 @@ unusual falls back to a plain ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import os
@@ -87,6 +88,7 @@ class DistCheckpointSource:
         self._regions: dict[str, ByteRegion] = {}
         self._maps: dict[str, FileMap] = {}
         self._layouts: dict[_Chunk, ChunkLayout | None] = {}
+        self._by_start: dict[str, tuple[list[int], list[tuple[int, _Chunk]], int]] = {}
         self.config = self._read_config()
         self._raw: dict[str, tuple[tuple[int, ...], torch.dtype, list[_Chunk]]] = {}
         self._objects: dict[str, _Chunk] = {}
@@ -275,9 +277,30 @@ class DistCheckpointSource:
         return part.index + (0,) * (len(shape) - k), (1,) * k + shape[k:]
 
     def _overlapping(self, part: _Part) -> list[_Chunk]:
+        """The chunks of ``part.raw`` that overlap the part's box, in ``.metadata`` order.
+        Found through the chunks sorted by their dim-0 offset (:meth:`_chunks_by_start`):
+        a key stacking many layers or experts has a chunk per entry, and every entry asks."""
         starts, sizes = self._box(part)
-        return [c for c in self._raw[part.raw][2]
-                if all(co < s + n and s < co + cn for co, cn, s, n in zip(c.offsets, c.sizes, starts, sizes))]
+        chunks = self._raw[part.raw][2]
+        if not starts:
+            return list(chunks)
+        keys, ordered, longest = self._chunks_by_start(part.raw)
+        # a chunk overlaps on dim 0 iff start - longest < its offset < start + size
+        lo = bisect.bisect_right(keys, starts[0] - longest)
+        hi = bisect.bisect_left(keys, starts[0] + sizes[0])
+        found = sorted((i, c) for i, c in ordered[lo:hi]
+                       if all(co < s + n and s < co + cn for co, cn, s, n in zip(c.offsets, c.sizes, starts, sizes)))
+        return [c for _, c in found]
+
+    def _chunks_by_start(self, raw: str) -> tuple[list[int], list[tuple[int, _Chunk]], int]:
+        """``raw``'s chunks (with their ``.metadata`` index) sorted by dim-0 offset, those
+        offsets, and the longest dim-0 size (cached)."""
+        got = self._by_start.get(raw)
+        if got is None:
+            ordered = sorted(enumerate(self._raw[raw][2]), key=lambda ic: ic[1].offsets[0])
+            got = self._by_start[raw] = ([c.offsets[0] for _, c in ordered], ordered,
+                                         max((c.sizes[0] for _, c in ordered), default=0))
+        return got
 
     def _lazy_part(self, part: _Part) -> Lazy:
         shape = self._raw[part.raw][0]
