@@ -839,3 +839,33 @@ def test_overlapping_chunks_are_found_by_dim0_offset_exactly_as_by_scanning():
     parts += [_Part("stacked", (i, e)) for i in range(6) for e in range(4)]
     for part in parts:
         assert src._overlapping(part) == scan(src, part), part
+
+
+def test_the_one_dim_tiling_shortcut_agrees_with_the_grid(monkeypatch):
+    """Every key is checked for exact tiling on write; chunks along one dimension (layers,
+    experts, a TP split) are answered without the grid. Whenever the shortcut says "tiled",
+    the grid finds neither gaps nor overlaps (random boxes, many along one dimension)."""
+    from nemo_convert.formats.dist_checkpoint import distckpt
+
+    rnd = random.Random(1)
+    shortcut, said_tiled = distckpt._tiles_along_one_dim, 0
+    for _ in range(3000):
+        shape = tuple(rnd.randint(0, 5) for _ in range(rnd.randint(1, 3)))
+        boxes = []
+        for _ in range(rnd.randint(0, 5)):
+            off = tuple(rnd.randint(0, e) for e in shape)
+            size = tuple(rnd.randint(0, e - o) for o, e in zip(off, shape))
+            if rnd.random() < 0.7:  # along one dimension, full in the others
+                d = rnd.randrange(len(shape))
+                off = tuple(o if k == d else 0 for k, o in enumerate(off))
+                size = tuple(s if k == d else shape[k] for k, s in enumerate(size))
+            boxes.append((off, size))
+        if shortcut(shape, boxes):
+            said_tiled += 1
+            monkeypatch.setattr(distckpt, "_tiles_along_one_dim", lambda *a: False)
+            assert distckpt.tiling_problems(shape, boxes) == ([], []), (shape, boxes)
+            monkeypatch.setattr(distckpt, "_tiles_along_one_dim", shortcut)
+    assert said_tiled > 20
+    assert not shortcut((4, 3), [((0, 0), (2, 3)), ((2, 0), (2, 3)), ((2, 0), (2, 3))])  # an overlap
+    assert tiling_problems((4, 3), [((0, 0), (2, 3)), ((3, 0), (1, 3))]) == (["[2:3, 0:3]"], [])
+
