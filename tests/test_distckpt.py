@@ -869,3 +869,14 @@ def test_the_one_dim_tiling_shortcut_agrees_with_the_grid(monkeypatch):
     assert not shortcut((4, 3), [((0, 0), (2, 3)), ((2, 0), (2, 3)), ((2, 0), (2, 3))])  # an overlap
     assert tiling_problems((4, 3), [((0, 0), (2, 3)), ((3, 0), (1, 3))]) == (["[2:3, 0:3]"], [])
 
+
+def test_extra_state_bytes_are_torch_saves_own():
+    """``[None]`` is saved once per process and reused: the bytes are ``torch.save``'s."""
+    from nemo_convert.formats.dist_checkpoint.distckpt_write import _object_bytes
+
+    buf = io.BytesIO()
+    torch.save([None], buf)
+    assert _object_bytes([None]) == buf.getvalue() == _object_bytes([None])
+    buf = io.BytesIO()
+    torch.save([None, None], buf)
+    assert _object_bytes([None, None]) == buf.getvalue()
