@@ -193,7 +193,7 @@ class DistCheckpointWriter:
         stream = self._data_stream()
         self._pad(stream)
         start = stream.pos
-        TorchSaveWriter(stream).save_tensor(tensor)  # what torch.save writes
+        TorchSaveWriter(stream).save_tensor(tensor, flush=False)  # what torch.save writes
         self._chunks.append(ChunkRecord(key, offs, sizes, self._data_file, start, stream.pos - start))
 
     def add_extra_state(self, key: str, layer: int | None, num_layers: int | None, *,
