@@ -121,7 +121,8 @@ class TorchSaveWriter:
         key = (name, data)
         got = _RECORDS.get(key)
         if got is None:
-            saved, self._pos, self._pending, self._central = (self._pos, self._pending, self._central), 0, bytearray(), []
+            saved = self._pos, self._pending, self._central
+            self._pos, self._pending, self._central = 0, bytearray(), []
             try:
                 self._record_chunks(name, [Chunk(memoryview(data).cast("B"), None)])
                 local, central = bytes(self._pending), self._central[0]
