@@ -126,8 +126,7 @@ class FileMap:
             raise InputError(f"{self.path}: tensor bytes [{offset}, {offset + nbytes}) lie outside the file")
         if numel == 0 or self._mmap is None:
             return torch.empty(shape, dtype=dtype)
-        flat = torch.frombuffer(self._mmap, dtype=torch.uint8, count=nbytes, offset=offset)
-        return flat.view(dtype).view(shape)
+        return torch.frombuffer(self._mmap, dtype=dtype, count=numel, offset=offset).view(shape)
 
     def note_checksum(self, offset: int, length: int, crc32: int) -> None:
         """Record the stored CRC-32 of bytes ``[offset, offset + length)`` (a zip record)."""
