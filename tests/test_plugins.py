@@ -184,6 +184,42 @@ def test_out_of_tree_plugin_converts_a_checkpoint(toy_installed, tiny_llama, tmp
     assert api.import_hf(src, str(tmp_path / "auto.nemo")).family == "toy-gpt"
 
 
+def _example_module() -> types.ModuleType:
+    """The example plugin's module, loaded from its file under another name (the tests above
+    need it not importable by its own name unless installed)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("toy_example_under_test",
+                                                  os.path.join(EXAMPLE, TOY_MODULE, "__init__.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("key,value,error,named", [
+    ("sliding_window", 4096, "ConfigError", "sliding_window=4096"),
+    ("attention_bias", True, "UnsupportedError", "attention_bias=True"),
+    ("mlp_bias", True, "UnsupportedError", "mlp_bias=True"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+     "UnsupportedError", "'yarn'"),
+])
+def test_the_documented_example_is_strict(tiny_llama, tmp_path, key, value, error, named):
+    """Issue 20, item 8: the complete example in docs/plugins.md refuses, by name, the
+    config keys its model does not have — nothing is dropped silently."""
+    toy = _example_module()
+    reg = registry_with(("toyfamily", toy))  # with the installed plugins (the sharding strategies)
+    src = tiny_llama(tokenizer=False)
+    edit_config(src, architectures=["ToyForCausalLM"])
+    out = str(tmp_path / "toy.nemo")
+    api.import_hf(src, out, registry=reg)  # the Llama-shaped config as transformers writes it: accepted
+    edit_config(src, **{key: value})
+    with pytest.raises(Exception) as ei:
+        api.import_hf(src, str(tmp_path / "refused.nemo"), registry=reg)
+    assert type(ei.value).__name__ == error and named in str(ei.value), str(ei.value)
+    assert not os.path.exists(tmp_path / "refused.nemo")
+
+
 # --------------------------------------------------------------------------- conflicts
 def test_two_plugins_with_one_family_name():
     a = plugin(families=[family("dup", "AForCausalLM")])
@@ -207,7 +243,9 @@ def test_two_plugins_with_one_tokenizer_patcher_name():
 
 
 def test_two_plugins_with_one_sharding_strategy_name():
-    s = ShardingStrategy("tensor", "tp", object())
+    from nemo_convert.sharding.tensor import TensorParallel
+
+    s = ShardingStrategy("tensor", "tp", TensorParallel())
     with pytest.raises(PluginError, match=r"'shard-a'.*'shard-b'"):
         registry_with(("shard-a", plugin(strategies=[s])), ("shard-b", plugin(strategies=[s])),
                       entry_points=False)

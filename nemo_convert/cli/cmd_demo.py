@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import tempfile
 from typing import Callable
-
-from rich.console import Console
 
 from nemo_convert.cli.common import common_flags, print_json
 from nemo_convert.errors import InputError
@@ -36,6 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from rich.console import Console
+
     from transformers.utils import logging as hf_logging  # lazy: CLI start-up time (transformers)
 
     hf_logging.disable_progress_bar()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-
 from nemo_convert.cli.common import common_flags, human_bytes, print_json, warn
 from nemo_convert.cli.progress import make_progress
 from nemo_convert.errors import NemoConvertError
@@ -62,6 +60,8 @@ def _stages(text: str | None) -> tuple[int, ...] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from nemo_convert import api  # lazy: CLI start-up time
 
     if args.trust_pickle:

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-from rich.table import Table
-
 from nemo_convert.cli.common import QUIET_RESULT_HELP, common_flags, hf_source, human_bytes, print_json, revision_flag
-
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("inspect", help="show format, config summary and tensors of a checkpoint",
@@ -29,15 +25,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from nemo_convert import api  # lazy: CLI start-up time
+    # The readers' module, not nemo_convert.api (which loads every conversion): inspect loads no torch.
+    from nemo_convert.convert.checkpoint import inspect_checkpoint  # lazy: CLI start-up time
 
-    info = api.inspect_checkpoint(hf_source(args, args.path), trust_pickle=args.trust_pickle,
-                                  iteration=args.iteration)
+    info = inspect_checkpoint(hf_source(args, args.path), trust_pickle=args.trust_pickle, iteration=args.iteration)
     if args.json:
         print_json(info)
         return 0
     if args.quiet:  # exit 0: the checkpoint could be read (2, with an error line, when not)
         return 0
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console(soft_wrap=True)
     layout = f" ({info['layout']} layout{', ' + info['backend'] if info.get('backend') else ''})" \
         if info["layout"] else ""

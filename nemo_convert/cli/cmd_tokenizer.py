@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-
 from nemo_convert.cli.common import common_flags, print_json
 
 
@@ -43,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run_add_tokens(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from nemo_convert.convert.tokenizer_patch import add_tokens  # lazy: CLI start-up time
 
     rep = add_tokens(args.src, args.output, args.tokens, piece_type=args.piece_type,

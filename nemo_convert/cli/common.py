@@ -7,8 +7,6 @@ import json
 import sys
 from typing import Any
 
-from rich.console import Console
-
 
 #: What ``--quiet`` means for the commands whose output is their result (``inspect``,
 #: ``plugins``, ``verify``): the exit code alone answers; ``--json`` still prints.
@@ -81,6 +79,8 @@ def print_json(obj: Any) -> None:
 
 
 def warn(args: argparse.Namespace, message: str) -> None:
+    from rich.console import Console
+
     if not getattr(args, "quiet", False):
         Console(stderr=True, soft_wrap=True).print(f"[yellow]warning:[/] {message}", highlight=False)
 
@@ -115,6 +115,8 @@ def human_bytes(n: float) -> str:
 
 def report(args: argparse.Namespace, rep: Any, verb: str) -> None:
     """Print a conversion report: JSON with ``--json``, a summary line otherwise."""
+    from rich.console import Console
+
     for w in rep.warnings:
         warn(args, w)
     if not getattr(args, "json", False) and not getattr(args, "quiet", False):

@@ -45,10 +45,12 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-def build_parser(*, plugin_options: bool = True) -> argparse.ArgumentParser:
+def build_parser(*, plugin_options: bool = True, offer: bool = False) -> argparse.ArgumentParser:
     """The parser of every command; with ``plugin_options``, the options installed plugins
     declare are added to their commands (loading the plugins: ``nemo-convert --help``
-    alone does not)."""
+    alone does not). With ``offer`` the registry built for that is offered to the command
+    (:func:`~nemo_convert.plugins.manager.offer_registry`): loading every plugin twice
+    would be a fifth of ``inspect``'s time."""
     parser = _Parser(
         prog="nemo-convert",
         description="Convert model checkpoints into and out of NVIDIA NeMo formats — streaming, "
@@ -58,14 +60,19 @@ def build_parser(*, plugin_options: bool = True) -> argparse.ArgumentParser:
     for module in COMMANDS:
         module.register(sub)
     if plugin_options:
-        from nemo_convert.plugins.manager import registry_with  # lazy: CLI start-up time (loads the plugins)
+        from nemo_convert.plugins.manager import (PluginLoadWarning, offer_registry,
+                                                  registry_with)  # lazy: CLI start-up time (loads the plugins)
 
-        # A registry of its own, silently: the command's registry warns about a broken
-        # plugin (or not, under --quiet) and reports a conflict when it runs.
+        # Built silently: the command's registry warns about a broken plugin (or not, under
+        # --quiet) and reports a conflict when it runs — this one, adopted with its warnings
+        # recorded, or (after a conflict) one built again.
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                declared = registry_with().command_options()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                registry = registry_with()
+                declared = registry.command_options()
+            if offer:  # with the warnings a build of its own would give (a plugin that fails to load)
+                offer_registry(registry, [w for w in caught if issubclass(w.category, PluginLoadWarning)])
         except NemoConvertError:
             declared = []
         add_plugin_options(sub.choices, declared)
@@ -247,7 +254,16 @@ def run(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     so that one landing during the teardown (process group, flush) cannot turn a written
     output into "interrupted"."""
     given = list(argv) if argv is not None else sys.argv[1:]
-    parser = build_parser(plugin_options=_names_a_command(given))
+    try:
+        return _run(given, argv, exiting)
+    finally:  # the command is over: no registry stays on offer (none was, if the plugins never loaded)
+        manager = sys.modules.get("nemo_convert.plugins.manager")
+        if manager is not None:
+            manager.offer_registry(None)
+
+
+def _run(given: list[str], argv: Sequence[str] | None, exiting: bool) -> int:
+    parser = build_parser(plugin_options=_names_a_command(given), offer=True)
     _Parser.last_error = None
     try:
         args = parser.parse_args(argv)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn, TransferSpeedColumn)
+if TYPE_CHECKING:  # rich is imported when a bar starts (--help and inspect do not need it)
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 
 class RichProgress:
@@ -14,6 +14,8 @@ class RichProgress:
     tensor count, throughput, elapsed and remaining time."""
 
     def __init__(self, console: Console | None = None, *, world: int = 1) -> None:
+        from rich.console import Console
+
         self._console = console or Console(stderr=True)
         self._world = world
         self._bar: Progress | None = None
@@ -23,6 +25,9 @@ class RichProgress:
         self._said_share = False
 
     def start(self, description: str, total_bytes: int, total_tensors: int) -> None:
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+
         self._done, self._total = 0, total_tensors
         if description == "calibrate":  # counts calibration rows and tokens (run once, in process 0)
             self._start_calibration(total_bytes, total_tensors)
@@ -40,6 +45,8 @@ class RichProgress:
                                         tensors=f"0/{total_tensors}" if total_tensors else "0")
 
     def _start_calibration(self, tokens: int, rows: int) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
         self._bar = Progress(TextColumn("[bold]calibrate"), BarColumn(), TextColumn("{task.fields[tensors]} rows"),
                              TextColumn("{task.completed:.0f}/{task.total:.0f} tokens"), TimeElapsedColumn(),
                              TimeRemainingColumn(), console=self._console)

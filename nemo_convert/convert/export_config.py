@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_convert.convert.common import SECTION
-from nemo_convert.convert.from_ckpt import NEMO_DEFAULT_DIVISIBLE_BY
 from nemo_convert.convert.nemo_tokenizer import ExportTokenizer, export_tokenizer
+from nemo_convert.convert.vocab import NEMO_DEFAULT_DIVISIBLE_BY
 from nemo_convert.formats.nemo.nemo import NemoCheckpoint, VocabTrimView
 from nemo_convert.hf_config import dtype_name_of_precision
 from nemo_convert.mapping.ops import padded_vocab_size

@@ -22,11 +22,11 @@ from typing import Any
 from nemo_convert import __version__
 from nemo_convert.convert.ckpt_config import model_config, read_hparams, yaml_ready
 from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
-from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
+from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
+from nemo_convert.convert.vocab import true_vocab_size
 from nemo_convert.engine import Progress
 from nemo_convert.errors import (
-    ConfigError,
     InputError,
     MappingError,
     NemoConvertError,
@@ -37,7 +37,6 @@ from nemo_convert.formats.io.staging import check_target
 from nemo_convert.formats.nemo.nemo import VocabTrimView, artifact_name
 from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
 from nemo_convert.formats.ptl.ptl_ckpt import TrainingCheckpoint, locate, open_training_checkpoint
-from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import identity_plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.plugins.manager import Registry
@@ -46,7 +45,6 @@ from nemo_convert.tensors.base import TensorSource
 
 #: The tokenizer fields of a NeMo model config that name files (``register_artifact``).
 TOKENIZER_FILE_KEYS = ("model", "vocab_file", "merge_file")
-NEMO_DEFAULT_DIVISIBLE_BY = 128  # NeMo's default make_vocab_size_divisible_by
 _HASHED = re.compile(r"^[0-9a-f]{32}_(?P<base>.+)$")
 
 
@@ -143,45 +141,6 @@ def pack_tokenizer_files(cfg: dict[str, Any], bases: list[str], *, allow_missing
         renamed[ref] = holder[key] = "nemo:" + member
         data_of[label] = data
     return list(artifacts.items()), renamed, data_of, warnings
-
-
-# ------------------------------------------------------------------------------ vocab
-def _sentencepiece_size(data: bytes) -> int | None:
-    try:
-        import sentencepiece as spm
-
-        sp = spm.SentencePieceProcessor()
-        sp.LoadFromSerializedProto(data)
-        return int(sp.GetPieceSize())
-    except Exception:  # noqa: BLE001 - not installed, or not a SentencePiece model
-        return None
-
-
-def true_vocab_size(cfg: dict[str, Any], source: TensorSource, kinds: dict[str, Parallel], src_tp: int,
-                    explicit: int | None, tokenizer_model: bytes | None) -> tuple[int | None, str | None]:
-    """The unpadded vocabulary of the vocab-parallel tensors, and how it was found.
-
-    In order: ``explicit``; the size our own config section recorded; the SentencePiece
-    tokenizer's size when padding it as Megatron does at the source TP gives exactly the
-    stored rows. None (keep every row) otherwise."""
-    rows = [source.info(k).shape[0] for k in source.keys() if kinds.get(k) is Parallel.VOCAB]
-    if not rows:
-        return None, None
-    stored = min(rows)
-    if explicit is not None:
-        if not 0 < explicit <= stored:
-            raise ConfigError(f"--vocab-size {explicit} does not fit the {stored} rows of the embedding")
-        return explicit, f"vocabulary size {explicit} (given)"
-    recorded = (cfg.get(SECTION) or {}).get("vocab_size") if isinstance(cfg.get(SECTION), dict) else None
-    if isinstance(recorded, int) and 0 < recorded <= stored:
-        return recorded, None
-    if tokenizer_model is not None:
-        n = _sentencepiece_size(tokenizer_model)
-        div = int(cfg.get("make_vocab_size_divisible_by") or NEMO_DEFAULT_DIVISIBLE_BY)
-        if n is not None and n <= stored and padded_vocab_size(n, div, src_tp) == stored:
-            return n, (f"vocabulary size {n} from tokenizer.model (the checkpoint stores {stored} rows: "
-                       f"padded to a multiple of {div}×TP{src_tp})")
-    return None, None
 
 
 # ---------------------------------------------------------------------------- convert
@@ -284,7 +243,7 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
         artifacts, renamed, data_of, tok_warnings = pack_tokenizer_files(
             cfg, list(dict.fromkeys(bases)), allow_missing=allow_missing_tokenizer)
         warnings += tok_warnings
-        source = ck.weights(kinds, tied=embedding_on_last_stage(cfg))
+        source = ck.weights(kinds, strategies=reg.strategies(), tied=embedding_on_last_stage(cfg))
         tok = cfg.get("tokenizer") if isinstance(cfg.get("tokenizer"), dict) else {}
         spm = data_of.get("tokenizer.model") if tok.get("library", "sentencepiece") == "sentencepiece" else None
         vocab, vocab_note = true_vocab_size(cfg, source, kinds, src_tp, vocab_size, spm)
@@ -319,13 +278,13 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
             stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
                                           par=Parallelism(tp, pp, stage_layers), overwrite=overwrite,
                                           progress=progress, tokenizer=_tokenizer_files(data_of),
-                                          strategies=Strategies.from_registry(reg), notes=notes)
+                                          strategies=reg.strategies(), notes=notes)
             layout = TARGET
         else:
             stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
                                par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
-                               strategies=Strategies.from_registry(reg))
+                               strategies=reg.strategies())
         total = ck.dropped_total
         files = [loc.rank_file(t, p) for p in range(loc.pp) for t in range(loc.tp)] \
             if loc.kind == "per-rank" else [loc.path]

@@ -8,16 +8,20 @@ mapping rules and the core calls the math.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.tensors import hugepages
 from nemo_convert.tensors.pieces import Lazy, materialize, rows
 
+if TYPE_CHECKING:
+    import torch
+
 
 def concat(tensors: list[torch.Tensor], dim: int = 0, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.cat``, but shape-only on meta tensors (``torch.cat`` on meta tensors pulls in
     the compiler stack, ~1 s) and into ``out`` when given (a reused buffer)."""
+    import torch
     if tensors and tensors[0].is_meta:
         shape = list(tensors[0].shape)
         for t in tensors[1:]:
@@ -90,6 +94,7 @@ def fuse_qkv_lazy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, heads: i
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, heads: int, groups: int,
              head_dim: int, pool: BufferPool | None = None) -> torch.Tensor:
     """:func:`fuse_qkv_lazy`, copied into one tensor (a pooled buffer when given)."""
+    import torch
     fused = fuse_qkv_lazy(q, k, v, heads=heads, groups=groups, head_dim=head_dim)
     out = pool.get(tuple(fused.shape), q) if pool is not None and not isinstance(fused, torch.Tensor) else None
     return materialize(fused, out)
@@ -141,7 +146,7 @@ def transpose_2d(t: Lazy) -> torch.Tensor:
     if m.dim() != 2:
         raise ShapeError(f"a Conv1D weight is 2-D, this one has shape {list(m.shape)}")
     if m.is_meta:
-        return torch.empty((m.shape[1], m.shape[0]), dtype=m.dtype, device="meta")
+        return m.new_empty((m.shape[1], m.shape[0]))
     return m.t().contiguous()
 
 
@@ -149,6 +154,7 @@ def add_scalar(t: torch.Tensor, value: float) -> torch.Tensor:
     """``t + value`` in ``t``'s dtype, as a new tensor (never in place: sources are views of
     input files). For weights stored with a constant offset, e.g. NeMo 1 Gemma norms
     (``1 + w``) against Hugging Face's zero-centred ``w``."""
+    import torch
     return torch.add(t, value)
 
 
@@ -166,6 +172,7 @@ def fuse_gated_lazy(gate: torch.Tensor, up: torch.Tensor, *, ffn: int | None = N
 def fuse_gated(gate: torch.Tensor, up: torch.Tensor, *, ffn: int | None = None,
                pool: BufferPool | None = None) -> torch.Tensor:
     """:func:`fuse_gated_lazy`, copied into one tensor (a pooled buffer when given)."""
+    import torch
     fused = fuse_gated_lazy(gate, up, ffn=ffn)
     out = pool.get(tuple(fused.shape), gate) if pool is not None and not isinstance(fused, torch.Tensor) else None
     return materialize(fused, out)
@@ -189,6 +196,7 @@ def deinterleave_rows(t: torch.Tensor) -> Lazy:
 
 def interleave_rows(t: Lazy) -> torch.Tensor:
     """Inverse of :func:`deinterleave_rows`: ``[gate; up]`` → rows ``g0, u0, g1, u1, …``."""
+    import torch
     gate, up = split_gated(t)
     g, u = materialize(gate), materialize(up)
     if g.is_meta:
@@ -220,6 +228,7 @@ def stack_experts_lazy(parts: list[Lazy], *, transpose: bool = False, interleave
     """Inverse of :func:`unstack_experts`: the experts' tensors stacked on a new dim 0.
     Deferred: one piece per expert, so a writer copies them one at a time (a transposed or
     interleaved expert is one new tensor each)."""
+    import torch
     if not parts:
         raise ShapeError("no experts to stack")
     shape = tuple(parts[0].shape)
@@ -245,6 +254,7 @@ def padded_vocab_size(vocab: int, divisible_by: int, tp: int = 1) -> int:
 def pad_vocab_lazy(t: Lazy, padded: int) -> Lazy:
     """Zero rows appended on dim 0 up to ``padded`` rows (no-op when already that size).
     Deferred where ``t`` can be: the rows of ``t``, then a block of zeros."""
+    import torch
     if t.shape[0] > padded:
         raise ShapeError(f"vocabulary of {t.shape[0]} rows does not fit a padded size of {padded}")
     if t.shape[0] == padded:

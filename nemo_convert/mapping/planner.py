@@ -13,8 +13,6 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import torch
-
 from nemo_convert.errors import MappingError, ShapeError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import Mapping, Parallel, Rule
@@ -54,6 +52,7 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
         inputs are missing.
     :raises ShapeError: when a tensor contradicts the config.
     """
+    import torch
     available = set(source.keys())
     pool = ops.BufferPool()
     tasks: list[Task] = []

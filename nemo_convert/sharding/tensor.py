@@ -9,14 +9,15 @@ and trimmed back on merge; everything else replicated.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from nemo_convert.errors import ShapeError, UnsupportedError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.tensors.pieces import Lazy, materialize, rows
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _chunk(t: Lazy, dim: int, tp: int, rank: int, what: str) -> Lazy:
@@ -88,6 +89,7 @@ class TensorParallel:
 
     def local_shape(self, shape: tuple[int, ...], kind: Parallel, tp: int, *,
                     padded_vocab: int | None = None) -> tuple[int, ...]:
+        import torch
         meta = torch.empty(shape, device="meta")
         return tuple(self.split(meta, kind, tp, 0, padded_vocab=padded_vocab).shape)
 

@@ -10,45 +10,113 @@ modify them in place.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Iterator, Protocol, Union, runtime_checkable
 
 from nemo_convert.errors import InputError
 from nemo_convert.tensors.file_map import FileMap  # noqa: F401  (re-exported: part of the contract)
 
-# safetensors dtype strings <-> torch dtypes (also used for our own headers).
-SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
+if TYPE_CHECKING:
+    import torch
+
+#: Bytes per element of the dtypes a checkpoint header can name, by torch's name for each
+#: (``str(torch.bfloat16)`` without ``torch.``). Readers describe tensors by these names
+#: (:attr:`TensorInfo.dtype_name`), so that opening a checkpoint and listing its tensors
+#: never imports torch; torch's dtype objects are made when a tensor is read or computed.
+DTYPE_SIZES: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
 }
-DTYPE_TO_SAFETENSORS: dict[torch.dtype, str] = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+
+#: safetensors' dtype strings → torch's names (also used for our own headers).
+SAFETENSORS_DTYPE_NAMES: dict[str, str] = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
+NAME_TO_SAFETENSORS: dict[str, str] = {v: k for k, v in SAFETENSORS_DTYPE_NAMES.items()}
+
+DType = Union["torch.dtype", str]  # a torch dtype, or torch's name for it
 
 
-def dtype_size(dtype: torch.dtype) -> int:
-    """Bytes per element of ``dtype`` (``torch.dtype.itemsize``, torch ≥ 2.1: equal to
-    ``element_size()`` of a tensor of every dtype, without building one — this runs per
-    tensor of a checkpoint)."""
-    return dtype.itemsize
+def dtype_name(dtype: DType) -> str:
+    """torch's name of ``dtype`` (``"bfloat16"`` for ``torch.bfloat16``); a name as it is."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 
 
-@dataclass(frozen=True)
+_TORCH_DTYPES: dict[str, torch.dtype] = {}
+
+
+def torch_dtype(dtype: DType) -> torch.dtype:
+    """The torch dtype ``dtype`` names. Imports torch: call it where a tensor is made."""
+    if not isinstance(dtype, str):
+        return dtype
+    found = _TORCH_DTYPES.get(dtype)
+    if found is None:
+        import torch
+
+        found = getattr(torch, dtype, None)
+        if not isinstance(found, torch.dtype):
+            raise InputError(f"unknown dtype {dtype!r}")
+        _TORCH_DTYPES[dtype] = found
+    return found
+
+
+def is_dtype_name(name: str) -> bool:
+    """Is ``name`` one of torch's dtypes? Known names are answered without torch; another
+    (a dtype newer than :data:`DTYPE_SIZES`) is looked up in torch."""
+    if name in DTYPE_SIZES:
+        return True
+    try:
+        torch_dtype(name)
+    except InputError:
+        return False
+    return True
+
+
+def dtype_size(dtype: DType) -> int:
+    """Bytes per element of ``dtype`` (a torch dtype or its name). A torch dtype answers
+    with ``torch.dtype.itemsize`` (torch ≥ 2.1), without building a tensor or a name: this
+    runs per tensor of a checkpoint."""
+    if not isinstance(dtype, str):
+        return dtype.itemsize
+    size = DTYPE_SIZES.get(dtype)
+    return size if size is not None else torch_dtype(dtype).itemsize
+
+
+@dataclass(frozen=True, init=False)
 class TensorInfo:
-    """What is known about a tensor without reading it."""
+    """What is known about a tensor without reading it. The dtype is kept by name
+    (``dtype_name``, what headers say); :attr:`dtype` is the torch dtype."""
 
     name: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype_name: str
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: DType | None = None, *,
+                 dtype_name: str | None = None) -> None:
+        # (``dtype_name=`` is what dataclasses.replace passes; a ``dtype`` given with it wins)
+        given = dtype if dtype is not None else dtype_name
+        if given is None:
+            raise TypeError("TensorInfo needs a dtype")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype_name", _name_of(given))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.dtype_name)
 
     @property
     def numel(self) -> int:
@@ -59,7 +127,10 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * dtype_size(self.dtype)
+        return self.numel * dtype_size(self.dtype_name)
+
+
+_name_of = dtype_name  # (the parameter of TensorInfo.__init__ hides the function)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-import torch
+from typing import TYPE_CHECKING
 
 from nemo_convert.crc import crc32_combine
 from nemo_convert.errors import InputError
@@ -32,6 +32,10 @@ from nemo_convert.errors import InputError
 #: addresses or when a search meets it.
 _BY_ADDRESS: list[tuple[int, int, "weakref.ref[FileMap]"]] = []
 _STARTS: list[int] = []
+
+if TYPE_CHECKING:
+    import torch
+
 _LOCK = threading.Lock()
 
 
@@ -100,6 +104,7 @@ class FileMap:
     """
 
     def __init__(self, path: str) -> None:
+        import torch
         self.path = path
         self.size = os.path.getsize(path)
         self._file = open(path, "rb")
@@ -118,6 +123,7 @@ class FileMap:
 
     def tensor(self, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A tensor viewing ``numel(shape)`` elements at byte ``offset`` of the file."""
+        import torch
         numel = 1
         for s in shape:
             numel *= s

@@ -21,7 +21,10 @@ from __future__ import annotations
 import mmap
 import os
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 _HUGE = 2 << 20  # x86-64 / arm64 (4 KiB base pages) transparent huge page size
 #: Buffers smaller than this come from torch's allocator as usual.
@@ -34,6 +37,7 @@ ADVICE: int | None = (getattr(mmap, "MADV_HUGEPAGE", None)
 def empty(shape: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)`` on the CPU; from :data:`MIN_BYTES` on, on an
     anonymous map of its own advised as huge pages (unmapped when the tensor is freed)."""
+    import torch
     shape = tuple(shape)
     numel = 1
     for s in shape:

@@ -6,9 +6,11 @@ import math
 import pickle
 import re
 from collections.abc import Callable
-from typing import Any
-import torch
+from typing import TYPE_CHECKING, Any
 from nemo_convert.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 TRUST_HINT = "pass --trust-pickle to allow it (only for files you trust)"
 
@@ -195,13 +197,17 @@ def _reconstructor(cls: Any, base: Any, state: Any = None) -> Any:
     raise InputError(f"pickle reconstructs {cls!r} (base {base!r}), which is not allowed")
 
 
-def _torch_size(dims: Any = ()) -> torch.Size:
+def _torch_size(dims: Any = ()) -> tuple[int, ...]:
+    """``torch.Size(dims)`` as the plain tuple it is (``torch.Size`` subclasses ``tuple``):
+    every ``torch.save`` pickle names it, for each tensor's shape, and reading one must
+    not need torch."""
     if not isinstance(dims, (tuple, list)) or not all(isinstance(d, int) for d in dims):
         raise InputError("pickle builds torch.Size from something other than integers")
-    return torch.Size(tuple(dims))
+    return tuple(dims)
 
 
 def _torch_device(kind: Any, index: Any = None) -> torch.device:
+    import torch
     if not isinstance(kind, str) or not (index is None or isinstance(index, int)):
         raise InputError("pickle builds torch.device from unexpected arguments")
     return torch.device(kind) if index is None else torch.device(kind, index)

@@ -13,12 +13,13 @@ of pieces (``mapping/ops.py``, ``sharding/tensor.py``); the eager tensor is alwa
 
 from __future__ import annotations
 
-from typing import Sequence, Union
-
-import torch
+from typing import TYPE_CHECKING, Sequence, Union
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.tensors import hugepages
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -38,6 +39,7 @@ class Pieces:
     __slots__ = ("parts", "shape", "dtype")
 
     def __init__(self, parts: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype) -> None:
+        import torch
         flat = tuple(p.reshape(-1) for p in parts if p.numel())
         if any(p.dtype != dtype or p.device.type != "cpu" for p in flat):
             raise ShapeError("internal error: pieces of one tensor differ in dtype or device")
@@ -91,7 +93,7 @@ class Pieces:
         return Pieces(out, (length, *self.shape[1:]), self.dtype)
 
 
-Lazy = Union[torch.Tensor, Pieces]
+Lazy = Union["torch.Tensor", Pieces]
 
 
 def rows(parts: Sequence[Lazy]) -> Lazy:
@@ -99,6 +101,7 @@ def rows(parts: Sequence[Lazy]) -> Lazy:
     every part is a CPU tensor (contiguous or already :class:`Pieces`), else one new
     tensor (meta tensors give a shape-only result). A single contiguous part is returned
     as it is."""
+    import torch
     if not parts:
         raise ShapeError("internal error: nothing to concatenate")
     first = parts[0]

@@ -24,9 +24,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
-
 from nemo_convert.errors import InputError, NemoConvertError, UnsafePickleError
+from nemo_convert.tensors.base import is_dtype_name
 from nemo_convert.tensors.pickle_standins import (  # noqa: F401  (re-exported)
     AttrObject,
     AttributeDictStandIn,
@@ -62,12 +61,13 @@ from nemo_convert.tensors.pickle_standins import (  # noqa: F401  (re-exported)
 
 
 # -------------------------------------------------------------------- allow-list
-_STORAGE_TYPES: dict[str, torch.dtype] = {
-    "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
-    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
-    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
-    "BoolStorage": torch.bool, "ComplexDoubleStorage": torch.complex128,
-    "ComplexFloatStorage": torch.complex64,
+#: torch's typed storage classes → the name of their element dtype.
+_STORAGE_TYPES: dict[str, str] = {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8",
+    "BoolStorage": "bool", "ComplexDoubleStorage": "complex128",
+    "ComplexFloatStorage": "complex64",
 }
 _OMEGA_NODES = ("ValueNode", "AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode",
                 "BytesNode", "PathNode", "NoneNode", "LiteralNode", "EnumNode",
@@ -107,17 +107,14 @@ def _base_globals() -> dict[str, Any]:
                       ("omegaconf.base.ContainerMetadata", StandIn),
                       *((f"omegaconf.nodes.{n}", OmegaValue) for n in _OMEGA_NODES)):
         g[src] = _standin(base, src)
-    for name, value in vars(torch).items():
-        if isinstance(value, torch.dtype):
-            g[f"torch.{name}"] = value
+    # torch's dtypes and torch.strided: torch's own objects, from _torch_global (on demand)
     g["torch.Size"] = Checked("torch.Size", _torch_size)
     g["torch.device"] = Checked("torch.device", _torch_device)
-    g["torch.strided"] = torch.strided
     for name, dtype in _STORAGE_TYPES.items():
         g[f"torch.{name}"] = g[f"torch.cuda.{name}"] = StorageType(f"torch.{name}", dtype, False)
     for src in ("torch.UntypedStorage", "torch.storage.UntypedStorage",
                 "torch.TypedStorage", "torch.storage.TypedStorage"):
-        g[src] = StorageType(src, torch.uint8, True)
+        g[src] = StorageType(src, "uint8", True)
     for src in ("torch.Tensor", "torch._tensor.Tensor", "torch.nn.Parameter",
                 "torch.nn.parameter.Parameter"):
         g[src] = TypeToken(src)
@@ -132,6 +129,19 @@ def _base_globals() -> dict[str, Any]:
 
 
 _BASE_GLOBALS = _base_globals()
+
+
+def _torch_global(full: str) -> Any:
+    """``torch.<dtype>`` (every dtype of torch) and ``torch.strided``: torch's own objects,
+    immutable. They are looked up (importing torch) only when a pickle names one, so that
+    reading a checkpoint whose pickles name none — ``torch.save`` files name storage
+    classes, not dtypes — does not load torch. None for any other name."""
+    module, _, name = full.rpartition(".")
+    if module != "torch" or not (name == "strided" or is_dtype_name(name)):
+        return None
+    import torch
+
+    return getattr(torch, name)
 
 
 # --------------------------------------------------------------------- unpickler
@@ -157,6 +167,9 @@ class SafeUnpickler(pickle.Unpickler):
         full = f"{mod3}.{name3}"
         if full in self._globals:
             return self._globals[full]
+        found = _torch_global(full)
+        if found is not None:
+            return found
         if self._trust:
             return super().find_class(module, name)
         raise UnsafePickleError(

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nemo_convert.errors import InputError
-from nemo_convert.tensors.base import SAFETENSORS_DTYPES, FileMap, TensorInfo
+from nemo_convert.tensors.base import DTYPE_SIZES, SAFETENSORS_DTYPE_NAMES, FileMap, TensorInfo
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 _COUNT_LIMIT = 2**62  # the largest size or offset accepted, plus one
@@ -83,7 +84,7 @@ class SafetensorsFile:
         if not isinstance(entry, dict):
             raise InputError(self._bad(name))
         raw_dtype = entry.get("dtype")
-        dtype = SAFETENSORS_DTYPES.get(raw_dtype) if isinstance(raw_dtype, str) else None
+        dtype = SAFETENSORS_DTYPE_NAMES.get(raw_dtype) if isinstance(raw_dtype, str) else None
         shape = entry.get("shape")
         offs = entry.get("data_offsets")
         if dtype is None:
@@ -98,7 +99,7 @@ class SafetensorsFile:
         begin, end = offs
         if not (type(begin) is int and type(end) is int and 0 <= begin < _COUNT_LIMIT and 0 <= end < _COUNT_LIMIT):
             raise InputError(self._bad(name))
-        if end < begin or end - begin != numel * dtype.itemsize:
+        if end < begin or end - begin != numel * DTYPE_SIZES[dtype]:
             raise InputError(f"{self._bad(name)}: {end - begin} bytes do not hold shape {shape} of {entry['dtype']}")
         if end > data_len:
             raise InputError(f"{self.path}: file is truncated ({name!r} ends at byte {end} of {data_len})")

@@ -20,12 +20,10 @@ import threading
 import zipfile
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nemo_convert.errors import InputError
-from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, dtype_size
+from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, dtype_name, dtype_size, torch_dtype
 from nemo_convert.tensors.safe_unpickle import (
     Checked,
     StorageType,
@@ -33,6 +31,9 @@ from nemo_convert.tensors.safe_unpickle import (
     safe_load,
     to_plain,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, 22 bytes, name length, extra length
 
@@ -42,7 +43,7 @@ class StorageRef:
     """One storage of the archive: member ``<name>/data/<key>``, ``nbytes`` long."""
 
     key: str
-    dtype: torch.dtype  # the storage's element type (uint8 for untyped storages)
+    dtype: str  # the storage's element type, torch's name for it ("uint8" for untyped storages)
     nbytes: int
     location: str  # the device it was saved from ("cpu", "cuda:0"); ignored on load
     archive: _Archive = field(repr=False)
@@ -54,16 +55,22 @@ class LazyTensor:
 
     ``storage_offset`` and ``stride`` count elements of ``dtype``, as in torch.
     ``requires_grad`` and ``is_parameter`` are recorded but not applied by :meth:`load`.
+    The dtype is kept by name (no torch needed to describe a tensor); :attr:`dtype` is
+    torch's.
     """
 
     storage: StorageRef
     storage_offset: int
     shape: tuple[int, ...]
     stride: tuple[int, ...]
-    dtype: torch.dtype
+    dtype_name: str
     requires_grad: bool = False
     is_parameter: bool = False
     metadata: dict[str, Any] | None = None  # conj/neg bits, as torch records them
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.dtype_name)
 
     @property
     def storage_key(self) -> str:
@@ -77,7 +84,7 @@ class LazyTensor:
         return n
 
     def info(self, name: str = "") -> TensorInfo:
-        return TensorInfo(name=name, shape=self.shape, dtype=self.dtype)
+        return TensorInfo(name=name, shape=self.shape, dtype=self.dtype_name)
 
     def is_contiguous(self) -> bool:
         expected = 1
@@ -92,7 +99,8 @@ class LazyTensor:
 
         A tensor saved with a conj/neg bit is the rare exception: it is materialized, so
         that its bytes always mean what its values say."""
-        flat = self.storage.archive.storage_view(self.storage, self.dtype)
+        import torch
+        flat = self.storage.archive.storage_view(self.storage, self.dtype_name)
         start = flat.storage_offset() + self.storage_offset
         tensor = flat.as_strided(self.shape, self.stride, start)
         if self.metadata:
@@ -109,9 +117,16 @@ def _ints(value: Any, what: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: Any,
+def _pickled_dtype(value: Any) -> str | None:
+    """The name of a torch dtype a pickle passed (it got it from the allow-list, which
+    imported torch to hand it out), or None when ``value`` is not one."""
+    torch = sys.modules.get("torch")
+    return dtype_name(value) if torch is not None and isinstance(value, torch.dtype) else None
+
+
+def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: str | None,
             requires_grad: Any = False, metadata: Any = None) -> LazyTensor:
-    if not isinstance(storage, StorageRef) or not isinstance(dtype, torch.dtype):
+    if not isinstance(storage, StorageRef) or dtype is None:
         raise InputError(f"torch pickle rebuilds a tensor from {storage!r}, not a storage")
     shape, strides = _ints(size, "size"), _ints(stride, "stride")
     (offset,) = _ints((offset,), "storage offset")
@@ -133,19 +148,22 @@ def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: Any,
     return lazy
 
 
+def _storage_dtype(storage: Any) -> str | None:
+    return storage.dtype if isinstance(storage, StorageRef) else None
+
+
 def _rebuild_v1(storage: Any, offset: Any, size: Any, stride: Any) -> LazyTensor:
-    return _tensor(storage, offset, size, stride, getattr(storage, "dtype", None))
+    return _tensor(storage, offset, size, stride, _storage_dtype(storage))
 
 
 def _rebuild_v2(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False,
                 backward_hooks: Any = None, metadata: Any = None) -> LazyTensor:
-    return _tensor(storage, offset, size, stride, getattr(storage, "dtype", None),
-                   requires_grad, metadata)
+    return _tensor(storage, offset, size, stride, _storage_dtype(storage), requires_grad, metadata)
 
 
 def _rebuild_v3(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
                 backward_hooks: Any, dtype: Any, metadata: Any = None) -> LazyTensor:
-    return _tensor(storage, offset, size, stride, dtype, requires_grad, metadata)
+    return _tensor(storage, offset, size, stride, _pickled_dtype(dtype), requires_grad, metadata)
 
 
 def _rebuild_parameter(data: Any, requires_grad: Any, backward_hooks: Any,
@@ -286,7 +304,7 @@ class _Archive:
             self._data_offsets[key] = start
         return self._data_offsets[key]
 
-    def storage_view(self, ref: StorageRef, dtype: torch.dtype) -> torch.Tensor:
+    def storage_view(self, ref: StorageRef, dtype: torch.dtype | str) -> torch.Tensor:
         """The whole storage as a flat tensor of ``dtype`` on the file's memory map (whose
         writers may reuse the record's stored CRC: :mod:`~nemo_convert.tensors.file_map`)."""
         with self._lock:
@@ -296,7 +314,7 @@ class _Archive:
             fmap = self._map
         if crc is not None:
             fmap.note_checksum(offset, nbytes, crc)
-        return fmap.tensor(offset, (nbytes // dtype_size(dtype),), dtype)
+        return fmap.tensor(offset, (nbytes // dtype_size(dtype),), torch_dtype(dtype))
 
     def stored_range(self, ref: StorageRef) -> tuple[int, int, int | None]:
         """Storage ``ref``'s bytes: absolute offset in the file, length, and the record's

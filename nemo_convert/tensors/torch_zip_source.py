@@ -5,13 +5,14 @@ by :mod:`nemo_convert.tensors.torch_zip`."""
 from __future__ import annotations
 
 import os
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nemo_convert.errors import InputError
 from nemo_convert.tensors.base import ByteRegion, TensorInfo
 from nemo_convert.tensors.torch_zip import LazyTensor, load_archive
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TorchZipSource:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from nemo_convert.errors import InputError
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RenamedView:
@@ -24,7 +25,7 @@ class RenamedView:
 
     def info(self, key: str) -> TensorInfo:
         i = self._inner.info(self._map[key])
-        return TensorInfo(key, i.shape, i.dtype)
+        return TensorInfo(key, i.shape, i.dtype_name)
 
     def load(self, key: str) -> torch.Tensor:
         return self._inner.load(self._map[key])

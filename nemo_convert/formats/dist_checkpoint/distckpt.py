@@ -24,11 +24,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nemo_convert.errors import NemoConvertError
+
+if TYPE_CHECKING:
+    import torch
 
 METADATA_JSON = "metadata.json"
 DCP_METADATA = ".metadata"
@@ -128,6 +129,7 @@ def tiling_problems(shape: tuple[int, ...], boxes: Sequence[Box],
     (a few thousand for per-layer × TP chunking). Returns at most ``limit`` entries each,
     as :func:`format_box` strings.
     """
+    import torch
     if not shape:
         n = len(boxes)
         return (["[]"] if n == 0 else []), (["[]"] if n > 1 else [])

@@ -12,11 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
+from typing import TYPE_CHECKING
 
 from nemo_convert.errors import InputError
 from nemo_convert.tensors.base import ByteRegion, FileMap, dtype_size
 from nemo_convert.tensors.torch_zip import LazyTensor, read_torch_zip
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ def read_layout(region: ByteRegion) -> ChunkLayout | None:
 
 def load_chunk(region: ByteRegion, where: str, raw: str) -> torch.Tensor:
     """``torch.load(weights_only=True)`` of the chunk in ``region`` (of tensor ``raw``)."""
+    import torch
     try:
         with region.open() as f:
             t = torch.load(f, map_location="cpu", weights_only=True)
@@ -71,6 +75,7 @@ def layout_tensor(region: ByteRegion, layout: ChunkLayout, lo: int, hi: int,
     """The chunk as ``layout`` says: a view of the mapped file where the storage is aligned
     (``maps`` holds one :class:`FileMap` per file), else read — only rows ``[lo, hi)``
     (dim 0) when the storage is contiguous. Returns ``(tensor, whether it is only those rows)``."""
+    import torch
     dtype = layout.dtype
     esize = dtype_size(dtype)
     if layout.data_offset % esize == 0:

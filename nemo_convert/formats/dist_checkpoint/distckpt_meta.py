@@ -13,11 +13,13 @@ import collections
 import io
 import pickle
 from collections.abc import Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nemo_convert.errors import InputError, UnsafePickleError
+from nemo_convert.tensors.base import is_dtype_name, torch_dtype
+
+if TYPE_CHECKING:
+    import torch
 
 
 class DcpRecord:
@@ -75,15 +77,30 @@ class MCoreMetadata(Metadata):
     plain ``Metadata``: ``mcore_data`` only matters for optimizer states)."""
 
 
-class TensorProperties(DcpRecord):
-    """Pickled as a tuple ``(dtype, layout, requires_grad, memory format code, pin_memory)``."""
+class TorchName(str):
+    """A torch object the pickle names (a dtype, layout or memory format), kept as its name
+    (``"bfloat16"``, ``"strided"``): reading ``.metadata`` needs no torch."""
 
-    dtype: Any = None
+
+class PickledDtype(TorchName):
+    """A torch dtype the pickle names (``torch.bfloat16`` → ``"bfloat16"``)."""
+
+
+class TensorProperties(DcpRecord):
+    """Pickled as a tuple ``(dtype, layout, requires_grad, memory format code, pin_memory)``.
+    The dtype is kept by name (``dtype_name``); :attr:`dtype` is torch's."""
+
+    dtype_name: Any = None
 
     def __setstate__(self, state: Any) -> None:
         if not isinstance(state, tuple) or len(state) != 5:
             raise UnsafePickleError("unexpected pickled state for TensorProperties")
-        self.dtype, self.layout, self.requires_grad, self.memory_format, self.pin_memory = state
+        dtype, self.layout, self.requires_grad, self.memory_format, self.pin_memory = state
+        self.dtype_name = str(dtype) if isinstance(dtype, PickledDtype) else None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.dtype_name)
 
 
 class EnumMember:
@@ -105,7 +122,7 @@ class MetadataIndex:
 
     def __init__(self, fqn: str, offset: Sequence[int] | None = None, index: int | None = None) -> None:
         self.fqn, self.index = fqn, index
-        self.offset = None if offset is None else torch.Size(offset)
+        self.offset = None if offset is None else tuple(offset)
 
     def __setstate__(self, state: Any) -> None:
         if not isinstance(state, dict) or not set(state) <= {"fqn", "offset", "index"}:
@@ -135,6 +152,25 @@ def _pure_windows(*parts: str) -> str:
     import pathlib
 
     return str(pathlib.PureWindowsPath(*parts))
+
+
+#: torch's layouts and memory formats (``torch.layout`` / ``torch.memory_format`` objects)
+_LAYOUTS = frozenset(("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn",
+                      "jagged"))
+_MEMORY_FORMATS = frozenset(("contiguous_format", "channels_last", "channels_last_3d", "preserve_format"))
+
+
+def _size(dims: Any = ()) -> tuple[int, ...]:
+    if not _is_ints(dims):
+        raise UnsafePickleError("the .metadata pickle builds torch.Size from something other than sizes")
+    return tuple(dims)
+
+
+def _get_layout(name: Any) -> TorchName:
+    """``torch.serialization._get_layout("torch.strided")``, as the layout's name."""
+    if not (isinstance(name, str) and name.startswith("torch.") and name[len("torch."):] in _LAYOUTS):
+        raise UnsafePickleError(f"the .metadata pickle asks for layout {name!r}, which is not allowed")
+    return TorchName(name[len("torch."):])
 
 
 def _enum(name: str) -> type[EnumMember]:
@@ -174,8 +210,8 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     (_PLANNER, "WriteItemType"): _enum("WriteItemType"),
     (_MCORE, "MCoreSavePlan"): type("MCoreSavePlan", (GenericRecord,), {}),
     (_MCORE, "MCoreMetadata"): MCoreMetadata,
-    ("torch", "Size"): torch.Size,
-    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+    ("torch", "Size"): _size,  # a tuple subclass: kept as the tuple
+    ("torch.serialization", "_get_layout"): _get_layout,
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
@@ -195,10 +231,10 @@ class _MetadataUnpickler(pickle.Unpickler):
         found = _ALLOWED.get((module, name))
         if found is not None:
             return found
-        if module == "torch":
-            value = getattr(torch, name, None)
-            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-                return value
+        if module == "torch" and (name in _LAYOUTS or name in _MEMORY_FORMATS):
+            return TorchName(name)
+        if module == "torch" and is_dtype_name(name):
+            return PickledDtype(name)
         raise UnsafePickleError(f"the .metadata pickle asks for {module}.{name}, which is not allowed")
 
     def persistent_load(self, pid: Any) -> Any:
@@ -228,7 +264,7 @@ def load_metadata(data: bytes, where: str) -> Metadata:
             raise InputError(f"{where}: .metadata has a malformed entry {key!r}")
         if isinstance(item, TensorStorageMetadata):
             props, chunks = item.properties, item.chunks
-            if (not isinstance(props, TensorProperties) or not isinstance(props.dtype, torch.dtype)
+            if (not isinstance(props, TensorProperties) or props.dtype_name is None
                     or not _is_ints(item.size) or not isinstance(chunks, list)
                     or not all(isinstance(c, ChunkStorageMetadata) and _is_ints(c.offsets) and _is_ints(c.sizes)
                                for c in chunks)):

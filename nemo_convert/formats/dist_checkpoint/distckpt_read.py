@@ -23,9 +23,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.dist_checkpoint.distckpt import DCP_METADATA, METADATA_JSON
@@ -35,8 +33,11 @@ from nemo_convert.formats.dist_checkpoint.distckpt_meta import (
     MetadataIndex,
     load_metadata,
 )
-from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo
+from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, torch_dtype
 from nemo_convert.tensors.pieces import Lazy, rows
+
+if TYPE_CHECKING:
+    import torch
 
 _STACKED = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")
 _EXPERTS = re.compile(r"(^|\.)experts\.experts\.(?!\d+(\.|$))")  # Megatron's [E, …] expert key
@@ -61,7 +62,7 @@ class _Part:
 class _View:
     parts: tuple[_Part, ...]
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: str  # torch's name
 
 
 class DistCheckpointSource:
@@ -90,7 +91,7 @@ class DistCheckpointSource:
         self._layouts: dict[_Chunk, ChunkLayout | None] = {}
         self._by_start: dict[str, tuple[list[int], list[tuple[int, _Chunk]], int]] = {}
         self.config = self._read_config()
-        self._raw: dict[str, tuple[tuple[int, ...], torch.dtype, list[_Chunk]]] = {}
+        self._raw: dict[str, tuple[tuple[int, ...], str, list[_Chunk]]] = {}  # dtype by name
         self._objects: dict[str, _Chunk] = {}
         self._index_storage()
         self._check_sizes()
@@ -125,6 +126,7 @@ class DistCheckpointSource:
         return chunks[0].path if chunks else self._where
 
     def load(self, key: str) -> torch.Tensor:
+        import torch
         view = self._views[key]
         tensors = [self._load_part(p) for p in view.parts]
         return tensors[0] if len(tensors) == 1 else torch.cat(tensors, 0)
@@ -155,6 +157,7 @@ class DistCheckpointSource:
 
     def load_object(self, key: str) -> Any:
         """BYTE_IO item ``key`` unpickled with ``torch.load(weights_only=True)``."""
+        import torch
         try:
             return torch.load(io.BytesIO(self.load_object_bytes(key)), map_location="cpu", weights_only=True)
         except InputError:
@@ -212,7 +215,7 @@ class DistCheckpointSource:
                 if len(offs) != len(shape) or any(o < 0 or o + s > g for o, s, g in zip(offs, sizes, shape)):
                     raise InputError(f"{self._where}: {key} has a chunk outside its shape {list(shape)}")
                 chunks.append(_Chunk(offs, sizes, self._check_path(info.relative_path), info.offset, info.length))
-            self._raw[key] = (shape, item.properties.dtype, chunks)
+            self._raw[key] = (shape, item.properties.dtype_name, chunks)
 
     def _check_sizes(self) -> None:
         """Every item's bytes lie inside its data file, as ``.metadata`` records them: a
@@ -329,6 +332,7 @@ class DistCheckpointSource:
         return rows(pieces)
 
     def _load_part(self, part: _Part) -> torch.Tensor:
+        import torch
         shape, dtype, _ = self._raw[part.raw]
         starts, sizes = self._box(part)
         chunks = self._overlapping(part)
@@ -345,7 +349,7 @@ class DistCheckpointSource:
                 t = t.narrow(d, starts[d] - c.offsets[d], sizes[d])
             out = t
         else:
-            out = torch.empty(sizes, dtype=dtype)
+            out = torch.empty(sizes, dtype=torch_dtype(dtype))
             covered = 0
             for c, t in pieces:
                 src, dst = t, out
@@ -380,7 +384,7 @@ class DistCheckpointSource:
     def _chunk_rows(self, raw: str, c: _Chunk, lo: int, hi: int) -> torch.Tensor:
         """Rows ``[lo, hi)`` (dim 0) of chunk ``c``: a mapped view, a partial read, or a load."""
         region = self._item_region(raw, c)
-        dtype = self._raw[raw][1]
+        dtype = torch_dtype(self._raw[raw][1])
         layout = self._layout(raw, c, region) if self._mmap else None
         if layout is None:
             t = load_chunk(region, self._where, raw)

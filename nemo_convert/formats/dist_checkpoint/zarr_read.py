@@ -20,15 +20,16 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource, _Chunk
 from nemo_convert.formats.dist_checkpoint.zarr_meta import METADATA_JSON, ZarrArray, grid_indices, index_zarr
 from nemo_convert.formats.io.tar_archive import DirectoryContainer
-from nemo_convert.tensors.base import ByteRegion, FileMap
+from nemo_convert.tensors.base import ByteRegion, FileMap, torch_dtype
+
+if TYPE_CHECKING:
+    import torch
 
 #: At most this many chunk files mapped at once. An unpacked folder has one file per chunk
 #: (Nemotron-4-340B: thousands), and a map holds its file open; the least recently opened
@@ -89,7 +90,7 @@ class ZarrCheckpointSource(DistCheckpointSource):
                 for grid_index in grid_indices(arr.grid):
                     name = arr.files.get(grid_index, "")
                     chunks.append(_Chunk(*arr.box(grid_index), name, 0, arr.chunk_bytes if name else 0))
-            self._raw[key] = (arr.shape, getattr(torch, arr.dtype), chunks)
+            self._raw[key] = (arr.shape, arr.dtype, chunks)  # dtype by name
             self._arrays[key] = arr
         for key, name in index.objects.items():
             self._objects[key] = _Chunk((), (), name, 0, self._region(name).length)
@@ -100,8 +101,10 @@ class ZarrCheckpointSource(DistCheckpointSource):
     def _chunk_rows(self, raw: str, c: _Chunk, lo: int, hi: int) -> torch.Tensor:
         """Rows ``[lo, hi)`` (dim 0) of chunk ``c``, clipped to the array at its edges: a view
         on the mapped file, or just those rows read."""
+        import torch
+
         arr = self._arrays[raw]
-        dtype = self._raw[raw][1]
+        dtype = torch_dtype(self._raw[raw][1])
         if not c.path:
             t = torch.full(c.sizes, arr.fill_value, dtype=dtype)  # type: ignore[arg-type]
             return t.narrow(0, lo, hi - lo) if t.dim() else t
@@ -130,6 +133,8 @@ class ZarrCheckpointSource(DistCheckpointSource):
 
     @staticmethod
     def _bytes(region: ByteRegion, start: int, size: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        import torch
+
         data = bytearray(region.read(start, size))
         flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
         return flat.view(shape)

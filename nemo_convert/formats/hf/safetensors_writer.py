@@ -12,7 +12,7 @@ from typing import BinaryIO, Sequence
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.formats.io.output_file import open_output, tensor_bytes, write_tensor  # noqa: F401  (tensor_bytes re-exported)
 from nemo_convert.tensors.pieces import Lazy
-from nemo_convert.tensors.base import DTYPE_TO_SAFETENSORS, TensorInfo
+from nemo_convert.tensors.base import NAME_TO_SAFETENSORS, TensorInfo
 
 
 def build_header(infos: Sequence[TensorInfo], metadata: dict[str, str] | None = None) -> bytes:
@@ -22,7 +22,7 @@ def build_header(infos: Sequence[TensorInfo], metadata: dict[str, str] | None = 
         header["__metadata__"] = metadata
     offset = 0
     for info in infos:
-        header[info.name] = {"dtype": DTYPE_TO_SAFETENSORS[info.dtype], "shape": list(info.shape),
+        header[info.name] = {"dtype": NAME_TO_SAFETENSORS[info.dtype_name], "shape": list(info.shape),
                              "data_offsets": [offset, offset + info.nbytes]}
         offset += info.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")

@@ -17,14 +17,15 @@ import errno
 import io
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from nemo_convert.crc import crc32, crc32_combine
 from nemo_convert.tensors import hugepages
 from nemo_convert.tensors.file_map import FileOrigin, file_origin
 from nemo_convert.tensors.pieces import Lazy, Pieces
+
+if TYPE_CHECKING:
+    import torch
 
 #: Completed bytes between two writeback requests.
 WRITEBACK_CHUNK = 32 << 20
@@ -114,6 +115,7 @@ def open_output(path: str) -> OutputFile:
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw little-endian bytes of ``t`` (contiguous copy only when needed)."""
+    import torch
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()

@@ -19,11 +19,9 @@ complete output, or the new complete output: never a partial file or folder.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import re
-import secrets
 import shutil
 import signal
 import time
@@ -54,7 +52,7 @@ class Terminated(KeyboardInterrupt):
 
 def _hidden_name(target: str, kind: str) -> str:
     folder, base = os.path.split(target)
-    return os.path.join(folder, f".{base}.nemo-convert-{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+    return os.path.join(folder, f".{base}.nemo-convert-{kind}-{os.getpid()}-{os.urandom(4).hex()}")
 
 
 def _fsync_path(path: str, *, directory: bool) -> None:
@@ -105,6 +103,8 @@ _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 
 def _renameat2(src: str, dst: str, flags: int) -> int:
     """Linux ``renameat2``; 0 on success, else the errno (``ENOSYS`` if unavailable)."""
+    import ctypes  # here: every command imports this module, few rename a folder
+
     try:
         func = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):

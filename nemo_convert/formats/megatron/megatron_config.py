@@ -80,14 +80,15 @@ that changes the math and that the table does not know is refused by name
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.formats.megatron.provider_gpt_oss import (GPT_OSS_FIELDS, QUICK_GELU, gpt_oss_nemo, gpt_oss_provider,
                                                              is_gpt_oss, yarn_nemo, yarn_provider)
 from nemo_convert.mapping.ops import largest_pow2_divisor
+
+if TYPE_CHECKING:
+    import torch
 
 #: Megatron-Bridge's generic GPT provider: what its ``LlamaBridge`` builds.
 GPT_PROVIDER = "megatron.bridge.models.gpt_provider.GPTModelProvider"
@@ -349,11 +350,11 @@ ACTIVATIONS: dict[str, tuple[bool, str]] = {
     "quick-geglu": (True, QUICK_GELU),
 }
 NORMALIZATIONS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
-#: NeMo ``precision`` → (bf16, fp16, params dtype).
-PRECISIONS: dict[str, tuple[bool, bool, torch.dtype]] = {
-    "bf16": (True, False, torch.bfloat16), "bf16-mixed": (True, False, torch.bfloat16),
-    "16": (False, True, torch.float16), "16-mixed": (False, True, torch.float16),
-    "32": (False, False, torch.float32), "32-true": (False, False, torch.float32),
+#: NeMo ``precision`` → (bf16, fp16, params dtype by torch's name).
+PRECISIONS: dict[str, tuple[bool, bool, str]] = {
+    "bf16": (True, False, "bfloat16"), "bf16-mixed": (True, False, "bfloat16"),
+    "16": (False, True, "float16"), "16-mixed": (False, True, "float16"),
+    "32": (False, False, "float32"), "32-true": (False, False, "float32"),
 }
 #: Megatron-Core's fixed llama3 RoPE scaling parameters (only the factor is configurable).
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "old_context_len": 8192}
@@ -374,6 +375,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def precision_of_dtype(dtype: torch.dtype) -> Any:
     """NeMo ``precision`` of a parameter dtype."""
+    import torch
     return {torch.bfloat16: "bf16", torch.float16: 16}.get(dtype, 32)
 
 
@@ -433,7 +435,7 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
     if bool(cfg.get("apply_embedding_scaling")) != bool(implied.get("apply_embedding_scaling")):
         raise UnsupportedError(f"{family}: apply_embedding_scaling={bool(cfg.get('apply_embedding_scaling'))} "
                                f"does not match its provider {spec.target.rsplit('.', 1)[-1]}")
-    bf16, fp16, _ = PRECISIONS.get(str(precision_of_dtype(params_dtype)), (False, False, torch.float32))
+    bf16, fp16, _ = PRECISIONS.get(str(precision_of_dtype(params_dtype)), (False, False, "float32"))
     model.update({
         "num_query_groups": int(cfg.get("num_query_groups") or heads),
         "normalization": NORMALIZATIONS[norm],
@@ -778,8 +780,8 @@ def args_to_nemo(args: dict[str, Any], where: str) -> dict[str, Any]:
     cfg["activation"] = "fast-swiglu" if args.get("swiglu") else "gelu"
     cfg["share_embeddings_and_output_weights"] = not bool(args.get("untie_embeddings_and_output_weights", False))
     dtype = args.get("params_dtype")
-    cfg["precision"] = "bf16" if args.get("bf16") or dtype == torch.bfloat16 else (
-        16 if args.get("fp16") or dtype == torch.float16 else 32)
+    cfg["precision"] = "bf16" if args.get("bf16") or str(dtype) == "torch.bfloat16" else (
+        16 if args.get("fp16") or str(dtype) == "torch.float16" else 32)
     cfg["make_vocab_size_divisible_by"] = int(args.get("make_vocab_size_divisible_by") or 128)
     _apply_rope_scaling(cfg, args.get("use_rope_scaling"), args.get("rope_scaling_factor"))
     _sliding_window_record(cfg)

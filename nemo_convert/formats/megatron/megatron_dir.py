@@ -31,8 +31,6 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
-
 from nemo_convert.errors import ConfigError, InputError, NemoConvertError
 from nemo_convert.formats.dist_checkpoint.distckpt_meta import MetadataIndex
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
@@ -45,6 +43,7 @@ from nemo_convert.formats.io.tar_archive import Container, DirectoryContainer
 from nemo_convert.hf_config import read_json_object
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout, embedding_on_last_stage, rank_dir
+from nemo_convert.sharding.protocol import Strategies
 from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
 from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
 from nemo_convert.tensors.safe_unpickle import safe_load, to_plain
@@ -210,7 +209,7 @@ def _dropped_notes(dist: Any) -> list[str]:
             for s in item.size:
                 numel *= int(s)
             opt_n += 1
-            opt_b += numel * dtype_size(item.properties.dtype)
+            opt_b += numel * dtype_size(item.properties.dtype_name)
     rng = [k for k in dist.object_keys if k.startswith("rng_state")]
     rng_b = sum(int(getattr(dist.metadata.storage_data.get(MetadataIndex(k)), "length", 0) or 0) for k in rng)
     notes = []
@@ -269,11 +268,12 @@ def _legacy_ranks(folder: str) -> dict[tuple[int, int], str]:
     return ranks
 
 
-def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: bool = False,
-                      kinds_for: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                      tensor_parallel: Any = None) -> MegatronCheckpoint:
+def open_megatron_dir(path: str, *, strategies: Strategies, iteration: int | None = None,
+                      trust_pickle: bool = False,
+                      kinds_for: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> MegatronCheckpoint:
     """Open a Megatron-Bridge or Megatron-LM checkpoint directory lazily; tensors come
-    out under NeMo's logical names, optimizer and RNG state are left out (and noted)."""
+    out under NeMo's logical names, optimizer and RNG state are left out (and noted).
+    Per-rank ``mp_rank_XX`` files are merged with ``strategies`` (the registry's)."""
     folder = resolve_iteration(path, iteration)
     container = DirectoryContainer(folder)
     closers: list[Callable[[], None]] = [container.close]
@@ -362,9 +362,9 @@ def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: 
             files = _LegacyRanks(folder, ranks, rpp)
             sizes = stage_sizes(files, "", (rtp, rpp), trust_pickle)  # Megatron may split stages unevenly
             playout = ParallelLayout.make(sum(sizes), rtp, rpp, stage_sizes=sizes,
-                                          tied=embedding_on_last_stage(cfg))
+                                          tied=embedding_on_last_stage(cfg), pipeline=strategies.pipeline)
             source = LocalSpecNames(PerRankSource(files, "", playout, kinds, vocab=vocab, trust_pickle=trust_pickle,
-                                                  tensor_parallel=tensor_parallel))
+                                                  tensor_parallel=strategies.tensor))
             extra = []
         if vocab:
             source = VocabTrimView(source, {k for k, v in kinds.items() if v is Parallel.VOCAB}, int(vocab))
@@ -379,6 +379,7 @@ def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: 
 # ------------------------------------------------------------------ writing helpers
 def train_state_bytes(step: int = 0) -> bytes:
     """``train_state.pt`` as Megatron-Bridge writes it: a dict of 0-dim tensors."""
+    import torch
     state = {
         "step": torch.tensor(step, dtype=torch.int64),
         "consumed_train_samples": torch.tensor(0, dtype=torch.int64),

@@ -63,15 +63,16 @@ Only NeMo's standard pre-LN decoder is read (``transformer_block_type: pre_ln``,
 from __future__ import annotations
 
 import re
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nemo_convert.errors import InputError, ShapeError, UnsupportedError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy, materialize
+
+if TYPE_CHECKING:
+    import torch
 
 #: The stack of a legacy name (``split_layer_name``'s first part) and its Megatron-Core one.
 LEGACY_STACK = "language_model.encoder.layers"
@@ -227,14 +228,14 @@ class LegacyGPTNames:
             parts = [self._inner.info(k) for k in self._map[key]]
             shape = parts[0].shape
             if len(parts) == 2:
-                if parts[1].shape != shape or parts[1].dtype != parts[0].dtype:
+                if parts[1].shape != shape or parts[1].dtype_name != parts[0].dtype_name:
                     raise ShapeError(f"{self._where}: {self._map[key][0]} {list(shape)} and {self._map[key][1]} "
                                      f"{list(parts[1].shape)} differ")
                 shape = (2 * shape[0], *shape[1:])
             if key.endswith((".linear_qkv.weight", ".linear_qkv.bias")) and shape[0] != 3 * self._heads * self._head_dim:
                 raise ShapeError(f"{self._where}: {self._map[key][0]} has {shape[0]} rows; NeMo's legacy attention "
                                  f"has 3 × {self._heads} heads × {self._head_dim} = {3 * self._heads * self._head_dim}")
-            self._infos[key] = TensorInfo(key, tuple(shape), parts[0].dtype)
+            self._infos[key] = TensorInfo(key, tuple(shape), dtype_name=parts[0].dtype_name)
         return self._infos[key]
 
     def load_lazy(self, key: str) -> Lazy:

@@ -15,13 +15,16 @@ import os
 import pickle
 import struct
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO
-
-import torch
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from nemo_convert.formats.io.output_file import PIECE, Chunk, checksum, tensor_chunks, write_chunks
+from nemo_convert.tensors.base import dtype_name
 from nemo_convert.tensors.pieces import Lazy
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
 
 ALIGN = 64
 #: Record bytes from memory up to this size are collected with their header and written
@@ -35,11 +38,12 @@ _CENTRAL_OFFSET = struct.calcsize("<IHHHHHHIIIHHHHHI")
 _RECORDS: dict[tuple[str, bytes], tuple[bytes, bytes, bytes]] = {}
 _CACHED_RECORD = 4096  # the largest record kept there
 _ARCHIVE = "archive"
+#: torch's name of a dtype → its typed storage class
 _STORAGE_TYPES = {
-    torch.float64: "DoubleStorage", torch.float32: "FloatStorage", torch.float16: "HalfStorage",
-    torch.bfloat16: "BFloat16Storage", torch.int64: "LongStorage", torch.int32: "IntStorage",
-    torch.int16: "ShortStorage", torch.int8: "CharStorage", torch.uint8: "ByteStorage", torch.bool: "BoolStorage",
-    torch.float8_e4m3fn: "Float8_e4m3fnStorage", torch.float8_e5m2: "Float8_e5m2Storage",
+    "float64": "DoubleStorage", "float32": "FloatStorage", "float16": "HalfStorage",
+    "bfloat16": "BFloat16Storage", "int64": "LongStorage", "int32": "IntStorage",
+    "int16": "ShortStorage", "int8": "CharStorage", "uint8": "ByteStorage", "bool": "BoolStorage",
+    "float8_e4m3fn": "Float8_e4m3fnStorage", "float8_e5m2": "Float8_e5m2Storage",
 }
 
 
@@ -55,6 +59,7 @@ class _TensorRef:
         self.storage, self.shape = storage, shape
 
     def __reduce__(self) -> tuple[Any, ...]:
+        import torch
         stride, acc = [], 1
         for s in reversed(self.shape):
             stride.append(acc)
@@ -65,8 +70,9 @@ class _TensorRef:
 
 class _Pickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
+        import torch
         if isinstance(obj, _StorageRef):
-            storage_type = getattr(torch, _STORAGE_TYPES[obj.dtype])
+            storage_type = getattr(torch, _STORAGE_TYPES[dtype_name(obj.dtype)])
             return ("storage", storage_type, obj.key, "cpu", obj.numel)
         return None
 
@@ -79,6 +85,8 @@ def _checksum_thread() -> ThreadPoolExecutor:
     while its bytes are written."""
     global _CHECKSUMS
     if _CHECKSUMS is None or _CHECKSUMS[0] != os.getpid():
+        from concurrent.futures import ThreadPoolExecutor  # when a file is written: readers import this module
+
         _CHECKSUMS = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemo-convert-crc"))
     return _CHECKSUMS[1]
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nemo_convert.errors import UnsupportedError
 from nemo_convert.formats.detect import RANK_FILE
@@ -15,6 +13,9 @@ from nemo_convert.hf_config import read_json_object
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.safetensors_source import SafetensorsFile
 from nemo_convert.tensors.views import MultiSource
+
+if TYPE_CHECKING:
+    import torch
 
 
 class _Prefixed:
@@ -31,7 +32,7 @@ class _Prefixed:
 
     def info(self, key: str) -> TensorInfo:
         i = self._inner.info(self._inner_key(key))
-        return TensorInfo(key, i.shape, i.dtype)
+        return TensorInfo(key, i.shape, i.dtype_name)
 
     def load(self, key: str) -> torch.Tensor:
         return self._inner.load(self._inner_key(key))

@@ -14,17 +14,18 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal, Sequence, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Sequence, TypeVar
 
 from nemo_convert.mapping.ops import BufferPool
 from nemo_convert.mapping.rules.base import Axes, Parallel, condition_holds, prefix_name, prefix_path
 from nemo_convert.tensors.base import TensorInfo
 from nemo_convert.tensors.pieces import Lazy
 
+if TYPE_CHECKING:
+    import torch
+
 Direction = Literal["to_nemo", "to_hf"]
-TaskFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+TaskFn = Callable[[Sequence["torch.Tensor"]], Sequence["torch.Tensor"]]
 LazyFn = Callable[[Sequence[Lazy]], Sequence[Lazy]]
 
 

@@ -4,16 +4,17 @@ that stores a copy once (:class:`Shared`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, ClassVar, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.mapping.rules.base import Parallel, cfg_get
 from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task, same
 from nemo_convert.tensors.base import TensorInfo
 
-TensorFn = Callable[[Sequence[torch.Tensor], dict[str, Any]], Sequence[torch.Tensor]]
+if TYPE_CHECKING:
+    import torch
+
+TensorFn = Callable[[Sequence["torch.Tensor"], dict[str, Any]], Sequence["torch.Tensor"]]
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,10 @@ Registered in ``pyproject.toml``::
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from nemo_convert import ModelFamily, NemoTarget, hookimpl
-from nemo_convert.hf_config import read_rope, require
+from nemo_convert.families import GPT_CONFIG, Check, table_translation
 from nemo_convert.mapping import FuseGated, FuseQKV, Mapping, Parallel, Rename, Tied
 
 NEMO_GPT = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
@@ -52,51 +51,22 @@ def toy_mapping(cfg: dict[str, Any]) -> Mapping:
     )
 
 
-def toy_config_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
-    """HF ``config.json`` → NeMo ``model_config.yaml``."""
-    require(hf, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-    heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
-    seq = int(hf.get("max_position_embeddings", 2048))
-    return {
-        "mcore_gpt": True,
-        "num_layers": int(hf["num_hidden_layers"]),
-        "hidden_size": hidden,
-        "ffn_hidden_size": int(hf["intermediate_size"]),
-        "num_attention_heads": heads,
-        "num_query_groups": int(hf.get("num_key_value_heads") or heads),
-        "kv_channels": int(hf.get("head_dim") or hidden // heads),
-        "encoder_seq_length": seq,
-        "max_position_embeddings": seq,
-        "layernorm_epsilon": float(hf.get("rms_norm_eps", 1e-5)),
-        "normalization": "rmsnorm",
-        "activation": "fast-swiglu",
-        "bias": False,
-        "position_embedding_type": "rope",
-        "rotary_base": read_rope(hf).theta,
-        "share_embeddings_and_output_weights": bool(hf.get("tie_word_embeddings", False)),
-        "tensor_model_parallel_size": 1,
-        "pipeline_model_parallel_size": 1,
-    }
+def no_biases(hf: dict[str, Any]) -> str | None:
+    """The mapping above has no bias tensors: the bias switches may only be off."""
+    on = [f"{k}=True" for k in ("attention_bias", "mlp_bias") if hf.get(k)]
+    return f"{', '.join(on)} (a toy-gpt linear has no bias)" if on else None
 
 
-def toy_config_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    """NeMo config → HF ``config.json``: the source ``config.json`` (which the core keeps in
-    the ``nemo_convert`` section on import) with NeMo's values written over it."""
-    out = copy.deepcopy((cfg.get("nemo_convert") or {}).get("hf_config") or {})
-    out.setdefault("architectures", ["ToyForCausalLM"])
-    out.setdefault("model_type", "toy")
-    out.update({
-        "num_hidden_layers": int(cfg["num_layers"]),
-        "hidden_size": int(cfg["hidden_size"]),
-        "intermediate_size": int(cfg["ffn_hidden_size"]),
-        "num_attention_heads": int(cfg["num_attention_heads"]),
-        "num_key_value_heads": int(cfg["num_query_groups"]),
-        "head_dim": int(cfg["kv_channels"]),
-        "max_position_embeddings": int(cfg["max_position_embeddings"]),
-        "rms_norm_eps": float(cfg["layernorm_epsilon"]),
-        "tie_word_embeddings": bool(cfg["share_embeddings_and_output_weights"]),
-    })
-    return out
+#: The config translation as a table: the GPT decoder's shared rows (sizes, heads, RoPE
+#: without scaling, the dtype, …) and a check of the bias switches. Strict both ways:
+#: ``config_to_nemo`` refuses by name every key no row translates, checks or declares
+#: harmless — ``sliding_window``, ``attention_bias=True``, a yarn ``rope_scaling`` — so no
+#: key is ever dropped silently; ``config_to_hf`` is derived from the same rows.
+TOY_CONFIG = GPT_CONFIG.extend(
+    Check(("attention_bias", "mlp_bias"), no_biases),
+    hf_constants={"architectures": ["ToyForCausalLM"], "model_type": "toy"},
+)
+toy_config_to_nemo, toy_config_to_hf = table_translation(TOY_CONFIG, "toy-gpt")
 
 
 TOY_GPT = ModelFamily(
