@@ -134,6 +134,13 @@ class FileMap:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(self._mmap, dtype=dtype, count=numel, offset=offset).view(shape)
 
+    def view(self, offset: int, length: int) -> memoryview | None:
+        """The file's bytes ``[offset, offset + length)`` in memory (no copy), or None when
+        there is no map (an empty file) or the range lies outside the file."""
+        if self._mmap is None or offset < 0 or length < 0 or offset + length > self.size:
+            return None
+        return memoryview(self._mmap)[offset:offset + length]
+
     def note_checksum(self, offset: int, length: int, crc32: int) -> None:
         """Record the stored CRC-32 of bytes ``[offset, offset + length)`` (a zip record)."""
         self._records[offset + length] = (offset, crc32 & 0xFFFFFFFF)

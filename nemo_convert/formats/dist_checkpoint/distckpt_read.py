@@ -403,7 +403,10 @@ class DistCheckpointSource:
         """The storage layout of a chunk (cached), or None to fall back to a plain load."""
         if c not in self._layouts:
             try:
-                self._layouts[c] = read_layout(region)
+                fmap = self._maps.get(region.path)
+                if fmap is None:  # the chunk's storage is viewed on this map too (layout_tensor)
+                    fmap = self._maps[region.path] = FileMap(region.path)
+                self._layouts[c] = read_layout(region, fmap.view(region.offset, region.length))
             except OSError as exc:
                 raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
         return self._layouts[c]
