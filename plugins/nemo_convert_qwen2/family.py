@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.families import GPT_CONFIG, Check, gpt_family, no_per_layer_windows
+from nemo_convert.families.trtllm import gpt_trtllm, qwen_fields
 
 
 def _no_mrope(hf: dict[str, Any]) -> str | None:
@@ -31,5 +32,6 @@ QWEN2 = gpt_family(
     "qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", config=QWEN2_CONFIG,
     claims=lambda cfg: bool(cfg.get("qkv_bias")) and not cfg.get("bias") and not cfg.get("num_moe_experts"),
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
+    trtllm=gpt_trtllm("Qwen2ForCausalLM", qwen_fields("qwen2")),  # TensorRT-LLM's QWenForCausalLM
     description="Qwen2 / Qwen2.5 (GQA, q/k/v biases, tied or not)",
 )
