@@ -800,3 +800,83 @@ def test_metadata_stand_ins_read_torchs_own_pickle() -> None:
     assert got.storage_data[MetadataIndex("a", [0, 0])].offset == 0
     assert MetadataIndex("a", (2, 0)) not in got.storage_data
     assert got.storage_meta.checkpoint_id == "/ckpt"
+
+
+def test_overlapping_chunks_are_found_by_dim0_offset_exactly_as_by_scanning():
+    """``_overlapping`` searches the chunks sorted by their dim-0 offset (one key stacks a
+    chunk per layer and expert, and every entry asks): it returns exactly the chunks a
+    scan of every chunk finds, in ``.metadata`` order — for regular per-entry chunks,
+    irregular grids (columns with different row cuts), empty chunks and 0-d tensors."""
+    import random
+
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource, _Chunk, _Part
+
+    def scan(src, part):
+        starts, sizes = src._box(part)
+        return [c for c in src._raw[part.raw][2]
+                if all(co < s + n and s < co + cn for co, cn, s, n in zip(c.offsets, c.sizes, starts, sizes))]
+
+    rnd = random.Random(0)
+    src = DistCheckpointSource.__new__(DistCheckpointSource)
+    src._by_start = {}
+    src._raw = {}
+
+    def cuts(n):
+        inner = sorted(rnd.sample(range(1, n), rnd.randint(0, min(4, n - 1))))
+        return list(zip([0, *inner], [*inner, n]))
+
+    for k in range(30):  # irregular: every column block has its own row cuts
+        rows_, cols = rnd.randint(1, 12), rnd.randint(1, 9)
+        chunks = [_Chunk((a, c0), (b - a, c1 - c0), "f", 0, 0) for c0, c1 in cuts(cols) for a, b in cuts(rows_)]
+        chunks.append(_Chunk((rnd.randrange(rows_), 0), (0, cols), "f", 0, 0))  # an empty chunk
+        rnd.shuffle(chunks)
+        src._raw[f"t{k}"] = ((rows_, cols), torch.float32, chunks)
+    src._raw["stacked"] = ((6, 4, 3), torch.float32, [_Chunk((i, e, 0), (1, 1, 3), "f", 0, 0)
+                                                       for e in range(4) for i in range(6)])
+    src._raw["scalar"] = ((), torch.float32, [_Chunk((), (), "f", 0, 0)])
+    parts = [_Part(raw, ()) for raw in src._raw]
+    parts += [_Part(raw, (i,)) for raw, (shape, _, _) in src._raw.items() if shape for i in range(shape[0])]
+    parts += [_Part("stacked", (i, e)) for i in range(6) for e in range(4)]
+    for part in parts:
+        assert src._overlapping(part) == scan(src, part), part
+
+
+def test_the_one_dim_tiling_shortcut_agrees_with_the_grid(monkeypatch):
+    """Every key is checked for exact tiling on write; chunks along one dimension (layers,
+    experts, a TP split) are answered without the grid. Whenever the shortcut says "tiled",
+    the grid finds neither gaps nor overlaps (random boxes, many along one dimension)."""
+    from nemo_convert.formats.dist_checkpoint import distckpt
+
+    rnd = random.Random(1)
+    shortcut, said_tiled = distckpt._tiles_along_one_dim, 0
+    for _ in range(3000):
+        shape = tuple(rnd.randint(0, 5) for _ in range(rnd.randint(1, 3)))
+        boxes = []
+        for _ in range(rnd.randint(0, 5)):
+            off = tuple(rnd.randint(0, e) for e in shape)
+            size = tuple(rnd.randint(0, e - o) for o, e in zip(off, shape))
+            if rnd.random() < 0.7:  # along one dimension, full in the others
+                d = rnd.randrange(len(shape))
+                off = tuple(o if k == d else 0 for k, o in enumerate(off))
+                size = tuple(s if k == d else shape[k] for k, s in enumerate(size))
+            boxes.append((off, size))
+        if shortcut(shape, boxes):
+            said_tiled += 1
+            monkeypatch.setattr(distckpt, "_tiles_along_one_dim", lambda *a: False)
+            assert distckpt.tiling_problems(shape, boxes) == ([], []), (shape, boxes)
+            monkeypatch.setattr(distckpt, "_tiles_along_one_dim", shortcut)
+    assert said_tiled > 20
+    assert not shortcut((4, 3), [((0, 0), (2, 3)), ((2, 0), (2, 3)), ((2, 0), (2, 3))])  # an overlap
+    assert tiling_problems((4, 3), [((0, 0), (2, 3)), ((3, 0), (1, 3))]) == (["[2:3, 0:3]"], [])
+
+
+def test_extra_state_bytes_are_torch_saves_own():
+    """``[None]`` is saved once per process and reused: the bytes are ``torch.save``'s."""
+    from nemo_convert.formats.dist_checkpoint.distckpt_write import _object_bytes
+
+    buf = io.BytesIO()
+    torch.save([None], buf)
+    assert _object_bytes([None]) == buf.getvalue() == _object_bytes([None])
+    buf = io.BytesIO()
+    torch.save([None, None], buf)
+    assert _object_bytes([None, None]) == buf.getvalue()

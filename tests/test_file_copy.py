@@ -283,6 +283,47 @@ def test_the_crc_of_a_record_tail_is_derived_from_its_head(tmp_path):
         fmap.close()
 
 
+def test_file_origin_finds_the_map_among_many_by_address(tmp_path):
+    """:func:`file_origin` looks a tensor's map up by address (one search, not a question to
+    every open map): among many open maps each tensor finds its own file and offset; a
+    closed map, a map collected without ``close`` and a computed tensor have no origin."""
+    import gc
+
+    from nemo_convert.tensors import file_map
+    from nemo_convert.tensors.file_map import FileMap
+
+    maps = []
+    for k in range(40):
+        path = str(tmp_path / f"f{k}")
+        with open(path, "wb") as f:
+            f.write(bytes([k]) * (4096 + 8 * k))
+        maps.append(FileMap(path))
+    try:
+        for k, fmap in enumerate(maps):
+            t = fmap.tensor(8 * k, (16,), torch.uint8)
+            o = file_origin(t)
+            assert o is not None and (o.path, o.offset, o.length) == (fmap.path, 8 * k, 16), k
+            assert o.source is fmap and bool((t == k).all())
+        assert file_origin(torch.zeros(16, dtype=torch.uint8)) is None
+        t = maps[3].tensor(0, (8,), torch.uint8)
+        maps[3].close()
+        assert file_origin(t) is None  # closed: its bytes are not copied from the file
+        dropped = maps.pop(5)
+        path, size = dropped.path, dropped.size
+        del dropped
+        gc.collect()  # collected without close: its entry is dead, found as nothing
+        again = FileMap(path)  # may reuse the addresses
+        maps.append(again)
+        o = file_origin(again.tensor(0, (size,), torch.uint8))
+        assert o is not None and o.source is again
+        starts = [s for s, _, _ in file_map._BY_ADDRESS]
+        assert starts == sorted(starts) == file_map._STARTS
+        assert all(e <= s for (_, e, _), s in zip(file_map._BY_ADDRESS, starts[1:]))  # never overlapping
+    finally:
+        for fmap in maps:
+            fmap.close()
+
+
 def test_without_crc_combine_every_byte_is_checksummed(tmp_path, mapped, monkeypatch):
     """The plain-zlib path (no zlib-ng wheel): nothing derived or combined, same bytes."""
     from nemo_convert.tensors import file_map

@@ -387,3 +387,116 @@ def test_plain_pickles_of_several_protocols() -> None:
     for unsafe in (np.array([1, None], dtype=object), np.dtype([("a", "f4")])):
         with pytest.raises(InputError, match="numpy dtype"):  # numpy's setstate trusts data
             safe_load_pickle_bytes(pickle.dumps(unsafe, protocol=2))
+
+
+# ------------------------------------------------- archives read from memory (dist chunks)
+def _from_memory(path: str, offset: int = 0, length: int | None = None) -> Any:
+    """``read_tensor_archive`` of bytes ``[offset, offset + length)`` of ``path`` through the
+    map a dist reader holds (the in-memory zip directory), as :class:`LazyTensor` fields."""
+    from nemo_convert.tensors.file_map import FileMap
+    from nemo_convert.tensors.torch_zip import read_tensor_archive
+
+    length = os.path.getsize(path) - offset if length is None else length
+    fmap = FileMap(path)
+    return read_tensor_archive(ByteRegion(path, offset, length), fmap.view(offset, length))
+
+
+def _fields(t: LazyTensor) -> tuple[Any, ...]:
+    return (t.storage.key, t.storage.dtype, t.storage.nbytes, t.storage_offset, t.shape, t.stride,
+            t.dtype_name, t.requires_grad, t.is_parameter, t.metadata,
+            t.storage.archive.stored_range(t.storage))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(24.0).reshape(4, 6),
+    lambda: torch.arange(24.0).reshape(4, 6).t(),  # not contiguous
+    lambda: torch.arange(24.0).reshape(4, 6)[1:3],  # storage offset
+    lambda: torch.randn(3, 5).to(torch.bfloat16),
+    lambda: (torch.randn(2, 128) * 8).to(torch.float8_e4m3fn),
+    lambda: torch.zeros(0, 4),
+    lambda: torch.tensor(7, dtype=torch.int64),
+    lambda: torch.nn.Parameter(torch.ones(3)),
+])
+def test_archive_read_from_memory_matches_zipfile(tmp_path: Any, make: Any) -> None:
+    """The plain layout ``torch.save`` writes is read by ``struct`` from the map (twice: the
+    second time from the per-process ``data.pkl`` cache), and gives what :mod:`zipfile`
+    and the restricted unpickler give."""
+    from nemo_convert.tensors.torch_zip import _directory
+
+    t = make()
+    path = _save(t, tmp_path / "t.pt")
+    with open(path, "rb") as f:
+        assert _directory(memoryview(f.read())) is not None  # the fast path, not the fallback
+    plain = read_torch_zip(_region(path))
+    for _ in range(2):
+        got = _from_memory(path)
+        assert _fields(got) == _fields(plain)
+        _assert_same(got.load(), t)
+
+
+def test_archive_in_memory_inside_a_bigger_file(tmp_path: Any) -> None:
+    """A chunk at an offset of its data file (as in a ``.distcp``): offsets are the region's."""
+    t = torch.randn(5, 7)
+    blob = open(_save(t, tmp_path / "t.pt"), "rb").read()
+    big = tmp_path / "data.distcp"
+    big.write_bytes(b"\0" * 100 + blob + b"\1" * 50)
+    got = _from_memory(str(big), 100, len(blob))
+    assert got.storage.archive.stored_range(got.storage)[0] >= 100
+    _assert_same(got.load(), t)
+
+
+def test_archive_in_memory_refuses_what_zipfile_refuses(tmp_path: Any) -> None:
+    """Anything but the plain layout (compressed, another byte order, a damaged record, a
+    cut archive) goes to :mod:`zipfile` and the same checks: the same refusals."""
+    sd = torch.arange(64.0)
+    path = _save(sd, tmp_path / "a.pt")
+    big = _rewrite(path, str(tmp_path / "b.pt"), zipfile.ZIP_STORED, b"big")
+    with pytest.raises(InputError, match="big-endian"):
+        _from_memory(big)
+    deflated = _rewrite(path, str(tmp_path / "d.pt"), zipfile.ZIP_DEFLATED, b"little")
+    with pytest.raises(InputError, match="compressed"):
+        _from_memory(deflated)
+    data = bytearray(open(path, "rb").read())
+    (tmp_path / "cut.pt").write_bytes(bytes(data[: len(data) // 2]))
+    with pytest.raises(InputError):
+        _from_memory(str(tmp_path / "cut.pt"))
+    at = data.index(b"data.pkl") + len(b"data.pkl")  # the first local header's name: data.pkl follows
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(next(n for n in zf.namelist() if n.endswith("data.pkl")))
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    assert start >= at
+    data[start + info.file_size - 2] ^= 0xFF  # data.pkl's bytes no longer match their CRC-32
+    (tmp_path / "crc.pt").write_bytes(bytes(data))
+    with pytest.raises(InputError, match="corrupt"):
+        _from_memory(str(tmp_path / "crc.pt"))
+
+
+def test_cached_pickle_still_checks_each_archive_storage(tmp_path: Any) -> None:
+    """Two archives with the same ``data.pkl``: the second is not unpickled again, but its
+    storage is still looked up and its size checked in its own directory."""
+    t = torch.arange(16.0)
+    path = _save(t, tmp_path / "a.pt")
+    _assert_same(_from_memory(path).load(), t)
+    with zipfile.ZipFile(path) as zin, zipfile.ZipFile(tmp_path / "short.pt", "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            zout.writestr(info, data[:8] if "/data/" in info.filename else data)
+    with pytest.raises(InputError, match="has 8 bytes"):
+        _from_memory(str(tmp_path / "short.pt"))
+
+
+def test_dist_writer_chunks_take_the_in_memory_path(tmp_path: Any) -> None:
+    """The chunks our dist writer stores (``TorchSaveWriter``) have the plain layout too."""
+    import io
+
+    from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
+    from nemo_convert.tensors.torch_zip import _directory
+
+    t = torch.randn(6, 10).to(torch.bfloat16)
+    buf = io.BytesIO()
+    TorchSaveWriter(buf).save_tensor(t)
+    assert _directory(memoryview(buf.getvalue())) is not None
+    (tmp_path / "c.pt").write_bytes(buf.getvalue())
+    got = _from_memory(str(tmp_path / "c.pt"))
+    assert _fields(got) == _fields(read_torch_zip(_region(str(tmp_path / "c.pt"))))
+    _assert_same(got.load(), t)

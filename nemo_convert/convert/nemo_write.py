@@ -12,7 +12,8 @@ from nemo_convert.engine import NoProgress, Progress, RunStats, merge_stats, run
 from nemo_convert.errors import InputError, UnsupportedError
 from nemo_convert.formats.nemo.nemo import CONFIG_MEMBER, dump_yaml
 from nemo_convert.formats.nemo.nemo_ranks import WEIGHTS, RankWeightsWriter
-from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter, LegacyWeightsWriter, finish_dist
+from nemo_convert.formats.nemo.nemo_weights import (DistLayout, DistWeightsWriter, LegacyWeightsWriter, dist_layout,
+                                                     finish_dist)
 from nemo_convert.formats.io.sink import DirectorySink, MemberSink
 from nemo_convert.formats.io.staging import staged_output
 from nemo_convert.formats.io.tar_writer import TarWriter
@@ -147,12 +148,18 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
     if layout == "dist":
         sizes = [t.out_bytes for t in plan.tasks]
         groups = split_balanced(sizes, max(2, -(-sum(sizes) // DIST_PART_BYTES)))
+        shared: list[DistLayout] = []  # computed once, by the first part written
+
+        def dist_writer(sink: MemberSink, data_file: str) -> DistWeightsWriter:
+            if not shared:
+                shared.append(dist_layout(infos, tuple(unstacked)))
+            return DistWeightsWriter(sink, infos, data_file=data_file, unstacked=unstacked, layout=shared[0])
         parts = []
         for k, idx in enumerate(groups):
             sub = Plan(plan.direction, [plan.tasks[i] for i in idx], plan.dropped, plan.check_finite)
 
             def write(sink: MemberSink, progress: Progress | None, sub: Plan = sub, k: int = k) -> tuple[RunStats, Any]:
-                w = DistWeightsWriter(sink, infos, data_file=f"__{k}_0.distcp", unstacked=unstacked)
+                w = dist_writer(sink, f"__{k}_0.distcp")
                 try:
                     stats = run_plan(sub, source, w.write, progress=progress, own_progress=False, lazy=lazy)
                 except BaseException as exc:
@@ -162,7 +169,7 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
             parts.append(WeightPart(f"model_weights/__{k}_0.distcp", write, sub.total_bytes))
 
         def extras(sink: MemberSink, progress: Progress | None) -> tuple[RunStats, Any]:
-            w = DistWeightsWriter(sink, infos, data_file=f"__{len(groups)}_0.distcp", unstacked=unstacked)
+            w = dist_writer(sink, f"__{len(groups)}_0.distcp")
             w.add_extra_states()
             return RunStats(), w.close(finalize=False)
         parts.append(WeightPart(f"model_weights/__{len(groups)}_0.distcp", extras, 0))

@@ -59,8 +59,17 @@ def dequantize_blocks(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int
                          f"{b0}×{b1} blocks (expected {list(want)})")
     if w.is_meta:
         return torch.empty(w.shape, dtype=dtype, device="meta")
-    scale = scale_inv.float().repeat_interleave(b0, 0)[:rows].repeat_interleave(b1, 1)[:, :cols]
-    return (w.float() * scale).to(dtype)
+    # The same float32 products whichever way the scales are broadcast: without a
+    # repeated copy of them where the blocks tile the weight exactly (the hub's 128×128
+    # on most weights) or where one block covers it (small weights); repeated otherwise.
+    s, (n0, n1) = scale_inv.float(), want
+    if rows == n0 * b0 and cols == n1 * b1:
+        out = (w.float().reshape(n0, b0, n1, b1) * s[:, None, :, None]).reshape(rows, cols)
+    elif want == (1, 1):
+        out = w.float() * s
+    else:
+        out = w.float() * s[:, None, :, None].expand(n0, b0, n1, b1).reshape(n0 * b0, n1 * b1)[:rows, :cols]
+    return out.to(dtype)
 
 
 def mxfp4_shape(blocks: tuple[int, ...], scales: tuple[int, ...]) -> tuple[int, ...]:

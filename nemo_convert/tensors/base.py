@@ -86,8 +86,12 @@ def is_dtype_name(name: str) -> bool:
 
 
 def dtype_size(dtype: DType) -> int:
-    """Bytes per element of ``dtype`` (a torch dtype or its name)."""
-    size = DTYPE_SIZES.get(dtype_name(dtype))
+    """Bytes per element of ``dtype`` (a torch dtype or its name). A torch dtype answers
+    with ``torch.dtype.itemsize`` (torch ≥ 2.1), without building a tensor or a name: this
+    runs per tensor of a checkpoint."""
+    if not isinstance(dtype, str):
+        return dtype.itemsize
+    size = DTYPE_SIZES.get(dtype)
     return size if size is not None else torch_dtype(dtype).itemsize
 
 

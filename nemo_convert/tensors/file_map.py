@@ -12,6 +12,7 @@ with :meth:`FileMap.note_checksum`, so a whole record written again needs no new
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import threading
@@ -23,11 +24,52 @@ from typing import TYPE_CHECKING
 from nemo_convert.crc import crc32_combine
 from nemo_convert.errors import InputError
 
+#: The live maps by address: ``(start, end, map)`` sorted by ``start``, and the starts
+#: alone (for :mod:`bisect`). Live maps never overlap, so :func:`file_origin` finds a
+#: tensor's map with one search instead of asking every open map (a sharded checkpoint
+#: has hundreds, and it is asked once per tensor). A map collected without
+#: :meth:`FileMap.close` leaves a dead reference, dropped when a new map takes its
+#: addresses or when a search meets it.
+_BY_ADDRESS: list[tuple[int, int, "weakref.ref[FileMap]"]] = []
+_STARTS: list[int] = []
+
 if TYPE_CHECKING:
     import torch
 
-_LIVE: "weakref.WeakSet[FileMap]" = weakref.WeakSet()
 _LOCK = threading.Lock()
+
+
+def _index_add(fmap: FileMap, start: int, end: int) -> None:
+    with _LOCK:
+        i = bisect.bisect_left(_STARTS, start)
+        j = i
+        while j < len(_BY_ADDRESS) and _BY_ADDRESS[j][0] < end:  # dead maps whose addresses were reused
+            j += 1
+        while i > 0 and _BY_ADDRESS[i - 1][1] > start:
+            i -= 1
+        _BY_ADDRESS[i:j] = [(start, end, weakref.ref(fmap))]
+        _STARTS[i:j] = [start]
+
+
+def _index_remove(fmap: FileMap) -> None:
+    with _LOCK:
+        i = bisect.bisect_left(_STARTS, fmap.address)
+        while i < len(_BY_ADDRESS) and _BY_ADDRESS[i][0] == fmap.address:
+            if _BY_ADDRESS[i][2]() in (fmap, None):
+                del _BY_ADDRESS[i], _STARTS[i]
+            else:
+                i += 1
+
+
+def _index_find(address: int) -> FileMap | None:
+    with _LOCK:
+        i = bisect.bisect_right(_STARTS, address) - 1
+        if i < 0 or address >= _BY_ADDRESS[i][1]:
+            return None
+        fmap = _BY_ADDRESS[i][2]()
+        if fmap is None:
+            del _BY_ADDRESS[i], _STARTS[i]
+        return fmap
 
 
 @dataclass(frozen=True)
@@ -77,8 +119,7 @@ class FileMap:
             probe = torch.frombuffer(self._mmap, dtype=torch.uint8, count=1)
             self.address = probe.data_ptr()
             del probe
-            with _LOCK:
-                _LIVE.add(self)
+            _index_add(self, self.address, self.address + self.size)
 
     def tensor(self, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A tensor viewing ``numel(shape)`` elements at byte ``offset`` of the file."""
@@ -91,8 +132,14 @@ class FileMap:
             raise InputError(f"{self.path}: tensor bytes [{offset}, {offset + nbytes}) lie outside the file")
         if numel == 0 or self._mmap is None:
             return torch.empty(shape, dtype=dtype)
-        flat = torch.frombuffer(self._mmap, dtype=torch.uint8, count=nbytes, offset=offset)
-        return flat.view(dtype).view(shape)
+        return torch.frombuffer(self._mmap, dtype=dtype, count=numel, offset=offset).view(shape)
+
+    def view(self, offset: int, length: int) -> memoryview | None:
+        """The file's bytes ``[offset, offset + length)`` in memory (no copy), or None when
+        there is no map (an empty file) or the range lies outside the file."""
+        if self._mmap is None or offset < 0 or length < 0 or offset + length > self.size:
+            return None
+        return memoryview(self._mmap)[offset:offset + length]
 
     def note_checksum(self, offset: int, length: int, crc32: int) -> None:
         """Record the stored CRC-32 of bytes ``[offset, offset + length)`` (a zip record)."""
@@ -143,8 +190,8 @@ class FileMap:
     def close(self) -> None:
         # Tensors may still view the map; dropping our reference lets the GC unmap it
         # once the last tensor is gone.
-        with _LOCK:
-            _LIVE.discard(self)
+        if self._mmap is not None:
+            _index_remove(self)
         self._mmap = None
         self._file.close()
 
@@ -154,11 +201,6 @@ def file_origin(t: torch.Tensor) -> FileOrigin | None:
     a live :class:`FileMap`; else None (computed tensors, copies, GPU tensors)."""
     if t.device.type != "cpu" or t.numel() == 0 or not t.is_contiguous() or t.requires_grad:
         return None
-    address, length = t.data_ptr(), t.numel() * t.element_size()
-    with _LOCK:
-        maps = list(_LIVE)
-    for fmap in maps:
-        found = fmap.origin(address, length)
-        if found is not None:
-            return found
-    return None
+    address = t.data_ptr()
+    fmap = _index_find(address)
+    return None if fmap is None else fmap.origin(address, t.numel() * t.element_size())

@@ -12,6 +12,7 @@ whole file, or a member of an uncompressed tar such as a ``.nemo``), unpickles
 
 from __future__ import annotations
 
+import bisect
 import io
 import math
 import struct
@@ -36,6 +37,79 @@ if TYPE_CHECKING:
     import torch
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, 22 bytes, name length, extra length
+_EOCD = struct.Struct("<4sHHHHIIH")  # end of central directory, no zip64
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # one central directory entry, before its name
+_ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")  # zip64 end of central directory record (no extensible data)
+_ZIP64_LOCATOR = struct.Struct("<4sIQI")  # zip64 end of central directory locator
+
+
+class _Member:
+    """What :class:`_Archive` uses of a zip member: ``zipfile.ZipInfo``'s attribute names."""
+
+    __slots__ = ("filename", "header_offset", "compress_type", "flag_bits", "compress_size", "file_size", "CRC",
+                 "end")
+
+    def __init__(self, filename: str, header_offset: int, compress_type: int, flag_bits: int, compress_size: int,
+                 file_size: int, crc: int) -> None:
+        self.filename, self.header_offset, self.compress_type, self.flag_bits = (filename, header_offset,
+                                                                                 compress_type, flag_bits)
+        self.compress_size, self.file_size, self.CRC = compress_size, file_size, crc
+        self.end = 0  # where the next member (or the directory) starts: its bytes must end before
+
+
+def _directory(buf: memoryview) -> dict[str, _Member] | None:
+    """The members of the zip archive that is exactly ``buf`` (in memory, e.g. a mapped
+    dist-checkpoint chunk), read by ``struct`` instead of :class:`zipfile.ZipFile` — a
+    dist checkpoint has one archive per chunk, tens of thousands of them. Only the plain
+    layout ``torch.save`` writes: no archive comment, zip64 end records only in their plain
+    form (no zip64 sizes in the entries), no prefix, ASCII names, each once, entries that
+    do not overlap. None for anything else: :mod:`zipfile` reads (or refuses)
+    it then."""
+    n = len(buf)
+    if n < _EOCD.size:
+        return None
+    end = n - _EOCD.size  # where the central directory must end
+    sig, disk, cd_disk, _, count, cd_size, cd_offset, comment = _EOCD.unpack_from(buf, end)
+    if sig != b"PK\x05\x06" or disk or cd_disk or comment:
+        return None
+    if end >= _ZIP64_LOCATOR.size + _ZIP64_EOCD.size and buf[end - _ZIP64_LOCATOR.size:][:4] == b"PK\x06\x07":
+        # torch.save always writes the zip64 records (PKWARE APPNOTE 4.3.14, 4.3.15), and
+        # their counts are the ones that hold; only the plain form: one disk, the record
+        # just before its locator, no extensible data
+        _, z_disk, z_at, z_disks = _ZIP64_LOCATOR.unpack_from(buf, end - _ZIP64_LOCATOR.size)
+        end -= _ZIP64_LOCATOR.size + _ZIP64_EOCD.size
+        (sig, rec_size, _, _, disk, cd_disk, _, count, cd_size,
+         cd_offset) = _ZIP64_EOCD.unpack_from(buf, end)
+        if (sig != b"PK\x06\x06" or z_disk or z_disks != 1 or z_at != end or rec_size != _ZIP64_EOCD.size - 12
+                or disk or cd_disk):
+            return None
+    elif count == 0xFFFF or cd_offset == 0xFFFFFFFF:
+        return None
+    if cd_offset + cd_size != end:
+        return None
+    members: dict[str, _Member] = {}
+    at = cd_offset
+    for _ in range(count):
+        if at + _CENTRAL.size > cd_offset + cd_size:
+            return None
+        (sig, _, _, flags, method, _, _, crc, csize, size, name_len, extra_len, comment_len, _, _, _,
+         header) = _CENTRAL.unpack_from(buf, at)
+        at += _CENTRAL.size
+        if sig != b"PK\x01\x02" or 0xFFFFFFFF in (csize, size, header) or at + name_len > cd_offset + cd_size:
+            return None
+        raw = bytes(buf[at:at + name_len])
+        if not raw.isascii():
+            return None
+        members[raw.decode("ascii")] = _Member(raw.decode("ascii"), header, method, flags, csize, size, crc)
+        at += name_len + extra_len + comment_len
+    if at != cd_offset + cd_size or len(members) != count:  # (a name twice: zipfile decides)
+        return None
+    ends = sorted(m.header_offset for m in members.values()) + [cd_offset]
+    for m in members.values():
+        m.end = ends[bisect.bisect_right(ends, m.header_offset)] if m.header_offset < cd_offset else -1
+        if m.header_offset + _LOCAL_HEADER.size + m.compress_size > m.end:
+            return None
+    return members
 
 
 @dataclass(frozen=True, eq=False)
@@ -217,14 +291,21 @@ for _name, _kind in (("qtensor", "quantized"), ("sparse_tensor", "sparse"),
 class _Archive:
     """The zip directory of one torch archive and, once needed, a map of its file."""
 
-    def __init__(self, region: ByteRegion) -> None:
+    def __init__(self, region: ByteRegion, mapped: memoryview | None = None) -> None:
+        """``mapped``: the region's bytes, where the caller has the file mapped already (a
+        dist checkpoint's chunks): the zip directory is then read from memory, without
+        :mod:`zipfile` when it has the plain layout :func:`_directory` reads."""
         self.region = region
         self.where = region.path + (f" (member at byte {region.offset})" if region.offset else "")
         self._lock = threading.Lock()
         self._map: FileMap | None = None
         self._storages: dict[str, StorageRef] = {}
         self._data_offsets: dict[str, int] = {}
+        self._mapped = mapped
+        self.members: dict[str, Any] = {}  # zipfile.ZipInfo, or _Member (the same attributes)
         self._check_magic()
+        if mapped is not None and self._read_mapped(mapped):
+            return
         with region.open() as f:
             try:
                 with zipfile.ZipFile(f) as zf:  # type: ignore[arg-type]
@@ -240,8 +321,48 @@ class _Archive:
             raise InputError(f"{self.where}: tensors are stored {byteorder}-endian; only "
                              f"{sys.byteorder}-endian torch files are supported")
 
+    def _read_mapped(self, buf: memoryview) -> bool:
+        """The directory, ``data.pkl`` and ``byteorder`` from memory (see :func:`_directory`),
+        with :mod:`zipfile`'s checks: the local header names the member, the bytes are
+        STORED, unencrypted and match their CRC-32. False: read it with :mod:`zipfile`."""
+        members = _directory(buf)
+        if members is None:
+            return False
+        self.members = members
+        self.prefix = self._find_prefix()
+        got: list[bytes | None] = []
+        for name in (self.prefix + "data.pkl", self.prefix + "byteorder"):
+            m = members.get(name)
+            if m is None:
+                got.append(None)
+                continue
+            if m.compress_type != zipfile.ZIP_STORED or m.flag_bits & 0x1 or m.compress_size != m.file_size:
+                return False
+            sig, name_len, extra_len = _LOCAL_HEADER.unpack_from(buf, m.header_offset)
+            start = m.header_offset + _LOCAL_HEADER.size
+            if sig != b"PK\x03\x04" or bytes(buf[start:start + name_len]) != name.encode():
+                return False
+            start += name_len + extra_len
+            if start + m.file_size > m.end:  # overlapping entries: zipfile names the problem
+                return False
+            data = bytes(buf[start:start + m.file_size])
+            if zlib.crc32(data) != m.CRC:
+                return False
+            got.append(data)
+        if got[0] is None:
+            return False
+        self.data_pkl = got[0]
+        byteorder = got[1].decode("ascii", "replace") if got[1] is not None else None
+        if byteorder not in (None, sys.byteorder):
+            raise InputError(f"{self.where}: tensors are stored {byteorder}-endian; only "
+                             f"{sys.byteorder}-endian torch files are supported")
+        return True
+
     def _check_magic(self) -> None:
-        head = self.region.read(0, min(self.region.length, 512))
+        if self._mapped is not None:
+            head = bytes(self._mapped[:512])
+        else:
+            head = self.region.read(0, min(self.region.length, 512))
         if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
             return
         if head[:1] == b"\x80":
@@ -270,9 +391,13 @@ class _Archive:
         if not (isinstance(stype, StorageType) and isinstance(key, str)
                 and isinstance(numel, int) and numel >= 0):
             raise InputError(f"{self.where}: malformed storage id in the torch pickle: {pid!r}")
+        return self.storage(key, stype.dtype, numel, str(location))
+
+    def storage(self, key: str, dtype: str, numel: int, location: str) -> StorageRef:
+        """Storage ``key`` of ``numel`` elements of ``dtype``, checked against the archive."""
         ref = self._storages.get(key)
         if ref is not None:
-            if ref.dtype != stype.dtype:
+            if ref.dtype != dtype:
                 raise InputError(f"{self.where}: storage {key} is used with two element types")
             return ref
         info = self.members.get(f"{self.prefix}data/{key}")
@@ -281,11 +406,11 @@ class _Archive:
         if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
             raise InputError(f"{self.where}: storage {key} is compressed or encrypted; only "
                              "uncompressed (STORED) torch archives can be read in place")
-        nbytes = numel * dtype_size(stype.dtype)
+        nbytes = numel * dtype_size(dtype)
         if info.file_size < nbytes:
             raise InputError(f"{self.where}: storage {key} has {info.file_size} bytes, "
                              f"needs {nbytes}")
-        ref = self._storages[key] = StorageRef(key, stype.dtype, nbytes, str(location), self)
+        ref = self._storages[key] = StorageRef(key, dtype, nbytes, location, self)
         return ref
 
     def _data_offset(self, key: str) -> int:
@@ -294,8 +419,11 @@ class _Archive:
             info = self.members[f"{self.prefix}data/{key}"]
             sig, name_len, extra_len = b"", 0, 0
             if 0 <= info.header_offset <= self.region.length - _LOCAL_HEADER.size:
-                head = self.region.read(info.header_offset, _LOCAL_HEADER.size)
-                sig, name_len, extra_len = _LOCAL_HEADER.unpack(head)
+                if self._mapped is not None:
+                    sig, name_len, extra_len = _LOCAL_HEADER.unpack_from(self._mapped, info.header_offset)
+                else:
+                    sig, name_len, extra_len = _LOCAL_HEADER.unpack(
+                        self.region.read(info.header_offset, _LOCAL_HEADER.size))
             if sig != b"PK\x03\x04":
                 raise InputError(f"{self.where}: bad zip header for storage {key}")
             start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
@@ -330,13 +458,41 @@ class _Archive:
                 self._map = None
 
 
-def load_archive(region: ByteRegion, trust_pickle: bool) -> tuple[Any, _Archive]:
+def load_archive(region: ByteRegion, trust_pickle: bool, mapped: memoryview | None = None) -> tuple[Any, _Archive]:
     """:func:`read_torch_zip`'s object tree, and the archive that keeps its file map."""
-    archive = _Archive(region)
+    archive = _Archive(region, mapped)
     obj = safe_load(io.BytesIO(archive.data_pkl), trust=trust_pickle,
                     extra_globals=_TORCH_GLOBALS, persistent_load=archive.persistent_load,
                     where=archive.where)
     return to_plain(obj), archive
+
+
+#: ``data.pkl`` of a one-tensor archive → what its unpickling gave, minus the archive:
+#: (storage key, storage dtype name, numel, location, storage offset, shape, stride, dtype
+#: name, requires_grad). See :func:`read_tensor_archive`.
+_ONE_TENSOR: dict[bytes, tuple[str, str, int, str, int, tuple[int, ...], tuple[int, ...], str, bool]] = {}
+
+
+def read_tensor_archive(region: ByteRegion, mapped: memoryview | None = None) -> Any:
+    """:func:`read_torch_zip` of an archive that usually holds one plain tensor (a dist
+    checkpoint's chunk; ``mapped``: its bytes, where the caller has the file mapped). Every
+    chunk of one shape and dtype has the same ``data.pkl``: it is unpickled (restricted,
+    checked) once per process, and for each later archive only the storage it names is
+    looked up and checked in that archive, as unpickling would."""
+    archive = _Archive(region, mapped)
+    got = _ONE_TENSOR.get(archive.data_pkl)
+    if got is not None:
+        key, sdtype, numel, location, offset, shape, stride, dtype, grad = got
+        return LazyTensor(archive.storage(key, sdtype, numel, location), offset, shape, stride, dtype, grad)
+    obj = to_plain(safe_load(io.BytesIO(archive.data_pkl), extra_globals=_TORCH_GLOBALS,
+                             persistent_load=archive.persistent_load, where=archive.where))
+    if isinstance(obj, LazyTensor) and not obj.metadata and not obj.is_parameter and len(archive._storages) == 1:
+        ref = obj.storage
+        if len(_ONE_TENSOR) >= 4096:
+            _ONE_TENSOR.clear()
+        _ONE_TENSOR[archive.data_pkl] = (ref.key, ref.dtype, ref.nbytes // dtype_size(ref.dtype), ref.location,
+                                         obj.storage_offset, obj.shape, obj.stride, obj.dtype_name, obj.requires_grad)
+    return obj
 
 
 def read_torch_zip(region: ByteRegion, *, trust_pickle: bool = False) -> Any:
@@ -346,4 +502,4 @@ def read_torch_zip(region: ByteRegion, *, trust_pickle: bool = False) -> Any:
     return load_archive(region, trust_pickle)[0]
 
 
-__all__ = ["LazyTensor", "StorageRef", "load_archive", "read_torch_zip"]
+__all__ = ["LazyTensor", "StorageRef", "load_archive", "read_tensor_archive", "read_torch_zip"]

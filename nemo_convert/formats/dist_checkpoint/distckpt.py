@@ -97,6 +97,30 @@ def format_box(offsets: Sequence[int], sizes: Sequence[int]) -> str:
     return "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(offsets, sizes)) + "]"
 
 
+def _tiles_along_one_dim(shape: tuple[int, ...], boxes: Sequence[Box]) -> bool:
+    """True when ``boxes`` tile ``shape`` exactly, each spanning every dimension but one
+    (the same one) in full, and their spans on that one follow each other from 0 to the
+    end: the chunks of a stacked layer or expert axis, or of one TP split. False says
+    nothing (the grid of :func:`tiling_problems` decides, and names the problems); this
+    answers the common case without a grid, since every key of a checkpoint is checked."""
+    if not boxes or any(e <= 0 for e in shape):
+        return False
+    dim = -1
+    for off, size in boxes:
+        for d, (o, s, e) in enumerate(zip(off, size, shape)):
+            if o != 0 or s != e:
+                if dim not in (-1, d):
+                    return False
+                dim = d
+    dim = max(dim, 0)
+    at = 0
+    for o, s in sorted((off[dim], size[dim]) for off, size in boxes):
+        if o != at or s <= 0:
+            return False
+        at += s
+    return at == shape[dim]
+
+
 def tiling_problems(shape: tuple[int, ...], boxes: Sequence[Box],
                     limit: int = 8) -> tuple[list[str], list[str]]:
     """The gaps and the overlaps left when ``boxes`` are laid over a tensor of ``shape``.
@@ -109,6 +133,8 @@ def tiling_problems(shape: tuple[int, ...], boxes: Sequence[Box],
     if not shape:
         n = len(boxes)
         return (["[]"] if n == 0 else []), (["[]"] if n > 1 else [])
+    if _tiles_along_one_dim(shape, boxes):
+        return [], []
     edges: list[list[int]] = []
     for d, extent in enumerate(shape):
         cuts = {0, extent}

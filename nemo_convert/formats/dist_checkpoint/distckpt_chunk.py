@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from nemo_convert.errors import InputError
 from nemo_convert.tensors.base import ByteRegion, FileMap, dtype_size
-from nemo_convert.tensors.torch_zip import LazyTensor, read_torch_zip
+from nemo_convert.tensors.torch_zip import LazyTensor, read_tensor_archive
 
 if TYPE_CHECKING:
     import torch
@@ -43,11 +43,12 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def read_layout(region: ByteRegion) -> ChunkLayout | None:
-    """The storage layout of the ``torch.save`` bytes in ``region``, or None when they are
-    not what we map (then load them plainly). ``OSError`` propagates."""
+def read_layout(region: ByteRegion, mapped: memoryview | None = None) -> ChunkLayout | None:
+    """The storage layout of the ``torch.save`` bytes in ``region`` (``mapped``: those bytes,
+    where the file is mapped already), or None when they are not what we map (then load
+    them plainly). ``OSError`` propagates."""
     try:
-        saved = read_torch_zip(region)
+        saved = read_tensor_archive(region, mapped)
         if isinstance(saved, LazyTensor) and not saved.metadata:
             offset, nbytes, crc = saved.storage.archive.stored_range(saved.storage)
             return ChunkLayout(offset, nbytes, saved.shape, saved.stride, saved.storage_offset, saved.dtype, crc)

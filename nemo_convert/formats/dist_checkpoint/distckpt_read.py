@@ -16,6 +16,7 @@ unusual falls back to a plain ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import os
@@ -88,6 +89,7 @@ class DistCheckpointSource:
         self._regions: dict[str, ByteRegion] = {}
         self._maps: dict[str, FileMap] = {}
         self._layouts: dict[_Chunk, ChunkLayout | None] = {}
+        self._by_start: dict[str, tuple[list[int], list[tuple[int, _Chunk]], int]] = {}
         self.config = self._read_config()
         self._raw: dict[str, tuple[tuple[int, ...], str, list[_Chunk]]] = {}  # dtype by name
         self._objects: dict[str, _Chunk] = {}
@@ -278,9 +280,30 @@ class DistCheckpointSource:
         return part.index + (0,) * (len(shape) - k), (1,) * k + shape[k:]
 
     def _overlapping(self, part: _Part) -> list[_Chunk]:
+        """The chunks of ``part.raw`` that overlap the part's box, in ``.metadata`` order.
+        Found through the chunks sorted by their dim-0 offset (:meth:`_chunks_by_start`):
+        a key stacking many layers or experts has a chunk per entry, and every entry asks."""
         starts, sizes = self._box(part)
-        return [c for c in self._raw[part.raw][2]
-                if all(co < s + n and s < co + cn for co, cn, s, n in zip(c.offsets, c.sizes, starts, sizes))]
+        chunks = self._raw[part.raw][2]
+        if not starts:
+            return list(chunks)
+        keys, ordered, longest = self._chunks_by_start(part.raw)
+        # a chunk overlaps on dim 0 iff start - longest < its offset < start + size
+        lo = bisect.bisect_right(keys, starts[0] - longest)
+        hi = bisect.bisect_left(keys, starts[0] + sizes[0])
+        found = sorted((i, c) for i, c in ordered[lo:hi]
+                       if all(co < s + n and s < co + cn for co, cn, s, n in zip(c.offsets, c.sizes, starts, sizes)))
+        return [c for _, c in found]
+
+    def _chunks_by_start(self, raw: str) -> tuple[list[int], list[tuple[int, _Chunk]], int]:
+        """``raw``'s chunks (with their ``.metadata`` index) sorted by dim-0 offset, those
+        offsets, and the longest dim-0 size (cached)."""
+        got = self._by_start.get(raw)
+        if got is None:
+            ordered = sorted(enumerate(self._raw[raw][2]), key=lambda ic: ic[1].offsets[0])
+            got = self._by_start[raw] = ([c.offsets[0] for _, c in ordered], ordered,
+                                         max((c.sizes[0] for _, c in ordered), default=0))
+        return got
 
     def _lazy_part(self, part: _Part) -> Lazy:
         shape = self._raw[part.raw][0]
@@ -380,7 +403,10 @@ class DistCheckpointSource:
         """The storage layout of a chunk (cached), or None to fall back to a plain load."""
         if c not in self._layouts:
             try:
-                self._layouts[c] = read_layout(region)
+                fmap = self._maps.get(region.path)
+                if fmap is None:  # the chunk's storage is viewed on this map too (layout_tensor)
+                    fmap = self._maps[region.path] = FileMap(region.path)
+                self._layouts[c] = read_layout(region, fmap.view(region.offset, region.length))
             except OSError as exc:
                 raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
         return self._layouts[c]

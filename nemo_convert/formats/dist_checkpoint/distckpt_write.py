@@ -111,6 +111,20 @@ def _save_bytes(obj: object) -> bytes:
     return buf.getvalue()
 
 
+_NONE_LIST_BYTES: list[bytes] = []
+
+
+def _object_bytes(obj: object) -> bytes:
+    """``torch.save(obj)``; for ``[None]`` (every Transformer-Engine ``_extra_state``: one
+    per linear module, layer and expert) saved once per process and reused — ``torch.save``
+    writes the same bytes for the same object (its ``serialization_id`` is a hash of them)."""
+    if type(obj) is list and len(obj) == 1 and obj[0] is None:
+        if not _NONE_LIST_BYTES:
+            _NONE_LIST_BYTES.append(_save_bytes([None]))
+        return _NONE_LIST_BYTES[0]
+    return _save_bytes(obj)
+
+
 class DistCheckpointWriter:
     """Writes one ``torch_dist`` checkpoint (or one rank's part of it) into a sink.
 
@@ -179,7 +193,7 @@ class DistCheckpointWriter:
         stream = self._data_stream()
         self._pad(stream)
         start = stream.pos
-        TorchSaveWriter(stream).save_tensor(tensor)  # what torch.save writes
+        TorchSaveWriter(stream).save_tensor(tensor, flush=False)  # what torch.save writes
         self._chunks.append(ChunkRecord(key, offs, sizes, self._data_file, start, stream.pos - start))
 
     def add_extra_state(self, key: str, layer: int | None, num_layers: int | None, *,
@@ -202,7 +216,7 @@ class DistCheckpointWriter:
 
     def add_object(self, key: str, obj: object) -> None:
         """Add a BYTE_IO item holding ``torch.save(obj)``."""
-        self.add_object_bytes(key, _save_bytes(obj))
+        self.add_object_bytes(key, _object_bytes(obj))
 
     def add_object_bytes(self, key: str, data: bytes) -> None:
         """Add a BYTE_IO item with these exact bytes (e.g. copied from another checkpoint)."""

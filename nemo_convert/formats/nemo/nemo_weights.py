@@ -107,8 +107,12 @@ def dist_places(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) ->
     return places
 
 
-def dist_layout(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) -> tuple[
-        dict[str, DistPlace], dict[str, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]]:
+#: :func:`dist_layout`'s result: every logical tensor's place, and every dist key's
+#: (counts of its stacked axes, per-entry shape, dtype).
+DistLayout = tuple[dict[str, DistPlace], dict[str, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]]
+
+
+def dist_layout(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) -> DistLayout:
     """:func:`dist_places` and, per dist key, (counts of its stacked axes, the per-entry
     shape, dtype), checked equal across the entries it stacks."""
     places = dist_places(infos, unstacked)
@@ -160,10 +164,12 @@ class DistWeightsWriter:
 
     def __init__(self, sink: MemberSink, infos: Sequence[TensorInfo], *, prefix: str = "model.",
                  folder: str = "model_weights", data_file: str = "__0_0.distcp",
-                 unstacked: tuple[str, ...] = ()) -> None:
+                 unstacked: tuple[str, ...] = (), layout: DistLayout | None = None) -> None:
+        """``layout``: :func:`dist_layout` of ``infos`` and ``unstacked``, when the caller
+        has it already (the writers of several parts share one)."""
         self._w = DistCheckpointWriter(sink, folder, data_file=data_file)
         self._prefix = prefix
-        self._places, self._keys = dist_layout(infos, tuple(unstacked))
+        self._places, self._keys = layout or dist_layout(infos, tuple(unstacked))
         for key, (counts, shape, dtype) in self._keys.items():
             self._w.declare(prefix + key, (*counts, *shape), dtype)
 

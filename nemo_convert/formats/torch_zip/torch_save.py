@@ -27,6 +27,16 @@ if TYPE_CHECKING:
     import torch
 
 ALIGN = 64
+#: Record bytes from memory up to this size are collected with their header and written
+#: in one call; larger ones, and ranges of an input file, go to the stream as they are.
+_SMALL = 64 << 10
+_PENDING_MAX = 1 << 20
+#: Where a (non-zip64) central directory entry holds its record's offset.
+_CENTRAL_OFFSET = struct.calcsize("<IHHHHHHIIIHHHHHI")
+#: ``(name, bytes)`` of a small record → (local header + bytes, central entry before and
+#: after the offset): see :meth:`TorchSaveWriter._record`.
+_RECORDS: dict[tuple[str, bytes], tuple[bytes, bytes, bytes]] = {}
+_CACHED_RECORD = 4096  # the largest record kept there
 _ARCHIVE = "archive"
 #: torch's name of a dtype → its typed storage class
 _STORAGE_TYPES = {
@@ -87,6 +97,7 @@ class TorchSaveWriter:
     def __init__(self, stream: BinaryIO) -> None:
         self._out = stream
         self._pos = 0  # bytes written by this writer: zip offsets are relative to its start
+        self._pending = bytearray()  # small writes not yet handed to the stream (one write for many)
         try:
             self._seekable = bool(stream.seekable())
         except (AttributeError, OSError):
@@ -96,12 +107,41 @@ class TorchSaveWriter:
         self._closed = False
 
     def _write(self, data: Any) -> None:
-        n = memoryview(data).nbytes
-        self._out.write(data)
-        self._pos += n
+        """Append bytes: collected, and handed to the stream by :meth:`_drain` (a chunk
+        of a dist checkpoint is ~15 small writes through three stream layers otherwise)."""
+        self._pending += data
+        self._pos += memoryview(data).nbytes
 
-    def _record(self, name: str, data: Any) -> None:
-        self._record_chunks(name, [Chunk(memoryview(data).cast("B"), None)])
+    def _drain(self) -> None:
+        if self._pending:
+            self._out.write(self._pending)
+            self._pending = bytearray()
+
+    def _record(self, name: str, data: bytes) -> None:
+        """A small record held in memory (the index, the version records). Its local
+        header and bytes, and its central entry but for the offset, depend on its name and
+        bytes alone: built once per process for each (a dist checkpoint writes the same
+        few per chunk), then copied — the bytes :meth:`_record_chunks` would write."""
+        offset = self._pos
+        if offset >= 0xFFFFFFFF or len(data) > _CACHED_RECORD:
+            self._record_chunks(name, [Chunk(memoryview(data).cast("B"), None)])
+            return
+        key = (name, data)
+        got = _RECORDS.get(key)
+        if got is None:
+            saved = self._pos, self._pending, self._central
+            self._pos, self._pending, self._central = 0, bytearray(), []
+            try:
+                self._record_chunks(name, [Chunk(memoryview(data).cast("B"), None)])
+                local, central = bytes(self._pending), self._central[0]
+            finally:
+                self._pos, self._pending, self._central = saved
+            if len(_RECORDS) >= 4096:
+                _RECORDS.clear()
+            got = _RECORDS[key] = (local, central[:_CENTRAL_OFFSET], central[_CENTRAL_OFFSET + 4:])
+        local, head, tail = got
+        self._write(local)
+        self._central.append(head + struct.pack("<I", offset) + tail)
 
     def _record_chunks(self, name: str, chunks: list[Chunk]) -> None:
         """Write one STORED zip record whose bytes are ``chunks`` in order (see below)."""
@@ -125,16 +165,26 @@ class TorchSaveWriter:
         # after; otherwise the CRC comes first. Chunks that are ranges of an input file go
         # file to file where the stream can copy_range.
         pending = _checksum_thread().submit(checksum, chunks) if self._seekable and size > PIECE else None
+        if pending is not None:
+            self._drain()
         header_at = self._out.tell() if pending is not None else 0
         crc = 0 if pending is not None else checksum(chunks)
         self._write(header(crc))
         try:
-            write_chunks(self._out, chunks)
+            if all(c.origin is None and c.data.nbytes <= _SMALL for c in chunks):
+                for c in chunks:  # small bytes from memory: collected with the header
+                    self._pending += c.data
+                if len(self._pending) >= _PENDING_MAX:
+                    self._drain()
+            else:
+                self._drain()
+                write_chunks(self._out, chunks)
             self._pos += size
         finally:
             if pending is not None:
                 crc = pending.result()  # also on failure: the thread must be done with the chunks
         if pending is not None:
+            self._drain()
             end = self._out.tell()
             self._out.seek(header_at + 14)
             self._out.write(struct.pack("<I", crc))
@@ -153,23 +203,24 @@ class TorchSaveWriter:
         self._record_chunks(f"data/{key}", tensor_chunks(tensor))
         self._entries[name] = _TensorRef(ref, tuple(tensor.shape))
 
-    def save_tensor(self, tensor: Lazy) -> None:
+    def save_tensor(self, tensor: Lazy, *, flush: bool = True) -> None:
         """Write ``tensor`` itself (not a dict) as the archive's object, like
-        ``torch.save(tensor, f)``; then :meth:`close`."""
+        ``torch.save(tensor, f)``; then :meth:`close` (``flush``: and flush the stream)."""
         if self._entries:
             raise ValueError("save_tensor writes a one-tensor archive")
         ref = _StorageRef("0", tensor.dtype, tensor.numel())
         self._record_chunks("data/0", tensor_chunks(tensor))
         self._single = _TensorRef(ref, tuple(tensor.shape))
-        self.close()
+        self.close(flush=flush)
 
-    def close(self) -> None:
+    def close(self, *, flush: bool = True) -> None:
+        """Write the index and the zip directory; ``flush`` the stream (a caller writing
+        more into the same stream may leave that to its own end)."""
         if self._closed:
             return
         self._closed = True
-        buf = io.BytesIO()
-        _Pickler(buf, protocol=2).dump(getattr(self, "_single", None) or self._entries)
-        self._record("data.pkl", buf.getvalue())
+        single = getattr(self, "_single", None)
+        self._record("data.pkl", _single_pickle(single) if single is not None else _pickle(self._entries))
         self._record("byteorder", b"little")
         self._record("version", b"3\n")
         self._record(".data/version", b"3\n")
@@ -185,4 +236,28 @@ class TorchSaveWriter:
             self._write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0))
         else:
             self._write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, n, n, cd_size, cd_offset, 0))
-        self._out.flush()
+        self._drain()
+        if flush:
+            self._out.flush()
+
+
+def _pickle(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=2).dump(obj)
+    return buf.getvalue()
+
+
+_SINGLE_PICKLES: dict[tuple[torch.dtype, int, tuple[int, ...]], bytes] = {}
+
+
+def _single_pickle(ref: _TensorRef) -> bytes:
+    """``data.pkl`` of a one-tensor archive: a function of the storage's dtype and size
+    and the shape alone, so pickled once per (dtype, numel, shape) — a dist checkpoint
+    writes one such archive per chunk, most of them of a few shapes."""
+    key = (ref.storage.dtype, ref.storage.numel, ref.shape)
+    data = _SINGLE_PICKLES.get(key)
+    if data is None:
+        if len(_SINGLE_PICKLES) >= 4096:
+            _SINGLE_PICKLES.clear()
+        data = _SINGLE_PICKLES[key] = _pickle(ref)
+    return data
