@@ -9,9 +9,11 @@ together at least ``--threshold`` seconds — is listed in ``tests/measured_slow
 
     python tests/measure_durations.py                 # runs the not-slow suite, rewrites the list
     python tests/measure_durations.py --from-log LOG  # from a saved `pytest --durations=0` output
+    python tests/measure_durations.py --add           # a second pass over what is left
 
-The run sets ``NEMO_CONVERT_MEASURE=1`` so that the listed tests run and are measured again
-(a test that became fast leaves the list). Measure on a machine without other work.
+A first pass sets ``NEMO_CONVERT_MEASURE=1`` so that the listed tests run and are measured
+again (a test that became fast leaves the list); ``--add`` then runs what is left and adds
+what measures slow there. Measure on a machine without other work.
 """
 
 from __future__ import annotations
@@ -25,18 +27,38 @@ from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIST = os.path.join(HERE, "measured_slow.txt")
-LINE = re.compile(r"^(?P<s>[\d.]+)s (?:call|setup|teardown)\s+(?P<node>\S+)$")
+LINE = re.compile(r"^(?P<s>[\d.]+)s (?P<phase>call|setup|teardown)\s+(?P<node>\S+)$")
+#: A setup this long is a module's shared fixture (it moves to the next test when its first
+#: user is listed): the module's tests are listed together.
+MODULE_SETUP = 1.0
 
 
 def durations(log: str) -> dict[str, float]:
     """Seconds per test node id: call, setup and teardown added up (a module fixture's setup
-    counts for the first test that uses it)."""
+    counts for the first test that uses it). A test of a module where some setup took
+    ``MODULE_SETUP`` seconds or more counts at least that long."""
     per: dict[str, float] = defaultdict(float)
+    heavy: set[str] = set()
     for line in log.splitlines():
         m = LINE.match(line.strip())
         if m:
             per[m["node"]] += float(m["s"])
-    return dict(per)
+            if m["phase"] == "setup" and float(m["s"]) >= MODULE_SETUP:
+                heavy.add(m["node"].split("::")[0])
+    return {node: max(s, MODULE_SETUP) if node.split("::")[0] in heavy else s for node, s in per.items()}
+
+
+def listed() -> dict[str, float]:
+    """The tests ``tests/measured_slow.txt`` lists now, with their recorded seconds."""
+    if not os.path.exists(LIST):
+        return {}
+    out = {}
+    with open(LIST) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                node, _, rest = line.partition("#")
+                out[node.strip()] = float(rest.strip().split()[0])
+    return out
 
 
 def write_list(per: dict[str, float], threshold: float, note: str) -> list[str]:
@@ -55,13 +77,16 @@ def write_list(per: dict[str, float], threshold: float, note: str) -> list[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threshold", type=float, default=0.2, help="seconds (default 0.2)")
-    p.add_argument("--from-log", help="a saved `pytest --durations=0 -vv`-style output instead of a run")
+    p.add_argument("--from-log", help="a saved `pytest --durations=0`-style output instead of a run")
+    p.add_argument("--add", action="store_true",
+                   help="keep the tests listed now and add those of this measure (a second pass: a module fixture's "
+                        "setup moves to the first test left in the not-slow suite)")
     args = p.parse_args()
     if args.from_log:
         with open(args.from_log) as f:
             log, note = f.read(), f"from {os.path.basename(args.from_log)}"
     else:
-        env = dict(os.environ, NEMO_CONVERT_MEASURE="1")
+        env = dict(os.environ) if args.add else dict(os.environ, NEMO_CONVERT_MEASURE="1")
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "--durations=0",
                                "--durations-min=0", "-p", "no:cacheprovider"], cwd=os.path.dirname(HERE), env=env,
                               capture_output=True, text=True, check=False)
@@ -73,6 +98,9 @@ def main() -> int:
     if not per:
         print("no durations found", file=sys.stderr)
         return 1
+    if args.add:
+        per = {**per, **listed()}
+        note += ", added to the earlier list"
     slow = write_list(per, args.threshold, note)
     print(f"{len(slow)} of {len(per)} tests measured >= {args.threshold} s; listed in {os.path.relpath(LIST)}")
     return 0

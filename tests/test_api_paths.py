@@ -22,6 +22,10 @@ import pytest
 from nemo_convert import api
 from tiny_models import make_tiny_llama
 
+#: The module's fixture builds every kind of checkpoint and each test runs a conversion:
+#: about 10 s together, too much for the under-a-minute ``-m "not slow"`` suite.
+pytestmark = pytest.mark.slow
+
 #: Public functions without a path parameter.
 NO_PATHS = {"get_registry": "no arguments but a flag", "registry_with": "plugin objects",
             "plan_import": "a family, a config dict and an open tensor source"}
