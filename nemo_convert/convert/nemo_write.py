@@ -10,6 +10,7 @@ from nemo_convert.convert.common import SECTION, dir_sink
 from nemo_convert.convert.nemo_defaults import complete_nemo_config
 from nemo_convert.engine import NoProgress, Progress, RunStats, merge_stats, run_plan
 from nemo_convert.errors import InputError, UnsupportedError
+from nemo_convert.formats.dist_checkpoint.sections import sectioned
 from nemo_convert.formats.nemo.nemo import CONFIG_MEMBER, dump_yaml
 from nemo_convert.formats.nemo.nemo_ranks import WEIGHTS, RankWeightsWriter
 from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter, LegacyWeightsWriter, finish_dist
@@ -155,7 +156,8 @@ DIST_PART_BYTES = 1 << 30
 
 def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str, Parallel],
                  playout: ParallelLayout, padded: int | None, unstacked: tuple[str, ...] = (),
-                 strategies: Strategies = Strategies(), compute: Compute = CPU) -> list[WeightPart]:
+                 strategies: Strategies = Strategies(), compute: Compute = CPU,
+                 extra_states: tuple[str, ...] = ()) -> list[WeightPart]:
     """The output parts of the weights, defined by the plan alone (never by the number of
     processes), in archive order. ``plan`` is placed on ``compute``'s device already; the
     per-rank writer's splits are placed here."""
@@ -169,7 +171,8 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
             sub = Plan(plan.direction, [plan.tasks[i] for i in idx], plan.dropped, plan.check_finite)
 
             def write(sink: MemberSink, progress: Progress | None, sub: Plan = sub, k: int = k) -> tuple[RunStats, Any]:
-                w = DistWeightsWriter(sink, infos, data_file=f"__{k}_0.distcp", unstacked=unstacked)
+                w = DistWeightsWriter(sink, infos, data_file=f"__{k}_0.distcp", unstacked=unstacked,
+                                      sections=sectioned(kinds), extra_states=extra_states)
                 try:
                     stats = run_plan(sub, source, w.write, progress=progress, own_progress=False, lazy=lazy)
                 except BaseException as exc:
@@ -179,7 +182,8 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
             parts.append(WeightPart(f"model_weights/__{k}_0.distcp", write, sub.total_bytes))
 
         def extras(sink: MemberSink, progress: Progress | None) -> tuple[RunStats, Any]:
-            w = DistWeightsWriter(sink, infos, data_file=f"__{len(groups)}_0.distcp", unstacked=unstacked)
+            w = DistWeightsWriter(sink, infos, data_file=f"__{len(groups)}_0.distcp", unstacked=unstacked,
+                                  sections=sectioned(kinds), extra_states=extra_states)
             w.add_extra_states()
             return RunStats(), w.close(finalize=False)
         parts.append(WeightPart(f"model_weights/__{len(groups)}_0.distcp", extras, 0))
@@ -209,7 +213,7 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
                packed: bool = True, progress: Progress | None = None,
                artifacts: Sequence[tuple[str, bytes]] = (), workers: Workers = SINGLE,
                unstacked: tuple[str, ...] = (), strategies: Strategies = Strategies(),
-               compute: Compute = CPU) -> RunStats:
+               compute: Compute = CPU, extra_states: tuple[str, ...] = ()) -> RunStats:
     """Stage and write a complete ``.nemo`` (config, artifacts, weights) at ``out``.
 
     ``cfg`` is completed with the parallel sizes and vocabulary sizes, and with the keys
@@ -237,7 +241,7 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
     complete_nemo_config(cfg)
     cfg[SECTION] = cfg.pop(SECTION)  # our section stays last, after NeMo's keys
     parts = weight_parts(layout, compute.place(plan, source), source, kinds, playout, padded, unstacked,
-                         strategies, compute)
+                         strategies, compute, extra_states)
     progress = progress or NoProgress()
     mine = [p for i, p in enumerate(parts) if workers.owns(i)]
     progress.start("write", sum(p.nbytes for p in mine), 0)
