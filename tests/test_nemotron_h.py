@@ -15,35 +15,19 @@ import shutil
 import pytest
 import torch
 import yaml
+from test_family_matrix import IDS, assert_same, logits
 from tiny_hybrid import CONFIGS, make_nemotron_h, published
-from tiny_models import hf_tensors, read_json
+from tiny_models import read_json
 
 from nemo_convert import api
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.plugins.manager import get_registry
 
-IDS = torch.tensor([[3, 17, 99, 5, 200, 41, 7, 250, 12, 64, 128, 9]])
+__all__ = ["IDS", "assert_same", "logits"]  # (the family matrix's: tests/test_nemotron_h_megatron.py imports them here)
 
 
 def family():  # noqa: ANN201
     return get_registry().families["nemotron_h"].record
-
-
-def logits(folder: str) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    model.eval()
-    with torch.no_grad():
-        return model(IDS).logits
-
-
-def assert_same(src: str, back: str) -> None:
-    a, b = hf_tensors(src), hf_tensors(back)
-    assert set(a) == set(b), set(a) ^ set(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-    assert read_json(os.path.join(src, "config.json")) == read_json(os.path.join(back, "config.json"))
 
 
 @pytest.fixture(scope="module")
@@ -175,16 +159,18 @@ def test_rank_files_hold_megatrons_local_sections(tmp_path, models) -> None:  # 
 
 
 @pytest.mark.slow  # several conversions and transformers runs
-def test_moe_reshard_tp2_pp2_ep2_and_back(tmp_path, models) -> None:  # noqa: ANN001
+def test_moe_rank_files_to_dist_at_ep2(tmp_path, models) -> None:  # noqa: ANN001
+    """TP2×PP2 rank files straight from HF, then a dist checkpoint recording TP2×PP2×EP2
+    (EP splits nothing in a dist checkpoint): both hold the source, tensor for tensor."""
     src = models["nemotron_3_nano"]
-    nemo, ranks, back = str(tmp_path / "m.nemo"), str(tmp_path / "r"), str(tmp_path / "back")
-    api.import_hf(src, nemo, layout="legacy")
-    api.reshard(nemo, ranks, tp=2, pp=2, ep=2, layout="dist", packed=False)
-    cfg = yaml.safe_load(open(os.path.join(ranks, "model_config.yaml")))
-    assert (cfg["expert_model_parallel_size"], cfg["tensor_model_parallel_size"]) == (2, 2)
-    api.export_hf(ranks, back)
-    assert_same(src, back)
-    assert torch.equal(logits(src), logits(back))
+    ranks, dist = str(tmp_path / "ranks"), str(tmp_path / "dist")
+    api.import_hf(src, ranks, layout="legacy", parallel=api.Parallelism(tp=2, pp=2), packed=False)
+    assert api.verify(src, ranks).ok
+    api.reshard(ranks, dist, tp=2, pp=2, ep=2, layout="dist", packed=False)
+    with open(os.path.join(dist, "model_config.yaml")) as f:
+        recorded = yaml.safe_load(f)
+    assert [recorded[f"{k}_model_parallel_size"] for k in ("tensor", "pipeline", "expert")] == [2, 2, 2]
+    assert api.verify(src, dist).ok
 
 
 def test_dist_keys_are_megatron_cores_per_layer_sections(tmp_path, models) -> None:  # noqa: ANN001
@@ -285,3 +271,17 @@ def test_nemo_config_without_source_is_synthesised(tmp_path, models) -> None:  #
     assert again.layers_block_type == ["linear_attention", "moe", "linear_attention", "full_attention", "moe",
                                        "linear_attention"]
     assert family().config_to_nemo(hf)["mamba_num_heads"] == cfg["mamba_num_heads"]
+
+
+def test_a_nemo_config_without_the_mixer_sizes_means_megatron_cores_defaults() -> None:
+    """NeMo 1's own Mamba config (``megatron_mamba_config.yaml``) gives ``mamba_ssm_ngroups``
+    and no head counts: Megatron-Core then runs ``expand × hidden / 64`` heads of 64 with a
+    state of 128; the mapping's sections follow."""
+    from nemo_convert.families.hybrid import mamba_dims, mamba_sections
+
+    cfg = {"hidden_size": 4096, "mamba_ssm_ngroups": 8, "num_layers": 3, "hybrid_override_pattern": "M*-"}
+    assert mamba_dims(cfg) == (128, 64, 8, 128)
+    in_proj, conv = mamba_sections(cfg)
+    assert in_proj.sizes == (8192, 8192, 1024, 1024, 128) and conv.sizes == (8192, 1024, 1024)
+    assert family().config_to_hf({**cfg, "num_attention_heads": 32, "ffn_hidden_size": 21504, "layernorm_epsilon": 1e-5,
+                                  "activation": "squared-relu", "nemo_convert": {"vocab_size": 256}})["mamba_num_heads"] == 128

@@ -66,3 +66,32 @@ def make_nemotron_h(folder: str, name: str, *, seed: int = 0, keep_saved_config:
         with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
             json.dump(cfg_dict, f, indent=2)
     return folder
+
+
+def megatron_config(cfg: dict, *, tp: int = 1, ep: int = 1, **overrides) -> dict:
+    """``TransformerConfig`` keyword arguments for Megatron-Core 0.16.1's ``MambaModel`` from
+    the NeMo config we wrote (``model_config.yaml``): what NeMo's ``MegatronMambaModel`` and
+    Megatron-Bridge's provider set from it, with dropout off and the fused kernels that need
+    a GPU off; ``overrides`` win."""
+    from megatron.core.activations import squared_relu
+
+    assert cfg["activation"] == "squared-relu" and cfg["normalization"] == "rmsnorm"
+    assert cfg["position_embedding_type"] == "none" and not cfg["bias"] and not cfg["gated_linear_unit"]
+    experts = cfg.get("num_moe_experts")
+    moe = {} if not experts else dict(
+        num_moe_experts=experts, moe_router_topk=cfg["moe_router_topk"], moe_ffn_hidden_size=cfg["moe_ffn_hidden_size"],
+        moe_shared_expert_intermediate_size=cfg["moe_shared_expert_intermediate_size"],
+        moe_router_score_function=cfg["moe_router_score_function"],
+        moe_router_enable_expert_bias=cfg["moe_router_enable_expert_bias"],
+        moe_router_topk_scaling_factor=cfg["moe_router_topk_scaling_factor"],
+        moe_router_num_groups=cfg.get("moe_router_num_groups"), moe_router_group_topk=cfg.get("moe_router_group_topk"),
+        moe_router_dtype=cfg["moe_router_dtype"], moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
+        expert_model_parallel_size=ep)
+    return {**moe, "tensor_model_parallel_size": tp, "num_layers": cfg["num_layers"], "hidden_size": cfg["hidden_size"],
+            "num_attention_heads": cfg["num_attention_heads"], "num_query_groups": cfg["num_query_groups"],
+            "ffn_hidden_size": cfg["ffn_hidden_size"], "kv_channels": cfg["kv_channels"], "gated_linear_unit": False,
+            "activation_func": squared_relu, "normalization": "RMSNorm", "layernorm_epsilon": cfg["layernorm_epsilon"],
+            "add_bias_linear": False, "hidden_dropout": 0.0, "attention_dropout": 0.0, "bias_activation_fusion": False,
+            "bias_dropout_fusion": False, "attention_softmax_in_fp32": True, "is_hybrid_model": True,
+            "mamba_state_dim": cfg["mamba_state_dim"], "mamba_head_dim": cfg["mamba_head_dim"],
+            "mamba_num_groups": cfg["mamba_num_groups"], "mamba_num_heads": cfg["mamba_num_heads"], **overrides}

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from nemo_convert.families.config_table import ConfigTable
+from nemo_convert.families.gpt_config import GPT_NEMO_CONSTANTS
 from nemo_convert.families.gpt import (GPTFeatures, MoEBlock, attention_rules, checked_to_hf, dense_mlp_rules,
                                        moe_mlp_rules, table_translation)
 from nemo_convert.mapping.rules import Mapping, Parallel, Rename, Rule, Sections, Tied, layer_symbols
@@ -49,8 +50,21 @@ def kind_layers(symbols: str) -> str:
 def pattern_of(cfg: dict[str, Any]) -> list[str]:
     """The NeMo config's per-layer pattern, one symbol per layer (checked against
     ``num_layers`` and Megatron-Core's symbols)."""
-    symbols = layer_symbols(cfg.get(PATTERN), int(cfg["num_layers"]))
-    return symbols
+    return layer_symbols(cfg.get(PATTERN), int(cfg["num_layers"]))
+
+
+def mamba_dims(cfg: dict[str, Any]) -> tuple[int, int, int, int]:
+    """The mixer's (heads, head size, groups, state size) from a NeMo config, with
+    Megatron-Core 0.16.1's defaults for what the config leaves out
+    (``TransformerConfig``: ``mamba_state_dim`` 128, ``mamba_head_dim`` 64,
+    ``mamba_num_groups`` 8, ``mamba_num_heads`` None = ``expand × hidden / head size`` with the
+    mixer's ``expand=2``: ``transformer_config.py`` lines 846–857, ``mamba_mixer.py`` lines
+    151, 187, 233–239). NeMo 1's own config spells the groups ``mamba_ssm_ngroups``
+    (``megatron_mamba_config.yaml``)."""
+    head_dim = int(cfg.get("mamba_head_dim") or 64)
+    heads = int(cfg.get("mamba_num_heads") or 2 * int(cfg["hidden_size"]) // head_dim)
+    groups = int(cfg.get("mamba_num_groups") or cfg.get("mamba_ssm_ngroups") or 8)
+    return heads, head_dim, groups, int(cfg.get("mamba_state_dim") or 128)
 
 
 @dataclass(frozen=True)
@@ -71,9 +85,9 @@ class HybridNames:
 
 @dataclass(frozen=True)
 class HybridBlocks:
-    """The blocks of a hybrid family: which symbols it has, the MLP features of its dense
-    MLP layers (``gated_mlp=False``: ``up_proj`` and the activation alone) and its
-    mixture-of-experts block (None: no ``E`` layers)."""
+    """The blocks of a hybrid family beyond the Mamba mixer and the attention: the MLP
+    features of its dense MLP layers (``gated_mlp=False``: ``up_proj`` and the activation
+    alone) and its mixture-of-experts block (None: the family has no ``E`` layers)."""
 
     mlp: GPTFeatures = field(default_factory=lambda: GPTFeatures(gated_mlp=False))
     moe: MoEBlock | None = None
@@ -85,8 +99,7 @@ def mamba_sections(cfg: dict[str, Any]) -> tuple[Sections, Sections]:
     ``mamba_num_heads × mamba_head_dim``, ``B`` and ``C`` ``mamba_num_groups ×
     mamba_state_dim`` each, ``dt`` one per head (Megatron-Core 0.16.1
     ``ssm/mamba_mixer.py`` lines 233–292)."""
-    heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
-    groups, state = int(cfg["mamba_num_groups"]), int(cfg["mamba_state_dim"])
+    heads, head_dim, groups, state = mamba_dims(cfg)
     inner, bc = heads * head_dim, groups * state
     # each rank holds whole heads of z, x, dt and whole groups of B, C (lines 249–262)
     in_proj = Sections(("z", "x", "B", "C", "dt"), (inner, inner, bc, bc, heads),
@@ -122,7 +135,7 @@ def mamba_mixer_rules(names: HybridNames, cfg: dict[str, Any]) -> list[Rule]:
     h, n = names.layer.replace("{i}", t), D + t + "."
     m = h + names.mixer
     in_proj, conv = mamba_sections(cfg)
-    heads, inner = ("mamba_num_heads",), in_proj.sizes[0]
+    heads, inner = (in_proj.sizes[-1],), in_proj.sizes[0]
     return [
         Rename(h + names.norm, n + "mixer.in_proj.layer_norm_weight", shape=("hidden_size",)),
         Rename(m + "in_proj.weight", n + "mixer.in_proj.weight", in_proj, shape=(in_proj.rows, "hidden_size")),
@@ -216,30 +229,12 @@ def hybrid_mapping(blocks: HybridBlocks = HybridBlocks(), names: HybridNames = H
 #: NVIDIA/NeMo ``nemo/collections/nlp/models/language_modeling/megatron_mamba_model.py``).
 NEMO_MAMBA_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_mamba_model.MegatronMambaModel"
 
-#: NeMo fields every hybrid family writes with a fixed value: what ``MegatronMambaModel``
-#: reads beside the GPT fields (lines 59–73: ``add_bias_linear``, ``gated_linear_unit``,
-#: ``layernorm_epsilon``) and what ``MambaModel`` runs (no position embedding: its
-#: default, ``models/mamba/mamba_model.py`` line 76; RMSNorm everywhere).
-HYBRID_NEMO_CONSTANTS: dict[str, Any] = {
-    "mcore_gpt": True,
-    "transformer_engine": True,
-    "micro_batch_size": 1,
-    "global_batch_size": 1,
-    "tensor_model_parallel_size": 1,
-    "pipeline_model_parallel_size": 1,
-    "normalization": "rmsnorm",
-    "bias": False,
-    "add_bias_linear": False,
-    "qkv_bias": False,
-    "gated_linear_unit": False,
-    "position_embedding_type": "none",
-    "hidden_dropout": 0.0,
-    "ffn_dropout": 0.0,
-    "transformer_block_type": "pre_ln",
-    "megatron_amp_O2": False,
-    "persist_layer_norm": True,
-    "nemo_convert.linear_biases": {"attention": False, "mlp": False},
-}
+#: NeMo fields every hybrid family writes with a fixed value: the GPT base's, and what
+#: ``MegatronMambaModel`` reads beside them (lines 59–73: ``add_bias_linear``,
+#: ``gated_linear_unit``) and ``MambaModel`` runs (no position embedding: its default,
+#: ``models/mamba/mamba_model.py`` line 76).
+HYBRID_NEMO_CONSTANTS: dict[str, Any] = {**GPT_NEMO_CONSTANTS, "add_bias_linear": False, "gated_linear_unit": False,
+                                         "position_embedding_type": "none"}
 
 
 def hybrid_family(name: str, *, architecture: str, model_type: str, config: ConfigTable,

@@ -9,7 +9,7 @@ which ``MambaLayer`` calls with the config alone (``ssm/mamba_layer.py`` lines 7
 convolution of width 4 with a bias, SiLU, no bias on ``in_proj`` / ``out_proj``, ``D``
 one per head, the gated RMSNorm after the gate (``norm_before_gate=False``) over groups of
 ``d_inner / groups`` channels with ε = 1e-5, and no limit on ``dt`` (``mamba_chunk_scan_combined``
-is called without ``dt_limit``, line 851–869: the kernel's default ``(0, inf)``).
+is called without ``dt_limit``, lines 850–868: the kernel's default ``(0, inf)``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from nemo_convert.errors import ConfigError
 from nemo_convert.families.config_table import Check, Derived, Field, positive_int
-from nemo_convert.families.hybrid import PATTERN, SYMBOLS
+from nemo_convert.families.hybrid import PATTERN, SYMBOLS, mamba_dims
 from nemo_convert.mapping.rules import cfg_get
 
 #: transformers 5's list spelling of the pattern (``configuration_nemotron_h.py`` lines
@@ -101,7 +101,7 @@ def _groups_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _groups_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"n_groups": int(cfg["mamba_num_groups"])}
+    return {"n_groups": mamba_dims(cfg)[2]}
 
 
 def _is_inf(v: Any) -> bool:
@@ -143,9 +143,14 @@ def mixer_checks(hf: dict[str, Any]) -> str | None:
 #: The Mamba-2 mixer's rows: sizes translated, fixed settings checked, initialisation-only
 #: keys harmless (:data:`MIXER_HARMLESS`).
 MIXER_ROWS = (
-    Field("mamba_num_heads", "mamba_num_heads", 128, to_nemo=positive_int("mamba_num_heads"), to_hf=int, always=True),
-    Field("mamba_head_dim", "mamba_head_dim", 64, to_nemo=positive_int("mamba_head_dim"), to_hf=int, always=True),
-    Field("ssm_state_size", "mamba_state_dim", 128, to_nemo=positive_int("ssm_state_size"), to_hf=int, always=True),
+    # transformers' NemotronHConfig defaults (configuration_nemotron_h.py lines 117–121); a NeMo config
+    # without the fields means Megatron-Core's defaults (hybrid.mamba_dims)
+    Field("mamba_num_heads", "mamba_num_heads", 128, to_nemo=positive_int("mamba_num_heads"), to_hf=int, always=True,
+          nemo_default=lambda c: mamba_dims(c)[0]),
+    Field("mamba_head_dim", "mamba_head_dim", 64, to_nemo=positive_int("mamba_head_dim"), to_hf=int, always=True,
+          nemo_default=lambda c: mamba_dims(c)[1]),
+    Field("ssm_state_size", "mamba_state_dim", 128, to_nemo=positive_int("ssm_state_size"), to_hf=int, always=True,
+          nemo_default=lambda c: mamba_dims(c)[3]),
     Derived(("n_groups", "mamba_n_groups"), _groups_to_nemo, _groups_to_hf),
     Check(("conv_kernel", "mamba_d_conv", "use_conv_bias", "mamba_conv_bias", "mamba_hidden_act", "use_bias",
            "mamba_proj_bias", "time_step_limit", "mamba_dt_limit", "residual_in_fp32"), mixer_checks),

@@ -52,7 +52,7 @@ def _head_dim_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _head_dim_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"head_dim": int(cfg["kv_channels"])}
+    return {"head_dim": int(cfg.get("kv_channels") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))}
 
 
 def _head_dim_checks(hf: dict[str, Any]) -> str | None:
