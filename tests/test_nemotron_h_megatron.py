@@ -37,6 +37,7 @@ Megatron-Core's own (its key maps give TE's fused-norm names). On a GPU,
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,11 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("einops")
 
 TOLERANCE = 1e-4  # measured: ~5e-7; the negative controls: 0.1 and more
+
+def mcore_keys_record(asked: dict[str, Any]) -> dict[str, Any]:
+    """The record of ``tiny_hybrid.MCORE_KEYS`` from ``{key: global shape, or None for an extra state}``."""
+    return {"megatron_core": "0.16.1", "tensors": {k: list(s) for k, s in sorted(asked.items()) if s is not None},
+            "extra_states": sorted(k for k, s in asked.items() if s is None)}
 
 
 def _standins() -> None:
@@ -102,7 +108,7 @@ def _rank(rank: int, nemo: str, hf: str, root: str, tp: int, ep: int, save_to: s
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
     from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
-    from tiny_hybrid import megatron_config
+    from tiny_hybrid import MCORE_KEYS, megatron_config
     from transformers.models.nemotron_h.modeling_nemotron_h import mamba2_chunk_scan
 
     from nemo_convert import api
@@ -188,6 +194,18 @@ def _rank(rank: int, nemo: str, hf: str, root: str, tp: int, ep: int, save_to: s
     tensors = {k: s for k, s in theirs.items() if s is not None}
     assert tensors == ours, (sorted(set(tensors) ^ set(ours)),
                              {k: (tensors[k], ours[k]) for k in set(tensors) & set(ours) if tensors[k] != ours[k]})
+    # the record of Megatron-Core's keys and global shapes that the normal suite checks ours against
+    # (tests/test_nemotron_h.py): global, so the same at every TP and EP
+    want = torch.load(os.path.join(root, "want.pt"))
+    asked = mcore_keys_record(theirs)
+    if os.environ.get("NEMOTRON_H_WRITE_MCORE_KEYS"):
+        if rank == 0:
+            with open(MCORE_KEYS.format(name=want["name"]), "w", encoding="utf-8") as f:
+                json.dump(asked, f, indent=1, sort_keys=True)
+                f.write("\n")
+    else:
+        with open(MCORE_KEYS.format(name=want["name"]), encoding="utf-8") as f:
+            assert json.load(f) == asked, f"Megatron-Core asks for other keys than {MCORE_KEYS.format(name=want['name'])}"
     loaded, left_over, absent = dist_checkpointing.load(sharded, ckpt, strict=StrictHandling.RETURN_ALL)
     assert not absent, sorted(absent)  # every tensor and extra state it asks for is there
     # TE's spec has core_attention extra states the local spec does not ask for
@@ -226,7 +244,6 @@ def _rank(rank: int, nemo: str, hf: str, root: str, tp: int, ep: int, save_to: s
 
     # 3. logits: transformers' on the same ids; then the negative controls
     model.float()
-    want = torch.load(os.path.join(root, "want.pt"))
     ids, n = want["ids"], want["ids"].shape[1]
     mask = torch.triu(torch.ones(1, 1, n, n, dtype=torch.bool), diagonal=1)
 
@@ -275,7 +292,7 @@ def _run(tmp_path: Any, name: str, tp: int = 1, ep: int = 1, save_to: str = "") 
     src = make_nemotron_h(str(tmp_path / "hf"), name)
     nemo = str(tmp_path / "m")
     api.import_hf(src, nemo, packed=False, layout="dist")
-    torch.save({"ids": IDS, "logits": logits(src)}, str(tmp_path / "want.pt"))
+    torch.save({"ids": IDS, "logits": logits(src), "name": name}, str(tmp_path / "want.pt"))
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tests = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, tests, os.environ.get("PYTHONPATH", "")]))

@@ -95,3 +95,12 @@ def megatron_config(cfg: dict, *, tp: int = 1, ep: int = 1, **overrides) -> dict
             "bias_dropout_fusion": False, "attention_softmax_in_fp32": True, "is_hybrid_model": True,
             "mamba_state_dim": cfg["mamba_state_dim"], "mamba_head_dim": cfg["mamba_head_dim"],
             "mamba_num_groups": cfg["mamba_num_groups"], "mamba_num_heads": cfg["mamba_num_heads"], **overrides}
+
+
+#: What Megatron-Core 0.16.1's ``MambaModel.sharded_state_dict()`` asks for, per tiny model of
+#: this module: every tensor key with its global shape, every extra-state key. The slow tests
+#: of ``tests/test_nemotron_h_megatron.py`` assert it is still what Megatron-Core asks for
+#: (``NEMOTRON_H_WRITE_MCORE_KEYS=1`` rewrites it); ``tests/test_nemotron_h.py`` checks our
+#: dist checkpoints against it in the normal suite.
+MCORE_KEYS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "megatron_core_keys",
+                          "mambamodel_{name}.json")
