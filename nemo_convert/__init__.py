@@ -6,8 +6,9 @@ The public Python API lives in :mod:`nemo_convert.api`; plugin authors use
 
 from nemo_convert.plugins.hookspecs import hookimpl
 from nemo_convert.plugins.records import (CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget,
-                                         ShardingStrategy, TokenizerPatcher, Verifier)
+                                         ResultTable, ShardingStrategy, TokenizerPatcher, Verifier, VerifierResult)
 
 __version__ = "0.1.0"
 
-__all__ = ["CommandOption", "FamilyOptions", "HFSide", "ModelFamily", "NemoTarget", "ShardingStrategy", "TokenizerPatcher", "Verifier", "__version__", "hookimpl"]
+__all__ = ["CommandOption", "FamilyOptions", "HFSide", "ModelFamily", "NemoTarget", "ResultTable", "ShardingStrategy",
+           "TokenizerPatcher", "Verifier", "VerifierResult", "__version__", "hookimpl"]

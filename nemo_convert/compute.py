@@ -32,7 +32,7 @@ from nemo_convert.dtypes import cast_for_output
 from nemo_convert.errors import InputError
 from nemo_convert.mapping.planner import Plan, Task, TaskFn
 from nemo_convert.mapping.rules import Parallel
-from nemo_convert.sharding.tensor import TensorParallel
+from nemo_convert.sharding.protocol import TensorSharding
 from nemo_convert.tensors.base import TensorSource
 
 #: Ops whose outputs are views of their inputs: they stay on the CPU unless their outputs are cast.
@@ -125,10 +125,10 @@ class Compute:
                  if self.moves(t, source) else t for t in plan.tasks]
         return Plan(plan.direction, tasks, plan.dropped, plan.check_finite, plan.pool)
 
-    def tensor_parallel(self, inner: TensorParallel | None) -> TensorParallel | None:
-        """The tensor-parallel strategy for the per-rank writer and reader: ``inner`` (None:
-        the built-in), with the splits and merges that build a new tensor run on the device."""
-        return DeviceTensorParallel(inner or TensorParallel(), self) if self.active else inner
+    def tensor_parallel(self, inner: TensorSharding) -> TensorSharding:
+        """The tensor-parallel strategy for the per-rank writer and reader: ``inner`` (the
+        registry's), with the splits and merges that build a new tensor run on the device."""
+        return DeviceTensorParallel(inner, self) if self.active else inner
 
     def notes(self, plan: Plan, source: TensorSource) -> list[str]:
         """A report note: how many of ``plan``'s tasks run on the device (none for the CPU)."""
@@ -170,12 +170,13 @@ def _split_builds(t: torch.Tensor, kind: Parallel, tp: int, padded_vocab: int | 
     return kind is Parallel.VOCAB and padded_vocab is not None and padded_vocab > t.shape[0]
 
 
-class DeviceTensorParallel(TensorParallel):
-    """``inner``'s tensor parallelism, with the splits that build a new tensor (gated fc1
-    at TP > 1, vocabulary padding) and the merges of per-rank slices (concatenations) run
-    on ``compute``'s device; slices stay CPU views."""
+class DeviceTensorParallel:
+    """``inner``'s tensor parallelism (a :class:`~nemo_convert.sharding.protocol.TensorSharding`),
+    with the splits that build a new tensor (gated fc1 at TP > 1, vocabulary padding) and
+    the merges of per-rank slices (concatenations) run on ``compute``'s device; slices stay
+    CPU views. It has no deferred forms: its callers take its eager ``split`` / ``merge``."""
 
-    def __init__(self, inner: TensorParallel, compute: Compute) -> None:
+    def __init__(self, inner: TensorSharding, compute: Compute) -> None:
         self.inner, self.compute = inner, compute
 
     def split(self, t: torch.Tensor, kind: Parallel, tp: int, rank: int, *, name: str = "tensor",

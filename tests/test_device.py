@@ -156,7 +156,8 @@ def test_the_plain_path_keeps_the_plan():
     assert Compute.of("cpu") == CPU and not CPU.active
     plan = object()
     assert CPU.place(plan, None) is plan  # type: ignore[arg-type]
-    assert CPU.tensor_parallel(None) is None
+    tp = api.get_registry().strategies().tensor
+    assert CPU.tensor_parallel(tp) is tp  # the registry's strategy itself, not a device wrapper
     forced = staged()
     assert Compute.of(forced) is forced
 

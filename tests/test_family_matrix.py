@@ -243,7 +243,13 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
                                    "long_factor": [1.0] * 8}), "'longrope'"),
     ("llama", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}), "'yarn'"),
     ("mistral", dict(rope_scaling={"type": "dynamic", "factor": 2.0}), "'dynamic'"),
-    ("gemma", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    ("gemma", dict(hidden_act="relu"), "hidden_act='relu'"),
+    ("gemma", dict(hidden_activation="gelu"), "hidden_activation='gelu'"),
+    ("qwen2", dict(use_mrope=True), "use_mrope=True"),
+    ("gpt_oss", dict(initial_context_length=8192, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 4096}),
+     "initial_context_length=8192 differs from the YaRN original_max_position_embeddings=4096"),
+    ("gpt_oss", dict(experts_per_token=3), "experts_per_token=3 differs from num_experts_per_tok=2"),
     ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
     ("qwen2", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
      "partial_rotary_factor=0.5"),
@@ -398,7 +404,7 @@ def test_nemo_written_mistral_window_is_read_as_nemo_wrote_it(tmp_path, models):
 # -- every family is strict, the multimodal ones per section ----------------------------------
 
 @pytest.mark.parametrize("maker, section, key", [
-    ("make_tiny_clip", None, "text_config_dict"),
+    ("make_tiny_clip", None, "vision_embed_dim"),
     ("make_tiny_clip", "vision_config", "use_new_patching"),
     ("make_tiny_llava", None, "image_grid_pinpoints"),
     ("make_tiny_llava", "vision_config", "layer_types"),

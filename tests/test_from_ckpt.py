@@ -226,6 +226,18 @@ def test_per_rank_folders(world, per_rank, tmp_path, tp, pp):
             assert all(torch.equal(got[k], want_state[k]) for k in want_state), folder
 
 
+def test_per_rank_folders_merge_with_the_registered_strategies(world, per_rank, tmp_path, monkeypatch):
+    """The training-checkpoint reader merges rank slices with the registry's TP strategy
+    and lays out the stages with its PP strategy (not the built-ins directly)."""
+    from test_sharding_plugins import counting_registry
+
+    reg, mine = counting_registry(monkeypatch)
+    out = str(tmp_path / "m.nemo")
+    api.from_ckpt(per_rank[(2, 2)], out, registry=reg)
+    assert mine.tp.calls["merge"] > 0 and mine.pp.calls > 0
+    assert_same_as_import(world, out)
+
+
 def test_checkpoint_name_among_several(world, per_rank, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(per_rank[(2, 1)], run)

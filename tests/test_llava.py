@@ -1,7 +1,8 @@
 """LLaVA → NeVA .nemo → LLaVA on tiny random models: bit-identical tensors in the source's
 own key spelling, config.json restored key for key, identical logits with an image in the
 input, NeVA's key names (nemo-formats.md §4), the NeVA tokenizer patch, and the vision
-tower referenced (not stored) unless ``embed_vision_tower``."""
+tower stored by default (export rebuilds the whole checkpoint), only referenced with
+``reference_vision_tower`` (NeMo's converter)."""
 
 from __future__ import annotations
 
@@ -220,12 +221,35 @@ def test_neva_config(tmp_path, tiny_llava):
     assert cfg["nemo_convert"]["hf_key_spelling"]["vision_tower"] == "vision_tower."
 
 
-def test_without_embed_the_tower_is_referenced_dropped_and_export_refuses(tmp_path, tiny_llava):
+def test_the_default_import_embeds_the_tower_and_exports_whole(tmp_path, tiny_llava):
+    """No option: the tower is stored, so export rebuilds the source bit for bit."""
+    src = tiny_llava(tokenizer=False)
+    nemo, back = str(tmp_path / "neva.nemo"), str(tmp_path / "back")
+    rep = api.import_hf(src, nemo)
+    assert not rep.dropped
+    assert nemo_config(nemo)["nemo_convert"]["embed_vision_tower"] is True
+    assert any(k.startswith(TOWER) for k in nemo_keys(nemo))
+    api.export_hf(nemo, back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert read_json(os.path.join(src, "config.json")) == read_json(os.path.join(back, "config.json"))
+
+
+def test_both_tower_options_at_once_are_refused(tmp_path, tiny_llava):
+    from nemo_convert.errors import ConfigError
+
+    src = tiny_llava(tokenizer=False)
+    with pytest.raises(ConfigError, match="contradict"):
+        api.import_hf(src, str(tmp_path / "m.nemo"), options={"embed_vision_tower": True,
+                                                               "reference_vision_tower": True})
+
+
+def test_referenced_tower_is_dropped_and_export_refuses(tmp_path, tiny_llava):
     from nemo_convert_llava.config import VisionTowerNotEmbedded
 
     src = tiny_llava()
     nemo = str(tmp_path / "neva.nemo")
-    rep = api.import_hf(src, nemo, options=import_options(src))
+    rep = api.import_hf(src, nemo, options=import_options(src, reference_vision_tower=True))
     tower = sorted(k for k in hf_tensors(src) if k.startswith("vision_tower."))
     assert sorted(rep.dropped) == tower and len(tower) == 3 * 16 + 7
     keys = nemo_keys(nemo)
@@ -234,7 +258,7 @@ def test_without_embed_the_tower_is_referenced_dropped_and_export_refuses(tmp_pa
     cfg = nemo_config(nemo)
     assert cfg["nemo_convert"]["embed_vision_tower"] is False
     assert cfg["mm_cfg"]["vision_encoder"]["from_pretrained"] == "openai/clip-vit-large-patch14"
-    with pytest.raises(VisionTowerNotEmbedded, match="references its vision tower.*embed_vision_tower"):
+    with pytest.raises(VisionTowerNotEmbedded, match="references its vision tower.*without --reference-vision-tower"):
         api.export_hf(nemo, str(tmp_path / "back"))
     assert not os.path.exists(tmp_path / "back")
 

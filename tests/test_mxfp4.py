@@ -183,9 +183,6 @@ def test_dtype_chooses_the_dequantized_dtype(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=UnsupportedError,
-                   reason="the published rope_scaling is YaRN, refused until YaRN lands (issue 22's YaRN half); "
-                          "remove this mark then")
 def test_published_config_as_published(tmp_path):
     """The real config shrunk in size only — YaRN included."""
     mxfp4, _ = make_mxfp4_gpt_oss(str(tmp_path), rope="published")

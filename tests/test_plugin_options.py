@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from nemo_convert import CommandOption, Verifier, hookimpl
+from nemo_convert import CommandOption, ResultTable, Verifier, hookimpl
 from nemo_convert.api import registry_with, verify
 from nemo_convert.cli.main import _names_a_command, build_parser
 from nemo_convert.cli.plugin_options import add_plugin_options, plugin_option_values
@@ -40,7 +40,7 @@ def test_a_plugin_verifier_runs_on_both_sides(tmp_path) -> None:
     reg = registry_with(("echo", _Plugin(Verifier("echo", (SHOUT,), _echo, _refuse_empty))))
     rep = verify(src, src, registry=reg, options={"shout_at": "hi"})
     assert rep.ok and rep.extra["echo"] == {"same_folder": True, "shout_at": "hi"}
-    assert rep.as_dict()["extra"]["echo"]["shout_at"] == "hi" and rep.clip is None
+    assert rep.as_dict()["extra"]["echo"]["shout_at"] == "hi" and "clip" not in rep.extra
     assert "echo" not in verify(src, src, registry=reg).extra  # not asked for: not run
     with pytest.raises(InputError, match="needs a word"):
         verify(src, src, registry=reg, options={"shout_at": ""})
@@ -84,3 +84,37 @@ def test_the_installed_plugins_options_are_in_the_parser() -> None:
     assert {"--clip-image", "--texts"} <= flags(full, "verify") and "--clip-image" not in flags(bare, "verify")
     assert not _names_a_command(["--help"]) and not _names_a_command(["--version"])
     assert _names_a_command(["verify", "--help"])
+
+
+class _Tally:
+    """A verifier result with its own text report and JSON (``VerifierResult``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def render(self) -> list[Any]:
+        return [ResultTable("tally [of both sides]", ("side", "count"), (("A", str(self.n)), ("B", "[b]"))),
+                f"total {2 * self.n} [not markup]"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.n}
+
+
+def test_results_are_shown_without_the_core_naming_the_verifier() -> None:
+    """``verify``'s text and JSON report show any plugin's result generically: ``render()``
+    items (tables drawn like ours, lines indented, no markup) or a dict's ``key: value``
+    lines; ``as_dict()`` or the dict itself in the JSON."""
+    import io
+
+    from rich.console import Console
+
+    from nemo_convert.cli.cmd_verify import print_extra
+    from nemo_convert.verify.report import result_json
+
+    buf = io.StringIO()
+    print_extra(Console(file=buf, width=80, highlight=False),
+                {"tally": _Tally(3), "echo": {"same_folder": True, "shout_at": "hi"}, "flag": 7})
+    out = buf.getvalue()
+    assert "tally [of both" in out and "│ B    │ [b]   │" in out and "  total 6 [not markup]\n" in out
+    assert "  echo.same_folder: True\n  echo.shout_at: 'hi'\n  flag: 7\n" in out
+    assert result_json(_Tally(3)) == {"count": 3} and result_json({"a": 1}) == {"a": 1} and result_json(7) == 7

@@ -243,7 +243,9 @@ def test_two_plugins_with_one_tokenizer_patcher_name():
 
 
 def test_two_plugins_with_one_sharding_strategy_name():
-    s = ShardingStrategy("tensor", "tp", object())
+    from nemo_convert.sharding.tensor import TensorParallel
+
+    s = ShardingStrategy("tensor", "tp", TensorParallel())
     with pytest.raises(PluginError, match=r"'shard-a'.*'shard-b'"):
         registry_with(("shard-a", plugin(strategies=[s])), ("shard-b", plugin(strategies=[s])),
                       entry_points=False)

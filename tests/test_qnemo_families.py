@@ -8,6 +8,7 @@ compared with the tiny random models of tests/test_family_matrix.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -183,17 +184,37 @@ def test_qwen3_fp8_with_kv_cache_calibrates_through_its_own_modules(tmp_path):
                                    hf[f"model.layers.{i}.self_attn.{x}_norm.weight"].to(torch.bfloat16))
 
 
-def test_rules_tensorrt_llm_cannot_take_apart_are_refused():
-    """The GPT table over Phi-3's mapping: a packed HF qkv_proj has no per-name source."""
+def test_the_target_projects_nemo_tensors_whatever_the_hf_spelling(tmp_path):
+    """The target is a projection of NeMo logical tensors, so how the HF side spells them does
+    not matter: Phi-3 packs q, k, v into one ``qkv_proj`` and gate, up into one
+    ``gate_up_proj``; given the GPT base's target (a test registry: TensorRT-LLM's Phi-3 model
+    is not confirmed), its grouped NeMo QKV is written ``[q; k; v]`` — the HF ``qkv_proj`` bit
+    for bit — and its fc1 as ``mlp.fc`` / ``mlp.gate``. Only ``--kv-cache fp8`` is refused by
+    name: the rule's origin has no separate k and v modules to calibrate."""
     from nemo_convert_phi3.family import PHI3
 
-    from nemo_convert.families.trtllm import gpt_trtllm
-    from nemo_convert.qnemo import derive_spec
+    from nemo_convert import hookimpl
+    from nemo_convert.families.trtllm import LLAMA_FIELDS, gpt_trtllm
+    from nemo_convert.plugins.manager import registry_with
 
-    table = gpt_trtllm("LlamaForCausalLM")
-    assert table is not None and gpt_trtllm("Phi3ForCausalLM") is None
-    with pytest.raises(UnsupportedError, match="linear_qkv.weight: the family makes it with PackedQKV"):
-        derive_spec(table, PHI3.mapping({}), {})
+    class Phi3Trt:
+        @hookimpl
+        def nemo_convert_model_families(self):
+            return [dataclasses.replace(PHI3, name="phi3-trt", trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS))]
+
+    reg = registry_with(("phi3-trt", Phi3Trt()))
+    src = make_model(str(tmp_path / "phi3"), "phi3", sliding_window=None, partial_rotary_factor=1.0)
+    quantize(src, str(tmp_path / "q"), algo="none", family="phi3-trt", registry=reg)
+    hf, t = hf_tensors(src), read_rank(str(tmp_path / "q"), 0)
+    for i in range(2):
+        h, p = f"model.layers.{i}.", f"transformer.layers.{i}."
+        assert torch.equal(t[p + "attention.qkv.weight"], hf[h + "self_attn.qkv_proj.weight"])
+        gate, up = hf[h + "mlp.gate_up_proj.weight"].chunk(2)
+        assert torch.equal(t[p + "mlp.fc.weight"], gate) and torch.equal(t[p + "mlp.gate.weight"], up)
+    with pytest.raises(UnsupportedError, match="linear_qkv.weight is not made of separate q, k and v"):
+        quantize(src, str(tmp_path / "k"), algo="none", kv_cache="fp8", dtype="bf16", family="phi3-trt",
+                 registry=reg)
+    assert not os.path.exists(tmp_path / "k")
 
 
 def test_a_sliding_window_refusal_names_the_way_forward(tmp_path):

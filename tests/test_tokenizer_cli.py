@@ -52,7 +52,7 @@ def _members(path: str) -> dict[str, bytes]:
 
 
 def _config(path: str) -> dict[str, Any]:
-    ck = open_nemo(path)
+    ck = open_nemo(path, strategies=get_registry().strategies())
     try:
         return ck.config
     finally:

@@ -50,10 +50,6 @@ WANT: dict[str, dict[str, Any]] = {
         "yarn_original_max_position_embeddings": 4096, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
         "yarn_mscale": None, "yarn_mscale_all_dim": None, "yarn_correction_range_round_to_int": False},
 }
-#: gpt-oss' ``experts_per_token`` / ``initial_context_length`` (duplicates of
-#: ``num_experts_per_tok`` / the YaRN block's original context) are translated by another
-#: change (issue 22's known-keys part); until then they are ignored knowingly here.
-IGNORED = {"gpt_oss/gpt-oss-20b.json": ("experts_per_token", "initial_context_length")}
 
 
 def _shrunk(name: str) -> dict[str, Any]:
@@ -72,8 +68,6 @@ def _family(cfg: dict[str, Any]) -> Any:
 def test_published_yarn_configs_translate(name: str) -> None:
     cfg = _shrunk(name)
     cfg.pop("quantization_config", None)  # the core dequantizes and drops it before the table (hf_to_nemo.py)
-    for key in IGNORED.get(name, ()):
-        cfg.pop(key)
     nemo = _family(cfg).config_to_nemo(cfg)
     assert {k: nemo.get(k) for k in WANT[name]} == WANT[name]
 
@@ -118,7 +112,7 @@ def test_published_yarn_configs_round_trip(tmp_path: Any, name: str) -> None:
     cfg = {k: v for k, v in cfg.items() if v is not None}
     src = _tiny_model(cfg, str(tmp_path / "hf"))
     nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
-    api.import_hf(src, nemo, packed=False, ignore_config_keys=IGNORED.get(name, ()))
+    api.import_hf(src, nemo, packed=False)
     written = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
     assert {k: written.get(k) for k in WANT[name]} == WANT[name]
     api.export_hf(nemo, back)

@@ -113,10 +113,12 @@ def test_megatron_core_runs_our_mla_yarn_directory(deepseek_yarn: str, tmp_path:
     transformers' logits over 48 tokens (original context 16)."""
     pytest.importorskip("megatron.core")
     from test_family_matrix import logits
+    from test_family_megatron import _mtp_logits
 
     root = str(tmp_path)
     api.import_hf(deepseek_yarn, f"{root}/mb", to="megatron-bridge")
-    torch.save({"ids": IDS, "logits": logits(deepseek_yarn, IDS)}, f"{root}/want.pt")
+    torch.save({"ids": IDS, "logits": logits(deepseek_yarn, IDS), "mtp_logits": _mtp_logits(deepseek_yarn, IDS)},
+               f"{root}/want.pt")
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")
@@ -156,7 +158,7 @@ def _write_deepseek_nemo2(folder: str, nemo: str, cls: str = "DeepSeekConfig") -
                    "make_vocab_size_divisible_by": 1280, "fp16": False, "bf16": False,
                    "params_dtype": {"_target_": "torch.float32", "_call_": False},
                    "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-                   "mtp_num_layers": None}}
+                   "mtp_num_layers": cfg.get("mtp_num_layers")}}
     os.makedirs(os.path.join(folder, "context"), exist_ok=True)
     with open(os.path.join(folder, "context", "model.yaml"), "w") as f:
         yaml.safe_dump(model_yaml, f)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from nemo_convert.cli.common import TABLE_MIN_WIDTH, QUIET_RESULT_HELP, common_flags, output_width, print_json, wrapped
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("plugins", help="list model families, tokenizer patchers and sharding strategies",
-                       description="List the model families, tokenizer patchers and sharding strategies "
-                                   "provided by installed plugins, with the distribution of each.")
+    p = sub.add_parser("plugins", help="list model families, tokenizer patchers, sharding strategies and verifiers",
+                       description="List the model families, tokenizer patchers, sharding strategies and "
+                                   "verifiers (the extra checks of verify, with their options) provided by "
+                                   "installed plugins, with the distribution of each.")
     common_flags(p, quiet_help=QUIET_RESULT_HELP)
     p.set_defaults(func=run)
 
@@ -26,7 +28,24 @@ def collect() -> dict[str, list[dict[str, object]]]:
             for n, p in sorted(reg.tokenizer_patchers.items())]
     shard = [{"name": n, "axis": p.record.axis, "plugin": p.plugin, "distribution": p.distribution,
               "description": p.record.description} for n, p in sorted(reg.sharding_strategies.items())]
-    return {"model_families": fams, "tokenizer_patchers": toks, "sharding_strategies": shard}
+    checks = [{"name": n, "plugin": p.plugin, "distribution": p.distribution,
+               "options": [{"command": o.command, "flag": o.flag, "kind": o.kind, "metavar": o.metavar,
+                            "help": o.help} for o in p.record.options],
+               "description": p.record.description} for n, p in sorted(reg.verifiers.items())]
+    return {"model_families": fams, "tokenizer_patchers": toks, "sharding_strategies": shard, "verifiers": checks}
+
+
+def _usage(option: dict[str, Any]) -> str:
+    """``--texts TEXT …``: how an option is spelled on the command line."""
+    meta = option["metavar"] or option["flag"].lstrip("-").upper()
+    return {"switch": option["flag"], "value": f"{option['flag']} {meta}"}.get(
+        option["kind"], f"{option['flag']} {meta} …")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(_usage(v) if isinstance(v, dict) else str(v) for v in value)
+    return str(value)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         for title, rows in data.items():
             out.print(f"[bold]{title.replace('_', ' ')}[/]")
             for r in rows:
-                what = ", ".join(r.get("hf_architectures", [])) or (f"axis {r['axis']}" if "axis" in r else "")
+                what = (", ".join(r.get("hf_architectures", [])) or (f"axis {r['axis']}" if "axis" in r else "")
+                        or _cell(r.get("options", [])))
                 out.print(f"  [bold]{r['name']}[/]" + (f" ({what})" if what else ""))
                 for line in wrapped(f"{r['description']} [plugin {r['plugin']}, {r['distribution']}]",
                                     width, "      "):
@@ -58,6 +78,6 @@ def run(args: argparse.Namespace) -> int:
         for c in cols:
             table.add_column(c)
         for r in rows:
-            table.add_row(*[", ".join(v) if isinstance(v, list) else str(v) for v in r.values()])
+            table.add_row(*[_cell(v) for v in r.values()])
         console.print(table)
     return 0

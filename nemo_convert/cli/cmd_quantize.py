@@ -26,6 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "int4_awq: W4A16_AWQ")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the checkpoint (default 1)")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the checkpoint (default 1)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="mixture of experts: expert-parallel size within --tp (TensorRT-LLM's moe_ep_size; each "
+                        "rank holds 1/EP of a layer's experts, each split over TP/EP ranks); must divide --tp and "
+                        "the experts (default 1)")
     p.add_argument("--calib-data", metavar="FILE",
                    help="calibration text, one sample per line (default: the built-in English sample)")
     p.add_argument("--calib-size", type=int, metavar="N",
@@ -72,7 +76,7 @@ def run_quantize(args: argparse.Namespace) -> int:
                    device=args.device, overwrite=args.overwrite, group_size=args.group_size, dtype=args.dtype,
                    family=args.family, progress=make_progress(args), trust_pickle=args.trust_pickle,
                    workers=workers, rope_scaling=args.rope_scaling,
-                   ignore_config_keys=tuple(args.ignore_config_key))
+                   ignore_config_keys=tuple(args.ignore_config_key), ep=args.ep)
     if not workers.is_main:
         return 0  # process 0 reports for all
     for w in rep.warnings:
@@ -84,7 +88,8 @@ def run_quantize(args: argparse.Namespace) -> int:
         kv = f", KV cache {rep.kv_cache_quant_algo}" if rep.kv_cache_quant_algo else ""
         ranks = len([f for f in rep.files if f.startswith("rank")])
         Console(stderr=True, soft_wrap=True).print(
-            f"wrote {rep.output}: {algo}{kv}, {rep.dtype}, TP {rep.tp} × PP {rep.pp} "
+            f"wrote {rep.output}: {algo}{kv}, {rep.dtype}, TP {rep.tp} × PP {rep.pp}"
+            + (f" (EP {rep.ep} within TP)" if rep.ep > 1 else "") + " "
             f"({ranks} rank file{'s' if ranks != 1 else ''}), {rep.tensors} tensors, "
             f"{human_bytes(rep.bytes)} in {rep.seconds:.2f} s, family {rep.family}"
             + (f"; all {workers.world} processes together (the bar showed process 0's share)"

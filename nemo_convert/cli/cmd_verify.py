@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 from nemo_convert.cli.common import (TABLE_MIN_WIDTH, QUIET_RESULT_HELP, common_flags, hf_source, output_width,
                                      print_json, revision_flag, wrapped)
@@ -71,6 +72,29 @@ def _short(v: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def print_extra(con: Any, extra: dict[str, Any]) -> None:
+    """Print the plugins' verifiers' results on ``con`` (a rich ``Console``), knowing none
+    by name: each result's items (``VerifierResult``), tables drawn like ours, lines
+    indented; every text plain (no markup)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from nemo_convert.plugins.records import ResultTable  # lazy: CLI start-up time
+    from nemo_convert.verify.report import result_items  # lazy: CLI start-up time
+
+    for name, result in extra.items():
+        for item in result_items(name, result):
+            if isinstance(item, ResultTable):
+                table = Table(title=Text(item.title, style="table.title"), title_justify="left")
+                for c in item.columns:
+                    table.add_column(Text(c))
+                for row in item.rows:
+                    table.add_row(*[Text(c) for c in row])
+                con.print(table)
+            else:
+                con.print(f"  {item}", markup=False)
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -82,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     rep = verify(hf_source(args, args.a, one_of_several=True), hf_source(args, args.b, one_of_several=True), atol=args.atol, rtol=args.rtol, family=args.family,
                  trust_pickle=args.trust_pickle, allow_dtype_change=args.allow_dtype_change,
                  rope_scaling=args.rope_scaling, drop_head=args.drop_head,
-                 options=plugin_option_values(args))  # the plugins' verifiers' (CLIP's --clip-image --texts)
+                 options=plugin_option_values(args))  # the plugins' verifiers' options
     code = 0 if rep.ok else 1
     if args.json:
         print_json(rep.as_dict())
@@ -155,14 +179,7 @@ def run(args: argparse.Namespace) -> int:
             con.print(f"    {ex['text']!r}: A {ex['a']} vs B {ex['b']}")
     for n in tok.notes + rep.notes:
         con.print(f"  note: {n}")
-    if rep.clip is not None:
-        c = rep.clip
-        table = Table("text", "A", "B", title=f"CLIP zero-shot on {c.image} (image read with {c.image_reader})",
-                      title_justify="left")
-        for t, x, y in zip(c.texts, c.probs_a, c.probs_b):
-            table.add_row(t, f"{x:.4f}", f"{y:.4f}")
-        con.print(table)
-        con.print(f"  max |A - B| = {c.max_abs_diff:.3g}")
+    print_extra(con, rep.extra)
     con.print("[bold green]OK[/]: the checkpoints match" if rep.ok
               else "[bold red]MISMATCH[/]: the checkpoints differ")
     return code

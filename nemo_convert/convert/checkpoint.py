@@ -13,7 +13,7 @@ from nemo_convert.formats.detect import Kind, require_kind
 from nemo_convert.formats.hf.hf import open_hf
 from nemo_convert.formats.open_any import open_model_checkpoint
 from nemo_convert.formats.trtllm.qnemo_read import open_qnemo
-from nemo_convert.plugins.manager import get_registry
+from nemo_convert.plugins.manager import Registry, get_registry
 from nemo_convert.plugins.records import ModelFamily
 from nemo_convert.tensors.base import TensorSource
 
@@ -45,10 +45,13 @@ READABLE: tuple[Kind, ...] = ("hf", "nemo", "nemo2", "megatron", "qnemo")
 
 
 def open_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = False, accept: tuple[Kind, ...] = READABLE,
-                    what: str = "a checkpoint inspect reads", iteration: int | None = None) -> Checkpoint:
+                    what: str = "a checkpoint inspect reads", iteration: int | None = None,
+                    registry: Registry | None = None) -> Checkpoint:
     """Open an HF folder, a ``.nemo`` (tar, gzip, unpacked folder), a NeMo 2.0 folder, a
     Megatron-Bridge / Megatron-LM directory (``iteration``: which ``iter_XXXXXXX/``) or a
-    ``.qnemo`` folder lazily. Any other kind is refused, naming the command that takes it."""
+    ``.qnemo`` folder lazily. Any other kind is refused, naming the command that takes it.
+    A NeMo-side checkpoint is read with ``registry``'s families and sharding strategies
+    (default: the installed plugins')."""
     path = os.fspath(path)
     kind = require_kind(path, accept, what).kind
     if kind == "hf" and iteration is None:
@@ -57,8 +60,9 @@ def open_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = False,
     if kind == "qnemo" and iteration is None:
         q = open_qnemo(path)
         return Checkpoint(path, "qnemo", q.config, q.source, None, q)
-    nemo = open_model_checkpoint(path, trust_pickle=trust_pickle, kinds_for=kinds_for(get_registry()),
-                                 iteration=iteration)
+    reg = registry if registry is not None else get_registry()
+    nemo = open_model_checkpoint(path, strategies=reg.strategies(), trust_pickle=trust_pickle,
+                                 kinds_for=kinds_for(reg), iteration=iteration)
     return Checkpoint(path, getattr(nemo, "kind", "nemo"), nemo.config, nemo.source, nemo.layout, nemo)
 
 

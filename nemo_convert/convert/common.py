@@ -82,10 +82,12 @@ def kinds_for(registry: Registry, family: str | None = None):  # type: ignore[no
 def open_nemo_source(src: str, registry: Registry, *, family: str | None, compute: Any, trust_pickle: bool,
                      iteration: int | None) -> Any:
     """Open what export and reshard read — a ``.nemo``, a NeMo 2 folder or a Megatron
-    directory (``iteration``: its ``iter_XXXXXXX/``) — lazily, with the tensor-parallel
-    merge ``compute`` (a :class:`~nemo_convert.compute.Compute`) runs; any other kind is
-    refused naming the command that takes it."""
+    directory (``iteration``: its ``iter_XXXXXXX/``) — lazily, with the registry's sharding
+    strategies, its tensor-parallel merge run by ``compute`` (a
+    :class:`~nemo_convert.compute.Compute`); any other kind is refused naming the command
+    that takes it."""
     require_kind(src, ("nemo", "nemo2", "megatron"), "a .nemo")
+    strategies = registry.strategies()
     return open_model_checkpoint(src, trust_pickle=trust_pickle, kinds_for=kinds_for(registry, family),
-                                 tensor_parallel=compute.tensor_parallel(registry.sharding("tp").implementation),
+                                 strategies=strategies.with_tensor(compute.tensor_parallel(strategies.tensor)),
                                  iteration=iteration)

@@ -22,7 +22,7 @@ from typing import Any
 from nemo_convert import __version__
 from nemo_convert.convert.ckpt_config import model_config, read_hparams, yaml_ready
 from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
-from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
+from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.convert.vocab import true_vocab_size
 from nemo_convert.engine import Progress
@@ -244,7 +244,8 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
         artifacts, renamed, data_of, tok_warnings = pack_tokenizer_files(
             cfg, list(dict.fromkeys(bases)), allow_missing=allow_missing_tokenizer)
         warnings += tok_warnings
-        source = join_sections(ck.weights(kinds, tied=embedding_on_last_stage(cfg)), kinds)
+        source = join_sections(ck.weights(kinds, strategies=reg.strategies(), tied=embedding_on_last_stage(cfg)),
+                               kinds)
         tok = cfg.get("tokenizer") if isinstance(cfg.get("tokenizer"), dict) else {}
         spm = data_of.get("tokenizer.model") if tok.get("library", "sentencepiece") == "sentencepiece" else None
         vocab, vocab_note = true_vocab_size(cfg, source, kinds, src_tp, vocab_size, spm)
@@ -279,14 +280,14 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
             stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
                                           par=Parallelism(tp, pp, stage_layers), overwrite=overwrite,
                                           progress=progress, tokenizer=_tokenizer_files(data_of),
-                                          strategies=Strategies.from_registry(reg), notes=notes)
+                                          strategies=reg.strategies(), notes=notes)
             layout = TARGET
         else:
             stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
                                par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
                                extra_states=fam.nemo.dist_extra_states,
-                               strategies=Strategies.from_registry(reg))
+                               strategies=reg.strategies())
         total = ck.dropped_total
         files = [loc.rank_file(t, p) for p in range(loc.pp) for t in range(loc.tp)] \
             if loc.kind == "per-rank" else [loc.path]

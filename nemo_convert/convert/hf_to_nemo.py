@@ -15,7 +15,7 @@ from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warni
                                           tokenizer_rows_warning)
 from nemo_convert.convert.hf_quantized import dequantize_on_read
 from nemo_convert.convert.nemo_defaults import restore_notes, restore_warnings
-from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
+from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype
@@ -235,7 +235,7 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
             stats = write_megatron_bridge(out, cfg, plan, ckpt.source, family=fam.name, kinds=kinds,
                                           par=parallel or Parallelism(), overwrite=overwrite, progress=progress,
                                           tokenizer={n: _read(p) for n, p in ckpt.extra_files.items()},
-                                          strategies=Strategies.from_registry(reg), notes=notes)
+                                          strategies=reg.strategies(), notes=notes)
             layout = TARGET
         else:
             warnings += restore_warnings(cfg)
@@ -244,7 +244,7 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
                                par=parallel or Parallelism(), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
                                extra_states=fam.nemo.dist_extra_states,
-                               workers=workers, strategies=Strategies.from_registry(reg), compute=compute)
+                               workers=workers, strategies=reg.strategies(), compute=compute)
         notes += compute.notes(plan, ckpt.source)
     finally:
         ckpt.close()

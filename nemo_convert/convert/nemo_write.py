@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from nemo_convert.compute import CPU, Compute
@@ -20,9 +20,8 @@ from nemo_convert.formats.io.tar_writer import TarWriter
 from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
-from nemo_convert.sharding.expert import ExpertParallel
 from nemo_convert.sharding.layout import ParallelLayout, embedding_on_last_stage, rank_dir
-from nemo_convert.sharding.tensor import TensorParallel
+from nemo_convert.sharding.protocol import Strategies, TensorSharding
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
 from nemo_convert.workers import SINGLE, Workers, split_balanced, write_together
@@ -31,10 +30,11 @@ from nemo_convert.workers import SINGLE, Workers, split_balanced, write_together
 
 def write_rank_file(sink: MemberSink, plan: Plan, source: TensorSource, layout: ParallelLayout,
                     kinds: dict[str, Parallel], *, pp_rank: int, tp_rank: int, padded_vocab: int | None,
-                    progress: Progress | None = None, tensor_parallel: TensorParallel | None = None,
+                    tensor_parallel: TensorSharding, progress: Progress | None = None,
                     lazy: bool = False) -> RunStats:
     """Run the part of ``plan`` that stage ``pp_rank`` needs and write TP rank ``tp_rank``'s
-    slices into its folder's ``model_weights.ckpt``."""
+    slices (split by ``tensor_parallel``, the registry's strategy) into its folder's
+    ``model_weights.ckpt``."""
     p, t = pp_rank, tp_rank
     tasks = [task for task in plan.tasks if task.outputs and any(p in layout.stages_of(o) for o in task.outputs)]
     with sink.open_member(f"{rank_dir(t, p, layout.pp)}/{WEIGHTS}") as stream:
@@ -55,26 +55,8 @@ class Parallelism:
     ep: int = 1
 
 
-@dataclass(frozen=True)
-class Strategies:
-    """The sharding strategies a conversion uses (from the plugin registry: the built-in
-    ones, or a third party's registered for the same axis)."""
-
-    tensor: Any = None
-    pipeline: Any = None
-    #: None where no expert-parallel strategy is installed: then only EP = 1 is written
-    expert: Any = field(default_factory=ExpertParallel)
-
-    @classmethod
-    def from_registry(cls, registry: Any) -> "Strategies":
-        has_ep = any(p.record.axis == "ep" for p in registry.sharding_strategies.values())
-        return cls(registry.sharding("tp").implementation, registry.sharding("pp").implementation,
-                   registry.sharding("ep").implementation if has_ep else None)
-
-
 def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], par: Parallelism,
-                   padded_vocab: int | None, strategies: Strategies = Strategies(),
-                   layout: str = "dist") -> ParallelLayout:
+                   padded_vocab: int | None, strategies: Strategies, layout: str = "dist") -> ParallelLayout:
     """Fail with a clear message, before anything is written, when TP/PP/EP cannot split the model."""
     tp, pp = par.tp, par.pp
     if strategies.expert is not None:
@@ -91,10 +73,10 @@ def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], 
     ffn = cfg.get("ffn_hidden_size")
     if ffn and ffn % tp:
         raise UnsupportedError(f"tensor-parallel size {tp} does not divide ffn_hidden_size={ffn}")
-    tp_math = strategies.tensor or TensorParallel()
     for info in plan.outputs():
         kind = kinds.get(info.name, Parallel.REPLICATED)
-        tp_math.local_shape(info.shape, kind, tp, padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
+        strategies.tensor.local_shape(info.shape, kind, tp,
+                                      padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
     layers = int(cfg.get("num_layers") or 0)
     return ParallelLayout.make(layers, tp, pp, stage_sizes=par.stage_layers,
                                tied=embedding_on_last_stage(cfg),
@@ -155,8 +137,8 @@ DIST_PART_BYTES = 1 << 30
 
 
 def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str, Parallel],
-                 playout: ParallelLayout, padded: int | None, unstacked: tuple[str, ...] = (),
-                 strategies: Strategies = Strategies(), compute: Compute = CPU,
+                 playout: ParallelLayout, padded: int | None, strategies: Strategies,
+                 unstacked: tuple[str, ...] = (), compute: Compute = CPU,
                  extra_states: tuple[str, ...] = ()) -> list[WeightPart]:
     """The output parts of the weights, defined by the plan alone (never by the number of
     processes), in archive order. ``plan`` is placed on ``compute``'s device already; the
@@ -212,8 +194,8 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
                kinds: dict[str, Parallel], par: Parallelism = Parallelism(), overwrite: bool = False,
                packed: bool = True, progress: Progress | None = None,
                artifacts: Sequence[tuple[str, bytes]] = (), workers: Workers = SINGLE,
-               unstacked: tuple[str, ...] = (), strategies: Strategies = Strategies(),
-               compute: Compute = CPU, extra_states: tuple[str, ...] = ()) -> RunStats:
+               unstacked: tuple[str, ...] = (), strategies: Strategies, compute: Compute = CPU,
+               extra_states: tuple[str, ...] = ()) -> RunStats:
     """Stage and write a complete ``.nemo`` (config, artifacts, weights) at ``out``.
 
     ``cfg`` is completed with the parallel sizes and vocabulary sizes, and with the keys
@@ -221,7 +203,8 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
     (:func:`nemo_convert.convert.nemo_defaults.complete_nemo_config`); ``artifacts`` are
     ``(member name, bytes)`` pairs already referenced from ``cfg``. With several
     ``workers`` each process writes the weight parts it owns and process 0 the rest;
-    the result is byte-identical to a one-process run. The transforms that build new
+    the result is byte-identical to a one-process run. ``strategies`` are the registry's
+    sharding strategies (``Registry.strategies()``). The transforms that build new
     tensors run on ``compute``'s device (:mod:`nemo_convert.compute`); the output dtypes
     of ``plan`` must be final.
     """
@@ -240,8 +223,8 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
         ours["pipeline_stage_layers"] = list(par.stage_layers)
     complete_nemo_config(cfg)
     cfg[SECTION] = cfg.pop(SECTION)  # our section stays last, after NeMo's keys
-    parts = weight_parts(layout, compute.place(plan, source), source, kinds, playout, padded, unstacked,
-                         strategies, compute, extra_states)
+    parts = weight_parts(layout, compute.place(plan, source), source, kinds, playout, padded, strategies,
+                         unstacked, compute, extra_states)
     progress = progress or NoProgress()
     mine = [p for i, p in enumerate(parts) if workers.owns(i)]
     progress.start("write", sum(p.nbytes for p in mine), 0)

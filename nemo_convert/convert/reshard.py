@@ -12,7 +12,7 @@ from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warni
                                          registry_or_default)
 from nemo_convert.convert.export_config import complete_config
 from nemo_convert.convert.nemo_to_hf import tokenizer_files
-from nemo_convert.convert.nemo_write import Parallelism, Strategies, write_nemo
+from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
 from nemo_convert.engine import Progress
 from nemo_convert.formats.nemo.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name
@@ -96,7 +96,7 @@ def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int
             stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
                                           par=Parallelism(tp, pp, stage_layers, ep), overwrite=overwrite,
                                           progress=progress, tokenizer=tokenizer_files(ckpt),
-                                          strategies=Strategies.from_registry(reg), notes=notes)
+                                          strategies=reg.strategies(), notes=notes)
             layout = TARGET
         else:
             artifacts = carried_artifacts(ckpt, cfg)
@@ -104,7 +104,7 @@ def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int
                                par=Parallelism(tp, pp, stage_layers, ep), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
                                extra_states=fam.nemo.dist_extra_states,
-                               workers=workers, strategies=Strategies.from_registry(reg), compute=compute)
+                               workers=workers, strategies=reg.strategies(), compute=compute)
         notes += compute.notes(plan, source)
     finally:
         ckpt.close()

@@ -94,7 +94,7 @@ def tokenizer_section(files: dict[str, bytes], out: str, notes: list[str]) -> di
 def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, *, family: str,
                           kinds: dict[str, Parallel], par: Parallelism = Parallelism(), overwrite: bool = False,
                           progress: Progress | None = None, tokenizer: dict[str, bytes] | None = None,
-                          strategies: Strategies = Strategies(), notes: list[str] | None = None) -> RunStats:
+                          strategies: Strategies, notes: list[str] | None = None) -> RunStats:
     """Stage and write a complete Megatron-Bridge checkpoint directory at ``out``.
 
     Everything that can fail is checked first (the family's provider, the config fields,

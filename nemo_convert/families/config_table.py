@@ -52,6 +52,8 @@ HARMLESS_KEYS: tuple[str, ...] = (
     "suppress_tokens", "begin_suppress_tokens",
     # Older PretrainedConfig attributes (training or framework switches).
     "use_bfloat16", "tf_legacy_loss", "_commit_hash", "gradient_checkpointing", "output_past",
+    # The version stamp Unsloth's save writes beside transformers_version (published configs carry it).
+    "unsloth_version",
 )
 
 Convert = Callable[[Any], Any]

@@ -21,7 +21,6 @@ from typing import Any, Callable, Sequence
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.architecture import linear_bias_pattern, nemo_refusal
 from nemo_convert.families.config_table import ConfigTable, set_path
-from nemo_convert.families.trtllm import gpt_trtllm
 from nemo_convert.families.gpt_config import HF_MTP, MTP_LAYERS
 from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule, Shared,
                                         StackedExperts, Tied, cfg_get, layer_pattern)
@@ -482,14 +481,14 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
     (``GPT_CONFIG.extend(...)``). ``claims`` recognises a NeMo-written ``MegatronGPTModel``
     config as this family's (``None``: the default family, Llama). The NeMo side is
     ``MegatronGPTModel`` in the ``dist`` layout (plus ``nemo2_targets``); the HF side's
-    transformers class is ``architecture``. The TensorRT-LLM target of ``quantize`` is the
-    GPT base's table where TensorRT-LLM's model for ``architecture`` is confirmed
-    (:func:`~nemo_convert.families.trtllm.gpt_trtllm`). An MoE block adds the ``hf_experts``
+    transformers class is ``architecture``. An MoE block adds the ``hf_experts``
     import option, read from the tensor names. Export refuses a NeMo config whose math
     ``architecture`` does not compute, by name (``refuses_nemo_config``; it also keeps the
     family out of the choice for a NeMo-native config). ``mapping`` replaces the GPT
-    block's (a decoder whose HF names are its own, GPT-2). ``extra`` replaces other
-    :class:`ModelFamily` fields (``trtllm=``, ``hf=HFSide(...)``)."""
+    block's (a decoder whose HF names are its own, GPT-2). ``extra`` sets other
+    :class:`ModelFamily` fields: ``trtllm=gpt_trtllm(ARCHITECTURE, FIELDS)`` (the TensorRT-LLM
+    target of ``quantize``, :mod:`nemo_convert.families.trtllm`; without it the family is
+    refused by name), ``hf=HFSide(...)``."""
     table = (config.extend(MTP_LAYERS) if features.mtp else config).extend(
         hf_constants={"architectures": [architecture], "model_type": model_type})
     to_nemo, to_hf = table_translation(table, name)
@@ -508,7 +507,7 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
     options = FamilyOptions(keys=keys, cli=cli, from_source=_source_options(*readers) if readers else None)
     fields: dict[str, Any] = {
         "nemo": NemoTarget(NEMO_GPT_TARGET, nemo2_targets=nemo2_targets, default_layout="dist"),
-        "hf": HFSide(model_class=architecture), "options": options, "trtllm": gpt_trtllm(architecture), **extra}
+        "hf": HFSide(model_class=architecture), "options": options, **extra}
     return ModelFamily(
         name=name, hf_architectures=(architecture,), hf_model_types=(model_type,),
         mapping=mapping or gpt_mapping(features), config_to_nemo=to_nemo, config_to_hf=checked_to_hf(to_hf, refuse, name),

@@ -1,14 +1,17 @@
-"""TensorRT-LLM names for ``quantize``, as one rename table from NeMo logical names.
+"""The TensorRT-LLM target of ``quantize``: a name projection and a config projection.
 
 A family's HF ⇄ NeMo mapping already says which HF tensors make each NeMo tensor. A
-TensorRT-LLM checkpoint is one more target of the same tensors, so a family describes it
-with a :class:`TrtllmTable`: NeMo logical name → TensorRT-LLM name(s), plus the
-TensorRT-LLM config fields computed from the NeMo config. ``quantize`` derives the
-per-tensor plan (HF sources, TP split, fusion) from the family's mapping and this table
-(:func:`nemo_convert.qnemo.spec.derive_spec`); no HF name is spelled here.
+TensorRT-LLM checkpoint is one more target of the same NeMo logical tensors, so a family
+describes it with a :class:`TrtllmTable`: NeMo logical name → TensorRT-LLM name(s) (the
+name projection, with ``{i}`` and ``{e}`` as in the family's rules), the TensorRT-LLM config
+fields computed from the NeMo config (the config projection), and the ``architecture``
+written to ``config.json``. ``quantize`` plans the table with the one planner
+(:mod:`nemo_convert.qnemo.target`); no HF name is spelled here, and no family is named:
+each family plugin declares its table (``gpt_family(..., trtllm=gpt_trtllm(ARCH, FIELDS))``).
 
-The GPT base has one table (:data:`GPT_TRTLLM_NAMES`) and :func:`gpt_trtllm` gives it to
-every GPT-base family whose TensorRT-LLM model is confirmed (:data:`GPT_TRTLLM_MODELS`).
+The GPT base has one name table (:data:`GPT_TRTLLM_NAMES`, dense and mixture-of-experts
+rows) and config projections per TensorRT-LLM model (:data:`LLAMA_FIELDS`,
+:func:`qwen_fields`, :data:`LLAMA_MOE_FIELDS`).
 
 Sources (TensorRT-LLM, cited by path):
 
@@ -17,16 +20,26 @@ Sources (TensorRT-LLM, cited by path):
   heads), ``attention.dense``, ``post_layernorm``, ``mlp.fc``, ``mlp.gate``, ``mlp.proj``,
   ``transformer.ln_f``, ``lm_head``;
 * ``tensorrt_llm/models/llama/convert.py``: ``mlp.fc`` is HF ``gate_proj`` (the activated
-  branch), ``mlp.gate`` is ``up_proj``;
+  branch), ``mlp.gate`` is ``up_proj``; for a mixture of experts (``convert_hf_llama``, MoE
+  branch, @04a2cacb): the rank's experts (``mapping.ep_experts``) stacked on dim 0, each
+  expert's ``w3`` (up) and ``w1`` (gate) split for the MoE TP rank on dim 1 and concatenated
+  ``[w3; w1]`` into ``mlp.fc.weight``, ``w2`` split on dim 2 into ``mlp.proj.weight``, the
+  router ``block_sparse_moe.gate`` in float32 as ``mlp.router.weight`` ("Router should never
+  be quantized");
 * ``tensorrt_llm/models/qwen/convert.py`` (``convert_hf_qwen``) with ``get_qwen_key_list``
   in ``qwen/utils.py``: the same names for Qwen2/Qwen3 (``mlp.up_proj`` → ``mlp.gate``,
   ``mlp.gate_proj`` → ``mlp.fc``), the q/k/v biases as ``attention.qkv.bias`` (split per
   part like the weight), Qwen3's ``attention.q_layernorm`` / ``attention.k_layernorm``;
-* ``tensorrt_llm/models/__init__.py`` ``MODEL_MAP``: ``LlamaForCausalLM`` and
-  ``MistralForCausalLM`` → ``LLaMAForCausalLM``; ``Qwen2ForCausalLM`` and
-  ``Qwen3ForCausalLM`` → ``QWenForCausalLM``;
+* ``tensorrt_llm/models/__init__.py`` ``MODEL_MAP``: ``LlamaForCausalLM``,
+  ``MistralForCausalLM`` and ``MixtralForCausalLM`` → ``LLaMAForCausalLM``;
+  ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM`` → ``QWenForCausalLM``;
 * ``tensorrt_llm/models/qwen/config.py`` (``QWenConfig``): ``qwen_type``, ``attn_bias``,
-  ``mlp_bias``, ``rotary_base``, ``rotary_scaling``.
+  ``mlp_bias``, ``rotary_base``, ``rotary_scaling``;
+* ``tensorrt_llm/models/llama/config.py`` (``LLaMAConfig.from_hugging_face``, @04100fd0):
+  Mixtral's ``hidden_act`` is ``"swiglu"`` ("with our MoE implementation, we must make it
+  explicit"), ``moe`` = ``MoeConfig(num_experts, top_k, normalization_mode=RENORMALIZE)``;
+  ``tensorrt_llm/layers/moe.py`` (``MoeConfig``: ``num_experts``, ``top_k``,
+  ``normalization_mode`` — ``NONE = 0``, ``RENORMALIZE = 1``).
 """
 
 from __future__ import annotations
@@ -43,41 +56,64 @@ Stage = Literal["first", "last"]
 
 @dataclass(frozen=True)
 class TrtllmName:
-    """One row: a NeMo logical tensor and its TensorRT-LLM name(s).
+    """One row of the name projection: a NeMo logical tensor and its TensorRT-LLM name(s).
 
-    :param nemo: NeMo logical name, ``{i}`` for the layer
+    :param nemo: NeMo logical name, ``{i}`` for the layer and ``{e}`` for an expert
         (``"decoder.layers.{i}.self_attention.linear_qkv.weight"``).
-    :param trtllm: the TensorRT-LLM name, ``{i}`` for the layer within the pipeline stage.
-        Several names split the NeMo tensor into its parts along dim 0, in order
-        (``linear_fc1`` = ``[gate; up]`` → ``mlp.fc``, ``mlp.gate``).
+    :param trtllm: the TensorRT-LLM name, ``{i}`` for the layer (within the pipeline stage
+        in the rank files). Several names split the NeMo tensor into its parts along dim 0,
+        in order (``linear_fc1`` = ``[gate; up]`` → ``mlp.fc``, ``mlp.gate``); the parts are
+        those of the tensor's tensor-parallel kind (a gated fc1: gate, up; a grouped QKV:
+        one ``[q; k; v]`` tensor).
     :param quantize: a linear weight that the algorithm quantizes.
     :param stage: for tensors outside the decoder layers, the pipeline stage holding them.
-    :param fallback: a NeMo name to take the tensor from when ``nemo`` is not produced by
-        this config (a tied ``lm_head`` is the embedding).
+    :param when: a NeMo config condition, as for rules (``"share_embeddings_and_output_weights"``).
+    :param shares: the tensor is written again from ``nemo`` without consuming it (a tied
+        ``lm_head`` is the embedding).
+    :param experts: ``nemo`` has ``{e}``: one TensorRT-LLM tensor per layer holds every
+        expert, stacked on a new dim 0 (expert parallelism splits that dim).
+    :param order: the NeMo tensor's parts in the order one TensorRT-LLM tensor stores them
+        (``(1, 0)``: a gated fc1 ``[gate; up]`` written ``[up; gate]``, TensorRT-LLM's MoE
+        ``mlp.fc``); None: as NeMo stores them.
+    :param dtype: a dtype the tensor keeps whatever the checkpoint's (``"float32"``: the MoE
+        router); None: the checkpoint dtype.
+    :param keep: a linear TensorRT-LLM must never quantize (the MoE router): its module is
+        listed in ``quantization.exclude_modules``.
 
-    A row whose NeMo tensor the family's mapping does not produce for this config (a bias
-    the model has not, Qwen3's q/k norms elsewhere) writes nothing.
+    A row whose NeMo tensor this config does not have (a bias the model has not, Qwen3's
+    q/k norms, a MoE layer's tensors in a dense layer) writes nothing.
     """
 
     nemo: str
     trtllm: tuple[str, ...]
     quantize: bool = False
     stage: Stage | None = None
-    fallback: str | None = None
+    when: str | None = None
+    shares: bool = False
+    experts: bool = False
+    order: tuple[int, ...] | None = None
+    dtype: str | None = None
+    keep: bool = False
 
 
 @dataclass(frozen=True)
 class TrtllmTable:
-    """A family's TensorRT-LLM target (``ModelFamily.trtllm``): names and config.
+    """A family's TensorRT-LLM target (``ModelFamily.trtllm``): the architecture, the name
+    projection and the config projection.
 
-    :param architecture: the ``architecture`` field of the checkpoint's ``config.json``.
-    :param names: the rename table; layer tensors are written in this order.
+    :param architecture: the ``architecture`` field of the checkpoint's ``config.json`` (a
+        key of TensorRT-LLM's ``MODEL_MAP``).
+    :param names: the name projection; layer tensors are written in this order.
     :param config: NeMo config → TensorRT-LLM model fields (``vocab_size``, ``hidden_size``,
         ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
-        ``head_size``, ``intermediate_size``, …); one-line errors for what the target cannot
-        represent. The core adds ``architecture``, ``dtype``, ``mapping`` and ``quantization``.
+        ``head_size``, ``intermediate_size``, ``moe``, …); one-line errors for what the target
+        cannot represent. The core adds ``architecture``, ``dtype``, ``mapping`` and
+        ``quantization``.
     :param kv_cache: the TensorRT-LLM name of the FP8 KV-cache scale (``{i}``), or None.
-    :param kv_of: the NeMo tensor whose fused K and V sources give the KV-cache amax.
+    :param kv_of: the NeMo tensor whose K and V parts (its origin's q, k, v) give the
+        KV-cache amax.
+    :param layers: the NeMo config path of the layer count ``{i}`` ranges over.
+    :param experts: the NeMo config path of the expert count ``{e}`` ranges over.
     """
 
     architecture: str
@@ -85,13 +121,18 @@ class TrtllmTable:
     config: Callable[[dict[str, Any]], dict[str, Any]]
     kv_cache: str | None = None
     kv_of: str | None = None
+    layers: str = "num_layers"
+    experts: str = "num_moe_experts"
 
 
 D = "decoder.layers.{i}."
+E = D + "mlp.experts.local_experts.{e}."
 T = "transformer.layers.{i}."
 
 #: The GPT base's table: NeMo mcore GPT logical names → TensorRT-LLM names (see the
-#: module docstring for the sources).
+#: module docstring for the sources). A MoE layer's rows (``pre_mlp_layernorm``, the router,
+#: the stacked experts) write nothing for a dense layer, and the dense MLP's nothing for a
+#: MoE layer.
 GPT_TRTLLM_NAMES: tuple[TrtllmName, ...] = (
     TrtllmName("embedding.word_embeddings.weight", ("transformer.vocab_embedding.weight",), stage="first"),
     TrtllmName(D + "self_attention.linear_qkv.layer_norm_weight", (T + "input_layernorm.weight",)),
@@ -101,11 +142,16 @@ GPT_TRTLLM_NAMES: tuple[TrtllmName, ...] = (
     TrtllmName(D + "self_attention.k_layernorm.weight", (T + "attention.k_layernorm.weight",)),
     TrtllmName(D + "self_attention.linear_proj.weight", (T + "attention.dense.weight",), quantize=True),
     TrtllmName(D + "mlp.linear_fc1.layer_norm_weight", (T + "post_layernorm.weight",)),
+    TrtllmName(D + "pre_mlp_layernorm.weight", (T + "post_layernorm.weight",)),
     TrtllmName(D + "mlp.linear_fc1.weight", (T + "mlp.fc.weight", T + "mlp.gate.weight"), quantize=True),
     TrtllmName(D + "mlp.linear_fc2.weight", (T + "mlp.proj.weight",), quantize=True),
+    TrtllmName(D + "mlp.router.weight", (T + "mlp.router.weight",), dtype="float32", keep=True),
+    TrtllmName(E + "linear_fc1.weight", (T + "mlp.fc.weight",), quantize=True, experts=True, order=(1, 0)),
+    TrtllmName(E + "linear_fc2.weight", (T + "mlp.proj.weight",), quantize=True, experts=True),
     TrtllmName("decoder.final_layernorm.weight", ("transformer.ln_f.weight",), stage="last"),
-    TrtllmName("output_layer.weight", ("lm_head.weight",), stage="last",
-               fallback="embedding.word_embeddings.weight"),
+    TrtllmName("output_layer.weight", ("lm_head.weight",), stage="last", when="!share_embeddings_and_output_weights"),
+    TrtllmName("embedding.word_embeddings.weight", ("lm_head.weight",), stage="last", shares=True,
+               when="share_embeddings_and_output_weights"),
 )
 GPT_KV_CACHE = T + "attention.kv_cache_scaling_factor"
 GPT_KV_OF = D + "self_attention.linear_qkv.weight"
@@ -196,21 +242,53 @@ def _qwen_config(qwen_type: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return config
 
 
-#: HF architecture of a GPT-base family → (TensorRT-LLM ``architecture``, config fields).
-#: Gemma (TensorRT-LLM adds 1 to its norms and scales the embedding in its own model) and
-#: Phi-3 (its own ``Phi3ForCausalLM`` names) are not confirmed and have no entry.
-GPT_TRTLLM_MODELS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
-    "LlamaForCausalLM": ("LlamaForCausalLM", _llama_config),
-    "MistralForCausalLM": ("LlamaForCausalLM", _llama_config),
-    "Qwen2ForCausalLM": ("Qwen2ForCausalLM", _qwen_config("qwen2")),
-    "Qwen3ForCausalLM": ("Qwen3ForCausalLM", _qwen_config("qwen3")),
-}
+def _moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """TensorRT-LLM's ``MoeConfig`` for a mixture-of-experts NeMo config whose routing its MoE
+    layer computes: softmax scores, top-k, renormalised over the k (Megatron's
+    ``moe_router_pre_softmax: false``, ``RENORMALIZE``) or not (``true``, ``NONE``); one-line
+    errors for what it does not compute."""
+    reasons = []
+    freq = cfg.get("moe_layer_freq", 1)
+    if freq not in (1, None) and not (isinstance(freq, list) and all(freq)):
+        reasons.append(f"moe_layer_freq={freq} (dense and MoE layers mixed; TensorRT-LLM's model makes every "
+                       "layer MoE)")
+    for key, ok in (("moe_router_score_function", ("softmax", None)), ("moe_router_topk_scaling_factor", (1, 1.0, None)),
+                    ("moe_router_num_groups", (None, 0, 1)), ("moe_router_enable_expert_bias", (None, False)),
+                    ("moe_shared_expert_intermediate_size", (None, 0)), ("moe_router_bias", (None, False))):
+        if cfg.get(key) not in ok:
+            reasons.append(f"{key}={cfg.get(key)!r}")
+    if reasons:
+        raise UnsupportedError(f"{'; '.join(reasons)}: not computed by TensorRT-LLM's MoE layer as this checkpoint "
+                               "would be written")
+    return {"num_experts": int(cfg["num_moe_experts"]), "top_k": int(cfg["moe_router_topk"]),
+            "normalization_mode": 0 if cfg.get("moe_router_pre_softmax") else 1}
 
 
-def gpt_trtllm(hf_architecture: str) -> TrtllmTable | None:
-    """The GPT base's TensorRT-LLM table for a family, or None when its TensorRT-LLM model
-    is not confirmed (``quantize`` then refuses the family by name)."""
-    model = GPT_TRTLLM_MODELS.get(hf_architecture)
-    if model is None:
-        return None
-    return TrtllmTable(model[0], GPT_TRTLLM_NAMES, model[1], kv_cache=GPT_KV_CACHE, kv_of=GPT_KV_OF)
+def _llama_moe_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``LLaMAForCausalLM`` with a mixture of experts on every layer (Mixtral): the Llama
+    fields, ``hidden_act: swiglu``, the experts' FFN as ``intermediate_size`` and ``moe``."""
+    out = _llama_config(cfg)
+    if not cfg.get("num_moe_experts"):
+        return out
+    return {**out, "hidden_act": "swiglu", "intermediate_size": int(cfg.get("moe_ffn_hidden_size")
+                                                                     or cfg["ffn_hidden_size"]),
+            "moe": _moe_fields(cfg)}
+
+
+#: TensorRT-LLM's ``LLaMAForCausalLM`` (Llama, Mistral): the config projection a family names.
+LLAMA_FIELDS: Callable[[dict[str, Any]], dict[str, Any]] = _llama_config
+#: ``LLaMAForCausalLM`` with a mixture of experts (Mixtral).
+LLAMA_MOE_FIELDS: Callable[[dict[str, Any]], dict[str, Any]] = _llama_moe_config
+
+
+def qwen_fields(qwen_type: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """TensorRT-LLM's ``QWenForCausalLM`` of ``qwen_type`` (``"qwen2"``, ``"qwen3"``)."""
+    return _qwen_config(qwen_type)
+
+
+def gpt_trtllm(architecture: str, fields: Callable[[dict[str, Any]], dict[str, Any]]) -> TrtllmTable:
+    """The GPT base's TensorRT-LLM target for a family whose TensorRT-LLM model is confirmed:
+    ``architecture`` (``config.json``; a ``MODEL_MAP`` key) and its config projection. A
+    family declares it on its record (``gpt_family(..., trtllm=gpt_trtllm(...))``); a family
+    without one is refused by name."""
+    return TrtllmTable(architecture, GPT_TRTLLM_NAMES, fields, kv_cache=GPT_KV_CACHE, kv_of=GPT_KV_OF)

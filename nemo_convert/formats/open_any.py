@@ -5,21 +5,21 @@ checkpoint directory. The conversions that read NeMo-side checkpoints (``export`
 
 from __future__ import annotations
 
-from typing import Any
-
 from nemo_convert.errors import InputError
 from nemo_convert.formats.megatron.megatron_dir import is_megatron_dir, open_megatron_dir
 from nemo_convert.formats.nemo.nemo import KindsFor, NemoCheckpoint, open_nemo
+from nemo_convert.sharding.protocol import Strategies
 
 
-def open_model_checkpoint(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | None = None,
-                          tensor_parallel: Any = None, iteration: int | None = None) -> NemoCheckpoint:
+def open_model_checkpoint(path: str, *, strategies: Strategies, trust_pickle: bool = False,
+                          kinds_for: KindsFor | None = None, iteration: int | None = None) -> NemoCheckpoint:
     """:func:`~nemo_convert.formats.nemo.nemo.open_nemo`, or
     :func:`~nemo_convert.formats.megatron.megatron_dir.open_megatron_dir` for a Megatron directory
-    (``iteration`` picks its ``iter_XXXXXXX/``; it is refused for anything else)."""
+    (``iteration`` picks its ``iter_XXXXXXX/``; it is refused for anything else). Per-rank
+    layouts are merged with ``strategies`` (the registry's: ``Registry.strategies()``)."""
     if is_megatron_dir(path):
-        return open_megatron_dir(path, iteration=iteration, trust_pickle=trust_pickle, kinds_for=kinds_for,
-                                 tensor_parallel=tensor_parallel)
+        return open_megatron_dir(path, strategies=strategies, iteration=iteration, trust_pickle=trust_pickle,
+                                 kinds_for=kinds_for)
     if iteration is not None:
         raise InputError(f"{path}: --iteration applies to Megatron-Bridge / Megatron-LM checkpoint directories")
-    return open_nemo(path, trust_pickle=trust_pickle, kinds_for=kinds_for, tensor_parallel=tensor_parallel)
+    return open_nemo(path, strategies=strategies, trust_pickle=trust_pickle, kinds_for=kinds_for)

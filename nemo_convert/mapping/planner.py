@@ -16,11 +16,11 @@ from typing import Any, Sequence
 from nemo_convert.errors import MappingError, ShapeError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import Mapping, Parallel, Rule
-from nemo_convert.mapping.rules.protocol import Direction, LazyFn, PlanContext, Task, TaskFn, same
+from nemo_convert.mapping.rules.protocol import Direction, LazyFn, Origin, PlanContext, Task, TaskFn, same
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 
-__all__ = ["Direction", "LazyFn", "Plan", "Task", "TaskFn", "identity_plan", "nemo_parallel_kinds",
-           "plan_conversion"]
+__all__ = ["Direction", "LazyFn", "Origin", "Plan", "Task", "TaskFn", "identity_plan", "nemo_origins",
+           "nemo_parallel_kinds", "plan_conversion"]
 
 
 @dataclass
@@ -129,6 +129,18 @@ def nemo_parallel_kinds(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Para
             if rule.applies(cfg):
                 kinds.update(rule.nemo_kinds(ctx))
     return kinds
+
+
+def nemo_origins(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Origin]:
+    """Where every NeMo tensor the mapping can produce comes from on the HF side (no I/O):
+    :meth:`Rule.origins` of every rule that applies."""
+    origins: dict[str, Origin] = {}
+    for part in mapping.parts():
+        ctx = PlanContext(cfg, part.axes(cfg))
+        for rule in part.rules:
+            if rule.applies(cfg):
+                origins.update(rule.origins(ctx))
+    return origins
 
 
 def identity_plan(source: TensorSource, kinds: dict[str, Parallel]) -> Plan:

@@ -90,8 +90,12 @@ def nemo_convert_sharding_strategies() -> list[ShardingStrategy]:
     """Return the sharding strategies this plugin provides.
 
     A strategy turns a global tensor and its declared parallel kind (column, row,
-    replicated, vocab, grouped QKV, gated fc1, …) into per-rank slices and back. Tensor
-    and pipeline parallelism ship as built-in strategies registered through this hook.
+    replicated, vocab, grouped QKV, gated fc1, …) into per-rank slices and back (``"tp"``),
+    lays layers out in pipeline stages (``"pp"``), or places experts on ranks (``"ep"``);
+    its implementation satisfies the axis's protocol in
+    :mod:`nemo_convert.sharding.protocol` (checked when the registry is built). Every
+    reader and writer of a sharded layout uses the registered strategy of each axis; the
+    built-in tensor, pipeline and expert parallelism are registered through this hook.
 
     :return: a list of :class:`~nemo_convert.plugins.records.ShardingStrategy`.
 
@@ -101,7 +105,7 @@ def nemo_convert_sharding_strategies() -> list[ShardingStrategy]:
 
         @hookimpl
         def nemo_convert_sharding_strategies():
-            return [ShardingStrategy(name="expert", axis="ep", implementation=ExpertSplitter())]
+            return [ShardingStrategy(name="expert", axis="ep", implementation=MyExperts())]
     """
     raise NotImplementedError
 

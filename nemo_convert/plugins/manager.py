@@ -13,7 +13,7 @@ import importlib.metadata as md
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import pluggy
 
@@ -21,6 +21,7 @@ from nemo_convert.errors import NemoConvertError, PluginError, UnsupportedError
 from nemo_convert.formats.nemo.nemo_targets import canonical_target
 from nemo_convert.plugins import hookspecs
 from nemo_convert.plugins.records import CommandOption, ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
+from nemo_convert.sharding.protocol import ExpertSharding, PipelineSharding, Strategies, TensorSharding, protocol_problem
 
 ENTRY_POINT_GROUP = "nemo_convert"
 DISABLE_ENV = "NEMO_CONVERT_DISABLE_PLUGINS"
@@ -61,6 +62,11 @@ class Registry:
                 if not isinstance(rec, kind):
                     raise PluginError(f"plugin {plugin_name!r} ({dist}) returned {type(rec).__name__} "
                                       f"from {hook_name}, expected {kind.__name__}")
+                if isinstance(rec, ShardingStrategy):
+                    problem = protocol_problem(rec.axis, rec.implementation)
+                    if problem is not None:
+                        raise PluginError(f"sharding strategy {rec.name!r} of plugin {plugin_name!r} ({dist}) is "
+                                          f"refused: {problem}; see nemo_convert/sharding/protocol.py")
                 if rec.name in out:
                     other = out[rec.name]
                     raise PluginError(
@@ -138,8 +144,8 @@ class Registry:
         return [o for o, _ in seen.values()]
 
     def sharding(self, axis: str) -> ShardingStrategy:
-        """The one strategy for ``axis`` (``"tp"``, ``"pp"``); two claiming it is an error
-        naming both (a replacement is installed by blocking the built-in ``sharding``)."""
+        """The one strategy for ``axis`` (``"tp"``, ``"pp"``, ``"ep"``); two claiming it is an
+        error naming both (a replacement is installed by blocking the built-in ``sharding``)."""
         found = [p for p in self.sharding_strategies.values() if p.record.axis == axis]
         if len(found) > 1:
             names = " and ".join(f"{p.record.name!r} of {p.distribution!r}" for p in found)
@@ -148,6 +154,17 @@ class Registry:
         if not found:
             raise PluginError(f"no sharding strategy for axis {axis!r} is installed")
         return found[0].record
+
+    def strategies(self) -> Strategies:
+        """The strategies every reader and writer of a sharded layout uses: the one of
+        each axis (tensor and pipeline parallelism must be installed; without an
+        expert-parallel strategy only EP = 1 is written). Their implementations were
+        checked against their axis's protocol when the registry was built."""
+        tensor = cast(TensorSharding, self.sharding("tp").implementation)
+        pipeline = cast(PipelineSharding, self.sharding("pp").implementation)
+        has_ep = any(p.record.axis == "ep" for p in self.sharding_strategies.values())
+        expert = cast(ExpertSharding, self.sharding("ep").implementation) if has_ep else None
+        return Strategies(tensor, pipeline, expert)
 
 
 def _refusal(family: ModelFamily, config: dict[str, Any]) -> str | None:

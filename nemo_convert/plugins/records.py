@@ -7,11 +7,12 @@ tensor work. A record never holds open files or tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, Union, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from nemo_convert.families.trtllm import TrtllmTable
     from nemo_convert.mapping.rules import Mapping
+    from nemo_convert.sharding.protocol import ExpertSharding, PipelineSharding, TensorSharding
 
 
 #: the HF tokenizer files a family keeps unless it names its own (:attr:`HFSide.tokenizer_files`)
@@ -157,18 +158,21 @@ class TokenizerPatcher:
 
 @dataclass(frozen=True)
 class ShardingStrategy:
-    """Splits global tensors across ranks and merges them back.
+    """How global tensors split across the ranks of one parallel axis and merge back.
+    Every reader and writer of a sharded layout uses the registry's strategy of each axis.
 
-    :param name: unique short name (``"tensor"``, ``"pipeline"``).
-    :param axis: which parallel axis it handles (``"tp"`` or ``"pp"``).
-    :param implementation: object with the strategy's methods; see
-        :mod:`nemo_convert.sharding` for the protocol.
+    :param name: unique short name (``"tensor"``, ``"pipeline"``, ``"expert"``).
+    :param axis: which parallel axis it handles: ``"tp"``, ``"pp"`` or ``"ep"``.
+    :param implementation: the object doing the work, with the methods of the axis's
+        protocol (:mod:`nemo_convert.sharding.protocol`: ``TensorSharding``,
+        ``PipelineSharding``, ``ExpertSharding``); the registry refuses, when it is built,
+        one whose methods cannot take the core's calls.
     :param description: one line for ``nemo-convert plugins``.
     """
 
     name: str
     axis: str
-    implementation: Any = field(repr=False)
+    implementation: "TensorSharding | PipelineSharding | ExpertSharding" = field(repr=False)
     description: str = ""
 
 
@@ -200,6 +204,41 @@ class CommandOption:
 
 
 @dataclass(frozen=True)
+class ResultTable:
+    """A table in a verifier's text report (:class:`VerifierResult`): the core draws it
+    like its own tables, every cell as plain text (no markup).
+
+    :param title: the line above the table.
+    :param columns: the column headers.
+    :param rows: the cells, one tuple of strings per row.
+    """
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+#: One item of a verifier's text report: a line (printed indented, as plain text) or a table.
+ReportItem = Union[str, ResultTable]
+
+
+@runtime_checkable
+class VerifierResult(Protocol):
+    """What a verifier's result may implement to be shown by ``verify`` without the core
+    knowing the verifier. Both methods are optional:
+
+    * ``render() -> Sequence[str | ResultTable]``: the text report's items, in order (lines
+      are printed indented by two spaces). Without it, a ``dict`` result (or the fields of
+      any other object) is printed one ``key: value`` line each under the verifier's name.
+    * ``as_dict() -> dict``: what ``--json`` prints under ``extra.<name>``. Without it, a
+      plain ``dict`` is printed as it is and another object as its fields (``vars``).
+    """
+
+    def render(self) -> Sequence[ReportItem]:
+        ...
+
+
+@dataclass(frozen=True)
 class Verifier:
     """An extra check ``verify`` runs on both checkpoints when its options are given
     (CLIP's zero-shot probabilities). Informational: it never changes ``ok``.
@@ -209,7 +248,9 @@ class Verifier:
         ``command="verify"``); it runs when any of them is given.
     :param run: ``run(hf_folder_a, hf_folder_b, options) -> result``: both sides as HF
         folders (a ``.nemo`` side is exported to a temporary folder first); ``options``
-        holds its given options by key.
+        holds its given options by key. The result is shown generically
+        (:class:`VerifierResult`): a record with ``render()`` / ``as_dict()``, or a plain
+        ``dict`` that ``--json`` prints as it is.
     :param check: ``check(options)`` refuses bad options (``InputError``) before any
         checkpoint is opened.
     :param description: one line for ``nemo-convert plugins``.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -211,13 +211,20 @@ def _counted(batches: Iterator[torch.Tensor], progress: Progress) -> Iterator[to
         progress.advance(int(b.numel()), int(b.shape[0]))
 
 
-def calibrate(folder: str, ids: torch.Tensor, modules: Sequence[str], *, dtype: torch.dtype,
+#: ``select(names) -> (modules, kv_modules)``: what to calibrate, given the loaded model's
+#: parameter names (the spelling transformers loaded the checkpoint in).
+Selector = Callable[[Sequence[str]], tuple[Sequence[str], Sequence[str]]]
+
+
+def calibrate(folder: str, ids: torch.Tensor, modules: Sequence[str] | Selector, *, dtype: torch.dtype,
               device: torch.device, batch_size: int = 4, max_samples: int = 64,
               kv_modules: Sequence[str] = KV_MODULES, model_class: str = "AutoModelForCausalLM",
               progress: Progress | None = None) -> dict[str, Stats]:
     """Load the HF model in ``folder`` as ``transformers.<model_class>`` (the family's
-    ``hf_model_class``) and collect statistics of ``modules`` over ``ids``. ``progress``
-    sees ``start("calibrate", tokens, rows)`` and one ``advance(tokens, rows)`` per batch."""
+    ``hf_model_class``) and collect statistics of ``modules`` over ``ids``. ``modules`` may be
+    a :data:`Selector` that chooses them (and the KV modules) from the loaded model's parameter
+    names. ``progress`` sees ``start("calibrate", tokens, rows)`` and one
+    ``advance(tokens, rows)`` per batch."""
     progress = progress or NoProgress()
     with quiet_transformers():
         try:
@@ -226,6 +233,8 @@ def calibrate(folder: str, ids: torch.Tensor, modules: Sequence[str], *, dtype: 
             raise InputError(f"{folder}: transformers cannot load the model for calibration "
                              f"({_first_line(exc)})") from None
     try:
+        if callable(modules):
+            modules, kv_modules = modules([n for n, _ in model.named_parameters()])
         model.to(device)
         progress.start("calibrate", int(ids.numel()), int(ids.shape[0]))
         try:

@@ -2,12 +2,14 @@
 
 Order of work (nothing is written until every check passed):
 
-1. open the source lazily (an HF folder, or a ``.nemo`` seen under HF names through the
-   family's ``to_hf`` plan), find the family and derive its TensorRT-LLM mapping from its
-   NeMo config, its HF ⇄ NeMo mapping and its TensorRT-LLM table (:mod:`.spec`);
-2. build and check the plan (:mod:`.plan`): every rank file's header, every split;
+1. open the source lazily as NeMo logical tensors (an HF folder through the family's
+   ``to_nemo`` plan, with the planner's coverage proof; a ``.nemo`` as its own tensors) and
+   find the family;
+2. plan the family's TensorRT-LLM target with the same planner (:mod:`.target`: its name
+   projection over the NeMo tensors, its config projection over the NeMo config), add the
+   quantization tasks and lay out every rank file's header, every split (:mod:`.plan`);
 3. calibrate if the algorithm or the KV cache needs it (:mod:`.calibration`) and check
-   that every quantized linear has all of its scale inputs (:func:`.produce.check_stats`);
+   that every quantized linear has all of its scale inputs (:func:`.quantizer.check_stats`);
 4. write ``config.json``, the tokenizer, and ``rank{i}.safetensors`` — one pipeline stage
    at a time, one tensor at a time — into a staging folder or a tar being streamed, then
    rename it into place.
@@ -42,8 +44,9 @@ from nemo_convert import __version__
 from nemo_convert.compute import resolve_device
 from nemo_convert.convert.checkpoint import open_checkpoint
 from nemo_convert.convert.common import dir_sink
-from nemo_convert.convert.hf_to_nemo import nemo_config_of
+from nemo_convert.convert.hf_to_nemo import plan_import
 from nemo_convert.convert.nemo_to_hf import plan_to_hf
+from nemo_convert.convert.nemo_write import Strategies
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
 from nemo_convert.errors import UnsupportedError
@@ -53,21 +56,22 @@ from nemo_convert.formats.io.sink import MemberSink
 from nemo_convert.formats.io.staging import check_target, refuse_overlap, staged_output
 from nemo_convert.formats.io.tar_writer import TarWriter
 from nemo_convert.hf_config import hf_dtype_name
+from nemo_convert.mapping.planner import nemo_origins, nemo_parallel_kinds
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.plugins.manager import Registry, get_registry
 from nemo_convert.plugins.records import ModelFamily
 from nemo_convert.qnemo.calibrate_once import calibrate_once, share_awq_search
-from nemo_convert.qnemo.hf_view import PlanSource
 from nemo_convert.qnemo.job import Job
 from nemo_convert.qnemo.plan import (
     ALGOS,
     DTYPE_NAME,
     QuantPlan,
     build_plan,
-    slice_for_rank,
+    rank_slice,
 )
+from nemo_convert.qnemo.plan_view import PlanSource
 from nemo_convert.qnemo.produce import Producer
-from nemo_convert.qnemo.spec import TrtllmSpec, derive_spec
+from nemo_convert.qnemo.target import TargetPlan, plan_target
 from nemo_convert.qnemo.tokenizer import (
     TOKENIZER_CONFIG,
     tokenizer_from_hf,
@@ -104,13 +108,14 @@ class QuantizeReport:
     dropped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ep: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def _trtllm_spec(fam: ModelFamily, reg: Registry, nemo_cfg: dict[str, Any]) -> TrtllmSpec:
-    """The family's TensorRT-LLM mapping for this config: its table joined with its mapping."""
+def _trtllm_table(fam: ModelFamily, reg: Registry) -> TrtllmTable:
+    """The family's TensorRT-LLM target, or a one-line refusal naming the family."""
     table = fam.trtllm
     if table is None:
         have = sorted(p.record.name for p in reg.families.values() if p.record.trtllm is not None)
@@ -119,7 +124,7 @@ def _trtllm_spec(fam: ModelFamily, reg: Registry, nemo_cfg: dict[str, Any]) -> T
     if not isinstance(table, TrtllmTable):
         raise UnsupportedError(f"model family {fam.name!r}: its trtllm field is a {type(table).__name__}, "
                                "not a nemo_convert.families.trtllm.TrtllmTable")
-    return derive_spec(table, fam.mapping(nemo_cfg), nemo_cfg)
+    return table
 
 
 def _model_dtype(hf_cfg: dict[str, Any], infos: Any, want: torch.dtype | None) -> torch.dtype:
@@ -134,22 +139,28 @@ def _model_dtype(hf_cfg: dict[str, Any], infos: Any, want: torch.dtype | None) -
     return torch.float32
 
 
-def trtllm_config(spec: TrtllmSpec, plan: QuantPlan) -> dict[str, Any]:
-    """The checkpoint's ``config.json`` (checkpoint.md "Config"; fields ModelOpt also writes)."""
+def trtllm_config(target: TargetPlan, plan: QuantPlan) -> dict[str, Any]:
+    """The checkpoint's ``config.json`` (checkpoint.md "Config"; fields ModelOpt also writes).
+    A model with experts adds ``moe_tp_size`` / ``moe_ep_size`` to ``mapping``
+    (``tensorrt_llm/mapping.py``: ``tp_size = moe_tp_size · moe_ep_size``)."""
     algo = None if plan.algo == "none" else plan.algo
-    parallel_embedding = any(t.parallel is Parallel.VOCAB and t.stage == "first" for t in spec.tensors)
+    parallel_embedding = any(spec.kind is Parallel.VOCAB and t.stage == "first" for t in target.tasks
+                             for spec in t.specs)
+    mapping = {"world_size": plan.tp * plan.pp, "tp_size": plan.tp, "pp_size": plan.pp}
+    if plan.experts:
+        mapping.update(moe_tp_size=plan.tp // plan.ep, moe_ep_size=plan.ep)
     return {
         "producer": {"name": "nemo-convert", "version": __version__},
-        "architecture": spec.architecture,
+        "architecture": target.table.architecture,
         "dtype": DTYPE_NAME[plan.dtype],
         "logits_dtype": "float32",
         **plan.model_config,
         "use_parallel_embedding": parallel_embedding,
         "embedding_sharding_dim": 0,
         "share_embedding_table": False,
-        "mapping": {"world_size": plan.tp * plan.pp, "tp_size": plan.tp, "pp_size": plan.pp},
+        "mapping": mapping,
         "quantization": quantization_section(algo, kv_cache_fp8=plan.kv_cache_fp8, group_size=plan.group_size,
-                                             exclude_modules=list(spec.exclude_modules)),
+                                             exclude_modules=list(plan.exclude_modules)),
     }
 
 
@@ -168,7 +179,7 @@ def _write_ranks(sink: MemberSink, plan: QuantPlan, produce: Producer, *, togeth
                     full = produce(item)
                     for rf, stream in zip(group, streams):
                         for out in item.outputs:
-                            t = slice_for_rank(full[out.suffix], out, plan.tp, rf.tp_rank)
+                            t = rank_slice(full[out.name], out, plan, rf.tp_rank)
                             n = stream.write(out.rank_name(item.local_layer), t)
                             tensors += 1
                             nbytes += n
@@ -195,40 +206,48 @@ def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str 
 
 
 def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, algo: str, tp: int,
-                   pp: int, dtype: torch.dtype | None, group_size: int, kv_cache: str,
+                   pp: int, dtype: torch.dtype | None, group_size: int, kv_cache: str, ep: int = 1,
                    rope_scaling: bool = True, ignore_config_keys: tuple[str, ...] = ()) -> Job:
-    """Open ``src`` lazily (HF names, through the ``to_hf`` plan for a ``.nemo``, its config
-    completed as export completes it: the true vocabulary, token ids, RoPE scaling) and build
-    the checked plan; nothing is written."""
+    """Open ``src`` lazily as NeMo logical tensors — an HF folder through the family's
+    ``to_nemo`` plan (its config translated as ``import`` translates it), a ``.nemo`` as its
+    own tensors (its config completed as export completes it: the true vocabulary, token ids,
+    RoPE scaling) — and plan the TensorRT-LLM target over them; nothing is written."""
     ck = open_checkpoint(src, trust_pickle=trust_pickle, accept=("hf", "nemo", "nemo2"),
                          what="a .nemo or a Hugging Face folder")
     try:
         if ck.format == "hf":
             fam = reg.family(family) if family else reg.family_for_hf_config(ck.config)
             hf_cfg = ck.config
-            source: TensorSource = ck.source
             tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.hf.tokenizer_files)
             warnings: list[str] = []
-            nemo_cfg = nemo_config_of(fam, hf_cfg, ignore_config_keys)
+            table = _trtllm_table(fam, reg)
+            nemo_cfg, to_nemo = plan_import(fam, hf_cfg, ck.source, ignore_config_keys=ignore_config_keys)
+            source: TensorSource = PlanSource(to_nemo, ck.source)
+            infos = {k: ck.source.info(k) for k in list(ck.source.keys())}
         else:
             if ignore_config_keys:
                 raise UnsupportedError("--ignore-config-key applies to a Hugging Face source; a .nemo's config "
                                        "was translated when it was imported")
             fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
-            prep, hf_cfg, to_hf = plan_to_hf(ck.handle, fam, rope_scaling=rope_scaling)
-            source = PlanSource(to_hf, prep.source)
+            prep, hf_cfg, _ = plan_to_hf(ck.handle, fam, rope_scaling=rope_scaling)
             tok_section, tok_files = tokenizer_from_nemo(ck.handle, ck.config)
             warnings = prep.warnings
-            nemo_cfg = prep.cfg
-        spec = _trtllm_spec(fam, reg, nemo_cfg)
-        infos = {k: source.info(k) for k in list(source.keys())}
-        mdtype = _model_dtype(hf_cfg, infos, dtype)
-        plan = build_plan(spec, spec.config(copy.deepcopy(nemo_cfg)), infos, algo=algo, tp=tp, pp=pp,
-                          dtype=mdtype, group_size=group_size, kv_cache_fp8=kv_cache == "fp8")
+            table = _trtllm_table(fam, reg)
+            nemo_cfg, source = prep.cfg, prep.source
+            infos = {k: source.info(k) for k in list(source.keys())}
+        mapping = fam.mapping(nemo_cfg)
+        model_config = table.config(copy.deepcopy(nemo_cfg))
+        target = plan_target(table, nemo_cfg, model_config, source, nemo_parallel_kinds(mapping, nemo_cfg),
+                             [d for part in mapping.parts() for d in part.drop_nemo])
+        kv_parts = {n: len(o.parts) for n, o in nemo_origins(mapping, nemo_cfg).items()}
+        plan = build_plan(target, algo=algo, tp=tp, pp=pp, ep=ep, dtype=_model_dtype(hf_cfg, infos, dtype),
+                          group_size=group_size, kv_cache_fp8=kv_cache == "fp8",
+                          strategies=Strategies.from_registry(reg), kv_parts=kv_parts)
     except BaseException:
         ck.close()
         raise
-    return Job(ck, fam, spec, source, plan, tok_section, tok_files, warnings)
+    return Job(ck, fam, target, source, plan, tok_section, tok_files, warnings, tuple(ignore_config_keys),
+               sum(i.numel for i in infos.values()))
 
 
 def _write_head(sink: MemberSink, config: dict[str, Any], job: Job) -> None:
@@ -274,12 +293,15 @@ def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: 
              family: str | None = None, awq_grid: int = 20, progress: Progress | None = None,
              registry: Registry | None = None, trust_pickle: bool = False,
              workers: Workers = SINGLE, rope_scaling: bool = True,
-             ignore_config_keys: tuple[str, ...] = ()) -> QuantizeReport:
+             ignore_config_keys: tuple[str, ...] = (), ep: int = 1) -> QuantizeReport:
     """Write a TensorRT-LLM checkpoint (``.qnemo``) of ``src`` (a ``.nemo`` or an HF folder).
 
     :param algo: ``none`` (plain checkpoint in the model dtype), ``int8_wo``, ``int4_wo``,
         ``fp8`` or ``int4_awq``.
     :param tp: tensor-parallel size of the TensorRT-LLM checkpoint; ``pp`` pipeline size.
+    :param ep: expert-parallel size within TP, for a mixture of experts: each TP rank holds
+        ``1/ep`` of a layer's experts, each split over ``tp/ep`` ranks (TensorRT-LLM's
+        ``moe_ep_size`` and ``moe_tp_size``); must divide ``tp`` and the expert count.
     :param calib_data: text file, one calibration sample per line (default: the built-in
         English sample); ``calib_size`` rows of ``calib_seq_len`` tokens are used. Either left
         None is sized to the model and the device
@@ -310,19 +332,20 @@ def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: 
         dev, want_dtype = _check_options(src, out, algo=algo, kv_cache=kv_cache, device=device, dtype=dtype,
                                          overwrite=overwrite, compress=compress)
         return _open_and_plan(src, reg, family=family, trust_pickle=trust_pickle, algo=algo, tp=tp, pp=pp,
-                              dtype=want_dtype, group_size=group_size, kv_cache=kv_cache,
+                              dtype=want_dtype, group_size=group_size, kv_cache=kv_cache, ep=ep,
                               rope_scaling=rope_scaling, ignore_config_keys=tuple(ignore_config_keys)), dev
 
     job, dev = workers.run_all(prepare, undo=lambda r: r[0].close())
     try:
         plan = job.plan
+        plan.quantizer.device, plan.quantizer.awq_grid = dev, awq_grid
         stats, calib_info = calibrate_once(job, workers, dev, src=src, out=out, calib_data=calib_data,
                                             calib_size=calib_size, calib_seq_len=calib_seq_len,
                                             calib_batch_size=calib_batch_size, reg=reg, trust_pickle=trust_pickle,
                                             progress=progress, rope_scaling=rope_scaling)
-        producer = Producer(plan, job.source, stats, dev, awq_grid=awq_grid)
+        producer = Producer(plan, job.source)
         share_awq_search(plan, producer, workers, progress)
-        tensors, nbytes = _write_output(out, trtllm_config(job.spec, plan), job, producer, compress=compress,
+        tensors, nbytes = _write_output(out, trtllm_config(job.target, plan), job, producer, compress=compress,
                                         overwrite=overwrite, progress=progress, workers=workers)
     finally:
         job.close()
@@ -336,4 +359,4 @@ def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: 
     return QuantizeReport(out, job.fam.name, algo, QUANT_ALGO.get(algo), "FP8" if plan.kv_cache_fp8 else None,
                           DTYPE_NAME[plan.dtype], tp, pp, files, tensors, nbytes, time.perf_counter() - t0,
                           compress, None if calib_info is None else calib_info.as_dict(), plan.dropped,
-                          warnings, notes)
+                          warnings, notes, ep)

@@ -1,23 +1,24 @@
 """The plan of a TensorRT-LLM checkpoint, checked before anything is written.
 
-:func:`build_plan` turns a family's :class:`~nemo_convert.qnemo.spec.TrtllmSpec`, the HF
-tensor headers and the options (algorithm, TP, PP, dtype, group size) into
+:func:`build_plan` takes the target's planned tasks (:mod:`.target`: NeMo logical tensors
+→ global TensorRT-LLM tensors, planned by the one planner), *adds the quantization tasks*
+(one per quantized linear, after the task that makes its weight; one FP8 KV-cache scale task
+per attention) and lays out
 
-* one :class:`Item` per TensorRT-LLM tensor (or quantized linear, or KV-cache scale) and
-  layer: its HF sources and its *global* output tensors (name, shape, dtype, split axis);
-* one :class:`RankFile` per rank (``rank = pp_rank · tp + tp_rank``) with the exact
-  header of ``rank{i}.safetensors``: every name, shape and dtype, in write order.
+* one :class:`Item` per target task (its tasks and every global tensor it writes: name,
+  shape, dtype, how ranks split it), grouped by pipeline stage in write order;
+* one :class:`RankFile` per rank (``rank = pp_rank · tp + tp_rank``) with the exact header of
+  ``rank{i}.safetensors``: every name, shape and dtype, in write order.
 
 Every rank shape is computed by running the very slicing function the writer uses
-(:func:`slice_for_rank`) on ``meta`` tensors, so headers and data cannot disagree. All
-unsupported combinations (TP vs heads, groups, ffn, vocabulary; int4 group size; dtypes;
-unmapped or missing tensors; PP vs layers) raise here, in one line, before any output
-exists.
+(:func:`rank_slice`: the registered tensor- and expert-parallel strategies) on ``meta``
+tensors, so headers and data cannot disagree. Every unsupported combination (TP vs heads,
+ffn, vocabulary; EP vs TP and experts; int4 group size; dtypes; PP vs layers) raises here,
+in one line, before any output exists.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,67 +27,61 @@ import torch
 
 from nemo_convert.errors import ConfigError, MappingError, ShapeError, UnsupportedError
 from nemo_convert.mapping import ops
-from nemo_convert.mapping.rules import Parallel
-from nemo_convert.qnemo.spec import TrtllmSpec, TrtTensor
+from nemo_convert.mapping.rules import Parallel, Task
+from nemo_convert.qnemo.quantizer import CALIBRATED, Linear, Quantizer
+from nemo_convert.qnemo.target import HEADS, OutSpec, TargetPlan, TrtTask, qkv_geometry
 from nemo_convert.quant import trtllm_names as tn
 from nemo_convert.quant.algorithms import ALGORITHMS
-from nemo_convert.sharding.pipeline import PipelineParallel
-from nemo_convert.sharding.tensor import TensorParallel
 from nemo_convert.tensors.base import TensorInfo
 
 #: ``--algo`` values: no quantization, then the algorithms of :mod:`nemo_convert.quant`.
 ALGOS: tuple[str, ...] = ("none",) + ALGORITHMS
-#: Algorithms that need activation statistics from calibration.
-CALIBRATED = ("fp8", "int4_awq")
 #: Group sizes of TensorRT-LLM's group-wise int4 kernels.
 INT4_GROUP_SIZES = (64, 128)
 #: TensorRT-LLM's quantized kernels take 16-bit activations.
 QUANT_DTYPES = (torch.float16, torch.bfloat16)
 DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+_NAMED = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-_TP = TensorParallel()
+__all__ = ["ALGOS", "CALIBRATED", "DTYPE_NAME", "INT4_GROUP_SIZES", "Item", "Output", "QuantPlan", "RankFile",
+           "build_plan", "rank_slice"]
 
 
 @dataclass(frozen=True)
 class Output:
-    """One global (unsplit) output tensor of an item and how ranks split it.
+    """One global (unsplit) tensor an item writes, and how ranks split it.
 
-    ``suffix`` is ``""`` for a plain tensor (the item's own name) or the algorithm's
-    tensor suffix (``weight``, ``weights_scaling_factor``, …) under the linear's prefix.
-    ``sections`` are the dim-0 sizes of the fused sources in this tensor (split one by one
-    for column-parallel fused tensors); ``padded_vocab`` the padded rows of a VOCAB tensor.
+    ``kind`` is ``COLUMN`` (dim 0), ``ROW`` (dim 1), ``VOCAB`` (dim 0, zero-padded to
+    ``padded_vocab``) or ``REPLICATED`` — of each expert when ``experts`` (dim 0 then holds
+    the layer's experts, split by expert parallelism). ``sections`` are the dim-0 sizes of
+    the parts fused in it, split one by one (``[q; k; v]``, ``[up; gate]``).
     """
 
-    suffix: str
-    name: str                       # template, ``{i}`` = layer index within the stage
+    name: str                       # the global name (global layer index)
+    template: str                   # ``{i}`` = the layer within the pipeline stage
     shape: tuple[int, ...]
     dtype: torch.dtype
-    split_dim: int | None
+    kind: Parallel
     sections: tuple[int, ...] | None = None
     padded_vocab: int | None = None
+    experts: bool = False
 
     def rank_name(self, local_layer: int | None) -> str:
-        return self.name.replace("{i}", str(local_layer)) if local_layer is not None else self.name
+        return self.template.replace("{i}", str(local_layer)) if local_layer is not None else self.template
 
 
 @dataclass
 class Item:
-    """One unit of work: read ``sources`` (HF names), produce ``outputs``.
+    """One unit of writing: a target task and the quantization tasks added after it (or one
+    KV-cache scale task), and the global tensors they write, in order."""
 
-    ``kind`` is ``"tensor"`` (copied and cast), ``"linear"`` (quantized) or ``"kv"`` (the
-    FP8 KV-cache scale, from calibration only). ``modules`` are the HF modules whose
-    calibration statistics the item uses.
-    """
-
-    kind: str
-    key: str                         # unique: the TensorRT-LLM name with the global layer
-    spec: TrtTensor | None
+    key: str                         # unique: the first TensorRT-LLM name, global layer
+    tasks: list[Task]
+    outputs: list[Output]
     layer: int | None                # global layer index
     local_layer: int | None          # index within the pipeline stage
     stage: int
-    sources: tuple[str, ...]
-    outputs: list[Output]
-    modules: tuple[str, ...] = ()
+    linears: list[Linear] = field(default_factory=list)   # what its quantization tasks quantize
 
 
 @dataclass
@@ -118,23 +113,23 @@ class QuantPlan:
     model_config: dict[str, Any]     # the family's TensorRT-LLM model fields
     stages: list[list[Item]]         # items of each pipeline stage, in write order
     ranks: list[RankFile]
+    quantizer: Quantizer
     dropped: list[str] = field(default_factory=list)
+    ep: int = 1
+    experts: int = 0                 # experts per MoE layer (0: a dense model)
+    exclude_modules: tuple[str, ...] = tn.DEFAULT_EXCLUDE_MODULES
+    kv_of: dict[str, str] = field(default_factory=dict)   # KV-cache scale → the NeMo QKV it measures
+    strategies: Any = None
 
     @property
     def needs_calibration(self) -> bool:
         return self.algo in CALIBRATED or self.kv_cache_fp8
 
-    def calibration_modules(self) -> list[str]:
-        """HF module names whose statistics calibration must collect."""
-        mods: list[str] = []
-        for items in self.stages:
-            for it in items:
-                if (it.kind == "linear" and self.algo in CALIBRATED) or it.kind == "kv":
-                    mods.extend(m for m in it.modules if m not in mods)
-        return mods
-
     def items(self) -> list[Item]:
         return [it for items in self.stages for it in items]
+
+    def linears(self) -> list[Linear]:
+        return [lin for it in self.items() for lin in it.linears]
 
     @property
     def total_bytes(self) -> int:
@@ -145,31 +140,115 @@ class QuantPlan:
         return sum(len(r.infos) for r in self.ranks)
 
 
-def slice_for_rank(t: torch.Tensor, out: Output, tp: int, tp_rank: int) -> torch.Tensor:
-    """The part of global tensor ``t`` that TP rank ``tp_rank`` holds (all slicing is
-    :meth:`TensorParallel.split`'s; fused column tensors are split source by source)."""
-    if out.split_dim is None:
+def _split_one(t: torch.Tensor, out: Output, n: int, rank: int, tensor: Any) -> torch.Tensor:
+    if out.kind is Parallel.REPLICATED or (n == 1 and out.kind is not Parallel.VOCAB):
         return t
-    if out.padded_vocab is not None:
-        return _TP.split(t, Parallel.VOCAB, tp, tp_rank, name=out.name, padded_vocab=out.padded_vocab)
-    kind = Parallel.COLUMN if out.split_dim == 0 else Parallel.ROW
-    if out.sections is not None and len(out.sections) > 1:
+    if out.kind is Parallel.VOCAB:
+        return tensor.split(t, Parallel.VOCAB, n, rank, name=out.name, padded_vocab=out.padded_vocab)
+    if out.sections is not None and len(out.sections) > 1 and out.kind is Parallel.COLUMN:
         parts = torch.split(t, list(out.sections), dim=0)
-        return ops.concat([_TP.split(p, kind, tp, tp_rank, name=out.name) for p in parts], 0)
-    return _TP.split(t, kind, tp, tp_rank, name=out.name)
+        return ops.concat([tensor.split(p, Parallel.COLUMN, n, rank, name=out.name) for p in parts], 0)
+    return tensor.split(t, out.kind, n, rank, name=out.name)
 
 
-# ----------------------------------------------------------------------------- outputs
-def _linear_outputs(algo: str, spec: TrtTensor, out_f: int, in_f: int, rows: Sequence[int],
-                    dtype: torch.dtype, group: int) -> list[Output]:
-    """Global outputs of one quantized linear of shape ``[out_f, in_f]`` (HF orientation)."""
-    par = "column" if spec.parallel is Parallel.COLUMN else "row"
+def rank_slice(t: torch.Tensor, out: Output, plan: QuantPlan, tp_rank: int) -> torch.Tensor:
+    """The part of global tensor ``t`` that TP rank ``tp_rank`` holds: the registered tensor-
+    parallel strategy's split (fused column tensors part by part); for a layer's experts,
+    the registered expert-parallel strategy's experts of the rank's MoE EP rank
+    (``tp_rank % ep``), each split for its MoE TP rank (``tp_rank // ep``) over ``tp / ep``
+    ranks (``tensorrt_llm/mapping.py``: ``moe_tp_rank``, ``moe_ep_rank``, ``ep_experts``)."""
+    tensor = plan.strategies.tensor
+    if not out.experts:
+        return _split_one(t, out, plan.tp, tp_rank, tensor)
+    ep, moe_tp = plan.ep, plan.tp // plan.ep
+    mine = plan.strategies.expert.local_experts(t.shape[0], ep, tp_rank % ep) if ep > 1 else range(t.shape[0])
+    return torch.stack([_split_one(t[e], out, moe_tp, tp_rank // ep, tensor) for e in mine])
 
-    def out(suffix: str, shape: tuple[int, ...], dt: torch.dtype, split: int | None) -> Output:
-        secs = None
-        if split == 0 and spec.parallel is Parallel.COLUMN and len(rows) > 1:
-            secs = tuple(r * shape[0] // out_f for r in rows)
-        return Output(suffix, f"{spec.prefix}.{suffix}", shape, dt, split, secs)
+
+# ----------------------------------------------------------------------------- checks
+def _check_linear(algo: str, key: str, kind: Parallel, out_f: int, in_f: int, rows: Sequence[int], tp: int,
+                  group: int) -> None:
+    """One-line errors for int4 shapes the linear cannot take at this TP."""
+    if algo not in ("int4_wo", "int4_awq"):
+        return
+    if in_f % group:
+        raise UnsupportedError(f"--algo {algo}: {key} has {in_f} input features, not a multiple of the "
+                               f"group size {group}; use --group-size 64/128 that divides it, or int8_wo/fp8")
+    if kind is Parallel.ROW and (in_f // tp) % group:
+        raise UnsupportedError(f"--algo {algo} with TP {tp}: {key} is row-parallel and each rank gets "
+                               f"{in_f}/{tp} = {in_f // tp} input features, not a multiple of the group size "
+                               f"{group}; use a smaller TP or group size, or int8_wo/fp8")
+    if kind is Parallel.COLUMN:
+        for r in rows:
+            if (r // tp) % 2:
+                raise UnsupportedError(f"--algo {algo} with TP {tp}: {key} gives each rank {r // tp} output "
+                                       "rows of one part; int4 packs output rows in pairs, so it must be even")
+    elif out_f % 2:
+        raise UnsupportedError(f"--algo {algo}: {key} has an odd number of output features ({out_f}); "
+                               "int4 packs output rows in pairs")
+
+
+def _check_heads(key: str, rows: Sequence[int], model_config: dict[str, Any], tp: int) -> None:
+    """Each TensorRT-LLM rank holds whole heads of ``[q; k; v]``."""
+    for unit, r in zip(HEADS, rows):
+        n = model_config.get(unit)
+        if not isinstance(n, int) or n <= 0:
+            raise ConfigError(f"{key}: the TensorRT-LLM config lacks {unit!r}")
+        if r % n:
+            raise ShapeError(f"{key} has {r} rows of {unit}, not a multiple of {unit}={n}")
+        if n % tp:
+            raise UnsupportedError(f"TP {tp} does not divide {unit}={n}: each TensorRT-LLM rank must hold whole "
+                                   f"heads of {key} (duplicating KV heads for TP > num_key_value_heads is not "
+                                   "supported); use a TP that divides it")
+
+
+def _check_split(key: str, kind: Parallel, shape: Sequence[int], rows: Sequence[int], n: int, what: str) -> None:
+    """``n`` ranks must divide a column tensor's rows (each fused part's) and a row tensor's columns."""
+    if n == 1:
+        return
+    if kind is Parallel.COLUMN:
+        for r in rows:
+            if r % n:
+                raise UnsupportedError(f"{what} {n} does not divide the {r} output rows of {key}, so it cannot be "
+                                       "split column-parallel; use one that divides it")
+    elif kind is Parallel.ROW and (len(shape) < 2 or shape[1] % n):
+        raise UnsupportedError(f"{what} {n} does not divide the {shape[1] if len(shape) > 1 else '?'} input "
+                               f"features of {key}, so it cannot be split row-parallel; use one that divides it")
+
+
+# ----------------------------------------------------------------------------- plan
+def _rows(spec: OutSpec, shape: Sequence[int], model_config: dict[str, Any], key: str) -> tuple[int, ...]:
+    """The dim-0 sizes of the parts fused in one tensor (of each expert)."""
+    if not shape:
+        return ()
+    if spec.sections == "qkv":
+        geo = qkv_geometry(model_config)
+        if geo is None:
+            raise ConfigError(f"{key}: the TensorRT-LLM config lacks the heads of [q; k; v]")
+        rows = (geo["heads"] * geo["head_dim"], geo["groups"] * geo["head_dim"], geo["groups"] * geo["head_dim"])
+        if sum(rows) != shape[0]:
+            raise ShapeError(f"{key} has {shape[0]} rows, but the heads imply {' + '.join(map(str, rows))}")
+        return rows
+    if spec.sections == "halves":
+        return (shape[0] // 2, shape[0] // 2)
+    return (shape[0],)
+
+
+def _linear_outputs(algo: str, template: str, key: str, spec: OutSpec, shape: tuple[int, ...],
+                    rows: tuple[int, ...], dtype: torch.dtype, group: int, experts: int) -> list[Output]:
+    """The global outputs of one quantized linear of ``shape`` (``[out, in]``, or
+    ``[E, out, in]`` for a layer's experts)."""
+    lead = shape[:1] if experts else ()
+    out_f, in_f = shape[-2], shape[-1]
+    par = "column" if spec.kind is Parallel.COLUMN else "row"
+    prefix, tprefix = key, template.removesuffix(".weight")
+
+    def out(suffix: str, local: tuple[int, ...], dt: torch.dtype, split: int | None, per_expert: bool = True) -> Output:
+        kind = {0: Parallel.COLUMN, 1: Parallel.ROW, None: Parallel.REPLICATED}[split]
+        secs = tuple(r * local[0] // out_f for r in rows) if split == 0 and len(rows) > 1 else None
+        full = (*lead, *local) if per_expert else local
+        return Output(f"{prefix}.{suffix}", f"{tprefix}.{suffix}", full, dt, kind, secs,
+                      experts=bool(experts) and per_expert)
 
     col_row = (0, 1)[par == "row"]
     if algo in ("none", "int8_wo"):
@@ -186,92 +265,25 @@ def _linear_outputs(algo: str, spec: TrtTensor, out_f: int, in_f: int, rows: Seq
                   "activation_scaling_factor": ((1,), torch.float32)}
     else:  # pragma: no cover - guarded by the caller
         raise UnsupportedError(f"unknown algorithm {algo!r}")
-    return [out(s, shapes[s][0], shapes[s][1], tn.tp_split_dim(algo, s, par))  # type: ignore[arg-type]
+    # One activation scale for all of a layer's experts (TensorRT-LLM's MoE layer: (1,)).
+    return [out(s, shapes[s][0], shapes[s][1], tn.tp_split_dim(algo, s, par),  # type: ignore[arg-type]
+                per_expert=not (experts and s == "activation_scaling_factor"))
             for s in tn.LINEAR_TENSORS[algo]]
 
 
-def _check_linear(algo: str, spec: TrtTensor, layer: int | None, out_f: int, in_f: int,
-                  rows: Sequence[int], tp: int, group: int) -> None:
-    """One-line errors for int4 shapes the linear cannot take at this TP."""
-    if algo not in ("int4_wo", "int4_awq"):
-        return
-    what = spec.prefix.replace("{i}", str(layer))
-    if in_f % group:
-        raise UnsupportedError(f"--algo {algo}: {what} has {in_f} input features, not a multiple of the "
-                               f"group size {group}; use --group-size 64/128 that divides it, or int8_wo/fp8")
-    if spec.parallel is Parallel.ROW and (in_f // tp) % group:
-        raise UnsupportedError(f"--algo {algo} with TP {tp}: {what} is row-parallel and each rank gets "
-                               f"{in_f}/{tp} = {in_f // tp} input features, not a multiple of the group size "
-                               f"{group}; use a smaller TP or group size, or int8_wo/fp8")
-    if spec.parallel is Parallel.COLUMN:
-        for r in rows:
-            if (r // tp) % 2:
-                raise UnsupportedError(f"--algo {algo} with TP {tp}: {what} gives each rank {r // tp} output "
-                                       "rows of one part; int4 packs output rows in pairs, so it must be even")
-    elif out_f % 2:
-        raise UnsupportedError(f"--algo {algo}: {what} has an odd number of output features ({out_f}); "
-                               "int4 packs output rows in pairs")
+def _quantize_task(weight: str, outputs: list[Output], lin: Linear, quantizer: Quantizer) -> Task:
+    """The quantization task added after the task making ``weight``."""
+    return Task((weight,), tuple(o.name for o in outputs), lambda ts, q=quantizer, x=lin: q.linear(x, ts[0]),
+                (Parallel.REPLICATED,) * len(outputs), label="quantize")
 
 
-def _check_units(spec: TrtTensor, layer: int | None, rows: Sequence[int], cfg: dict[str, Any],
-                 tp: int) -> None:
-    if spec.parallel is not Parallel.COLUMN or not spec.units:
-        return
-    if len(spec.units) != len(rows):
-        raise ConfigError(f"{spec.name}: {len(spec.units)} unit keys for {len(rows)} sources")
-    for key, r, src in zip(spec.units, rows, spec.hf):
-        n = cfg.get(key)
-        if not isinstance(n, int) or n <= 0:
-            raise ConfigError(f"{spec.name}: the TensorRT-LLM config lacks {key!r}")
-        if r % n:
-            raise ShapeError(f"{src.replace('{i}', str(layer))} has {r} rows, not a multiple of {key}={n}")
-        if n % tp:
-            raise UnsupportedError(f"TP {tp} does not divide {key}={n}: each TensorRT-LLM rank must hold whole "
-                                   f"heads of {spec.name.replace('{i}', str(layer))} (duplicating KV heads for "
-                                   "TP > num_key_value_heads is not supported); use a TP that divides it")
-
-
-def _check_split(spec: TrtTensor, key: str, names: Sequence[str], shape: Sequence[int], rows: Sequence[int],
-                 tp: int) -> None:
-    """TP must divide a column tensor's rows (each fused part's) and a row tensor's columns."""
-    if tp == 1:
-        return
-    if spec.parallel is Parallel.COLUMN:
-        for n, r in zip(names, rows):
-            if r % tp:
-                raise UnsupportedError(f"TP {tp} does not divide the {r} output rows of {n}, so {key} cannot be "
-                                       "split column-parallel; use a TP that divides it")
-    elif spec.parallel is Parallel.ROW and (len(shape) < 2 or shape[1] % tp):
-        raise UnsupportedError(f"TP {tp} does not divide the {shape[1] if len(shape) > 1 else '?'} input "
-                               f"features of {key}, so it cannot be split row-parallel; use a TP that divides it")
-
-
-# ----------------------------------------------------------------------------- plan
-def _fused_shape(spec: TrtTensor, infos: list[TensorInfo]) -> tuple[tuple[int, ...], list[int]]:
-    if len(infos) == 1:
-        return infos[0].shape, [infos[0].shape[0]] if infos[0].shape else []
-    rest = {i.shape[1:] for i in infos}
-    if any(len(i.shape) < 1 for i in infos) or len(rest) != 1:
-        raise ShapeError(f"{spec.name}: sources {', '.join(i.name for i in infos)} do not concatenate on dim 0 "
-                         f"(shapes {[list(i.shape) for i in infos]})")
-    rows = [i.shape[0] for i in infos]
-    return (sum(rows), *infos[0].shape[1:]), rows
-
-
-def _expand_drop(patterns: Sequence[str], layers: int) -> list[str]:
-    out: list[str] = []
-    for p in patterns:
-        if "{i}" in p:
-            out.extend(p.replace("{i}", str(i)) for i in range(layers))
-        else:
-            out.append(p)
-    return out
-
-
-def build_plan(spec: TrtllmSpec, model_config: dict[str, Any], infos: dict[str, TensorInfo], *,
-               algo: str, tp: int, pp: int, dtype: torch.dtype, group_size: int,
-               kv_cache_fp8: bool, pipeline: PipelineParallel | None = None) -> QuantPlan:
-    """Check everything and lay out every rank file (see the module docstring)."""
+def build_plan(target: TargetPlan, *, algo: str, tp: int, pp: int, dtype: torch.dtype, group_size: int,
+               kv_cache_fp8: bool, strategies: Any, ep: int = 1, kv_parts: dict[str, int] | None = None,
+               quantizer: Quantizer | None = None) -> QuantPlan:
+    """Add the quantization tasks to the target's, check everything and lay out every rank
+    file (see the module docstring). ``kv_parts``: for each NeMo tensor a KV-cache scale is
+    measured from, how many HF parts it is made of (its origin: q, k, v)."""
+    model_config = target.model_config
     if algo not in ALGOS:
         raise UnsupportedError(f"unknown --algo {algo!r}; expected one of {', '.join(ALGOS)}")
     if tp < 1 or pp < 1:
@@ -285,95 +297,123 @@ def build_plan(spec: TrtllmSpec, model_config: dict[str, Any], infos: dict[str, 
     if algo in ("int4_wo", "int4_awq") and group_size not in INT4_GROUP_SIZES:
         raise UnsupportedError(f"--algo {algo}: group size {group_size} is not one TensorRT-LLM's int4 kernels "
                                f"take ({' or '.join(map(str, INT4_GROUP_SIZES))})")
-    if kv_cache_fp8 and spec.kv_cache is None:
+    table = target.table
+    if kv_cache_fp8 and (table.kv_cache is None or table.kv_of is None):
         raise UnsupportedError("this model family declares no KV cache scale, so --kv-cache fp8 is unavailable")
-    layers = model_config.get(spec.layers)
+    _check_ep(ep, tp, target.experts, strategies)
+    layers = model_config.get("num_hidden_layers")
     if not isinstance(layers, int) or layers < 1:
-        raise ConfigError(f"the TensorRT-LLM config lacks {spec.layers!r}")
-    stage_ranges = (pipeline or PipelineParallel()).stage_layers(layers, pp)
-
+        raise ConfigError("the TensorRT-LLM config lacks 'num_hidden_layers'")
+    stage_ranges = strategies.pipeline.stage_layers(layers, pp)
+    stage_of = {i: s for s, rng in enumerate(stage_ranges) for i in rng}
+    quantizer = quantizer or Quantizer(algo, dtype, group_size, tp, ep)
     stages: list[list[Item]] = [[] for _ in range(pp)]
-    first = [t for t in spec.tensors if not t.per_layer and t.stage != "last"]
-    per_layer = [t for t in spec.tensors if t.per_layer]
-    last = [t for t in spec.tensors if not t.per_layer and t.stage == "last"]
-    consumed: set[str] = set()
-    missing: list[str] = []
+    kv_of: dict[str, str] = {}
 
-    def make(t: TrtTensor, layer: int | None, stage: int) -> None:
-        names = tuple(h.replace("{i}", str(layer)) for h in t.hf)
-        if not all(n in infos for n in names):
-            alt = tuple(h.replace("{i}", str(layer)) for h in t.fallback)
-            if alt and all(n in infos for n in alt):
-                names = alt
-            else:
-                missing.extend(f"{t.name.replace('{i}', str(layer))} (needs {n})" for n in names if n not in infos)
-                return
-        consumed.update(names)
-        src = [infos[n] for n in names]
-        shape, rows = _fused_shape(t, src)
-        local = None if layer is None else layer - stage_ranges[stage][0]
-        key = t.name.replace("{i}", str(layer)) if layer is not None else t.name
-        _check_units(t, layer, rows, model_config, tp)
-        _check_split(t, key, names, shape, rows, tp)
-        if t.quantize and quantizing:
-            if t.parallel not in (Parallel.COLUMN, Parallel.ROW):
-                raise ConfigError(f"{t.name}: a quantized linear must be column- or row-parallel")
-            if len(shape) != 2:
-                raise ShapeError(f"{key}: a quantized linear weight must be 2-D, got {list(shape)}")
-            _check_linear(algo, t, layer, shape[0], shape[1], rows, tp, group_size)
-            outs = _linear_outputs(algo, t, shape[0], shape[1], rows, dtype, group_size)
-            mods = tuple(n.removesuffix(".weight") for n in names)
-            stages[stage].append(Item("linear", key, t, layer, local, stage, names, outs, mods))
-        else:
-            src_dtype = src[0].dtype
-            out_dtype = dtype if src_dtype.is_floating_point else src_dtype
-            split = {Parallel.COLUMN: 0, Parallel.ROW: 1, Parallel.VOCAB: 0}.get(t.parallel)
-            if t.parallel not in (Parallel.COLUMN, Parallel.ROW, Parallel.VOCAB, Parallel.REPLICATED):
-                raise UnsupportedError(f"{t.name}: parallel kind {t.parallel.value!r} is not a TensorRT-LLM split")
-            if t.parallel is Parallel.ROW and len(rows) > 1:
-                raise ConfigError(f"{t.name}: a row-parallel tensor cannot fuse several sources")
-            secs = tuple(rows) if t.parallel is Parallel.COLUMN and len(rows) > 1 else None
-            # TensorRT-LLM pads the vocabulary to a multiple of TP (lm_head: vocab_size_padded;
-            # parallel embedding: ceil(vocab / tp) rows per rank) with zero rows.
-            padded = -(-shape[0] // tp) * tp if t.parallel is Parallel.VOCAB else None
-            stages[stage].append(Item("tensor", key, t, layer, local, stage, names,
-                                      [Output("", t.name, tuple(shape), out_dtype, split, secs, padded)]))
+    pending: Item | None = None   # the KV-cache scale of the layer being laid out: after its last tensor
+    for t in target.tasks:
+        stage = (pp - 1 if t.stage == "last" else 0) if t.layer is None else stage_of[t.layer]
+        local = None if t.layer is None else t.layer - stage_ranges[stage][0]
+        if pending is not None and pending.layer != t.layer:
+            stages[pending.stage].append(pending)
+            pending = None
+        item = Item(t.outputs[0], [t], [], t.layer, local, stage)
+        row = table.names[t.row]
+        for name, info, spec, template in zip(t.outputs, t.infos, t.specs, row.trtllm):
+            _add_output(item, name, template, info, spec, target, quantizer, algo=algo, tp=tp, ep=ep,
+                        dtype=dtype, group=group_size)
+        stages[stage].append(item)
+        if kv_cache_fp8 and t.layer is not None and table.kv_cache is not None and \
+                table.kv_of is not None and t.inputs[0] == table.kv_of.replace("{i}", str(t.layer)):
+            pending = _kv_item(t, table.kv_cache, local, stage, quantizer, kv_parts or {}, kv_of)
+    if pending is not None:
+        stages[pending.stage].append(pending)
 
-    for t in first:
-        make(t, None, 0)
-    for s, rng in enumerate(stage_ranges):
-        for i in rng:
-            for t in per_layer:
-                make(t, i, s)
-            if kv_cache_fp8 and spec.kv_cache is not None:
-                kv = spec.kv_cache
-                mods = (kv.k.replace("{i}", str(i)), kv.v.replace("{i}", str(i)))
-                out = Output("", kv.name, (1,), torch.float32, None)
-                stages[s].append(Item("kv", kv.name.replace("{i}", str(i)), None, i, i - rng[0], s, (),
-                                      [out], mods))
-    for t in last:
-        make(t, None, pp - 1)
-
-    drops = _expand_drop(spec.drop_hf, layers)
-    dropped = [k for k in infos if k not in consumed and any(fnmatch.fnmatchcase(k, d) for d in drops)]
-    unconsumed = [k for k in infos if k not in consumed and k not in dropped]
-    if missing or unconsumed:
-        raise MappingError("the checkpoint does not match the family's TensorRT-LLM mapping",
-                           unconsumed=unconsumed, unproduced=missing)
-    ranks = _lay_out_ranks(stages, tp, pp)
-    return QuantPlan(algo, tp, pp, dtype, group_size, kv_cache_fp8, model_config, stages, ranks, dropped)
+    plan = QuantPlan(algo, tp, pp, dtype, group_size, kv_cache_fp8, model_config, stages, [], quantizer,
+                     target.dropped, ep, target.experts, tn.DEFAULT_EXCLUDE_MODULES + target.exclude_modules,
+                     kv_of, strategies)
+    plan.ranks = _lay_out_ranks(plan)
+    return plan
 
 
-def _lay_out_ranks(stages: list[list[Item]], tp: int, pp: int) -> list[RankFile]:
+def _check_ep(ep: int, tp: int, experts: int, strategies: Any) -> None:
+    if ep == 1:
+        return
+    if strategies.expert is None:
+        raise UnsupportedError(f"expert-parallel size {ep}: no expert-parallel sharding strategy is installed")
+    if not experts:
+        raise UnsupportedError(f"--ep {ep} for a model without experts (num_moe_experts unset)")
+    if ep < 1 or tp % ep:
+        raise UnsupportedError(f"--ep {ep} must divide --tp {tp}: TensorRT-LLM splits each TP group into "
+                               f"moe_ep_size × moe_tp_size ranks (tp_size = moe_tp_size · moe_ep_size)")
+    strategies.expert.check(experts, ep)
+
+
+def _add_output(item: Item, name: str, template: str, info: TensorInfo, spec: OutSpec, target: TargetPlan,
+                quantizer: Quantizer, *, algo: str, tp: int, ep: int, dtype: torch.dtype, group: int) -> None:
+    shape = tuple(info.shape)
+    experts = shape[0] if spec.experts else 0
+    each = shape[1:] if experts else shape
+    ranks = tp // ep if experts else tp
+    what = "MoE TP (TP / EP)" if experts and ep > 1 else "TP"
+    rows = _rows(spec, each, target.model_config, name)
+    if spec.sections == "qkv":
+        _check_heads(name, rows, target.model_config, tp)
+    _check_split(name, spec.kind, each, rows, ranks, what)
+    if spec.quantize and algo != "none":
+        if spec.kind not in (Parallel.COLUMN, Parallel.ROW):
+            raise ConfigError(f"{name}: a quantized linear must be column- or row-parallel")
+        if len(each) != 2:
+            raise ShapeError(f"{name}: a quantized linear weight must be 2-D, got {list(each)}")
+        if experts and algo == "int4_awq":
+            raise UnsupportedError(f"--algo int4_awq: {name} holds a layer's experts, and TensorRT-LLM's MoE layer "
+                                   "takes one prequant_scaling_factor for all of them (modeling_utils.py "
+                                   "preprocess_perlayer_weights keeps expert 0's), so per-expert AWQ scales cannot be "
+                                   "written; use int4_wo, int8_wo or fp8")
+        key = name.removesuffix(".weight")
+        _check_linear(algo, key, spec.kind, each[0], each[1], rows, ranks, group)
+        outs = _linear_outputs(algo, template, key, spec, shape, rows, dtype, group, experts)
+        lin = Linear(key, spec.kind, rows, experts, spec.refs)
+        item.tasks.append(_quantize_task(name, outs, lin, quantizer))
+        item.linears.append(lin)
+        item.outputs.extend(outs)
+        return
+    src_dtype = info.dtype
+    out_dtype = _NAMED[spec.dtype] if spec.dtype else (dtype if src_dtype.is_floating_point else src_dtype)
+    if spec.kind is Parallel.ROW and len(rows) > 1:
+        raise ConfigError(f"{name}: a row-parallel tensor cannot fuse several parts")
+    # TensorRT-LLM pads the vocabulary to a multiple of TP (lm_head: vocab_size_padded;
+    # parallel embedding: ceil(vocab / tp) rows per rank) with zero rows.
+    padded = -(-shape[0] // tp) * tp if spec.kind is Parallel.VOCAB else None
+    secs = rows if spec.kind is Parallel.COLUMN and len(rows) > 1 else None
+    item.outputs.append(Output(name, template, shape, out_dtype, spec.kind, secs, padded, bool(experts)))
+
+
+def _kv_item(t: TrtTask, template: str, local: int | None, stage: int, quantizer: Quantizer,
+             kv_parts: dict[str, int], kv_of: dict[str, str]) -> Item:
+    """The FP8 KV-cache scale task of ``t``'s attention (its K and V parts' output amax)."""
+    qkv = t.inputs[0]
+    if kv_parts.get(qkv, 3) != 3:
+        raise UnsupportedError(f"--kv-cache fp8: {qkv} is not made of separate q, k and v projections, so the K and V "
+                               "output ranges cannot be calibrated")
+    name = template.replace("{i}", str(t.layer))
+    kv_of[name] = qkv
+    out = Output(name, template, (1,), torch.float32, Parallel.REPLICATED)
+    task = Task((), (name,), lambda ts, q=quantizer, n=name: (q.kv_scale(n),), (Parallel.REPLICATED,),
+                label="kv_cache_scale")
+    return Item(name, [task], [out], t.layer, local, stage)
+
+
+def _lay_out_ranks(plan: QuantPlan) -> list[RankFile]:
     ranks: list[RankFile] = []
-    for s in range(pp):
-        for r in range(tp):
-            rf = RankFile(s * tp + r, r, s)
+    for s in range(plan.pp):
+        for r in range(plan.tp):
+            rf = RankFile(s * plan.tp + r, r, s)
             seen: set[str] = set()
-            for it in stages[s]:
+            for it in plan.stages[s]:
                 for out in it.outputs:
                     meta = torch.empty(out.shape, dtype=out.dtype, device="meta")
-                    local = slice_for_rank(meta, out, tp, r)
+                    local = rank_slice(meta, out, plan, r)
                     name = out.rank_name(it.local_layer)
                     if name in seen:
                         raise MappingError(f"the TensorRT-LLM mapping writes {name} twice")

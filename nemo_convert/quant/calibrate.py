@@ -9,6 +9,18 @@ forward pre-hook on every selected :class:`torch.nn.Linear` and records, per mod
 * ``output_amax`` — max ``|y|`` of the module's output, for ``k_proj`` / ``v_proj``
   (FP8 KV-cache scale).
 
+A mixture-of-experts layer whose experts are not ``Linear`` modules — transformers v5 keeps a
+layer's experts as one module with 3-D ``gate_up_proj`` ``[E, 2I, H]`` (rows ``[gate; up]``)
+and ``down_proj`` ``[E, H, I]`` parameters and an ``act_fn`` (``MixtralExperts``,
+``Qwen2MoeExperts``, ``Qwen3MoeExperts`` in ``transformers/models/*/modeling_*.py``) — is
+calibrated expert by expert under the names ``{module}.gate_up_proj.{e}`` and
+``{module}.down_proj.{e}``, with *every* token through *every* expert (the inputs of
+``gate_up_proj`` are the layer's tokens; those of ``down_proj`` are ``act(gate)·up`` computed
+from the expert's own weights): routing sends a calibration set's tokens to few experts, and
+every expert needs a range. This is how quantizers calibrate MoE layers (llm-compressor's
+MoE calibration modules, ``calibrate_all_experts=True``); TensorRT-LLM then takes the max
+over the experts for the layer's one activation scale.
+
 Padding positions (``attention_mask == 0``) are left out. Statistics accumulate in
 float32 on the model's device, so the same code runs on CPU and CUDA.
 """
@@ -115,6 +127,18 @@ class _Accumulator:
         return st
 
 
+def fused_experts(module: torch.nn.Module) -> int:
+    """The number of experts of a transformers v5 fused-experts module (3-D ``gate_up_proj``
+    ``[E, 2I, H]`` and ``down_proj`` ``[E, H, I]``, an ``act_fn``), else 0."""
+    gu, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not isinstance(gu, torch.Tensor) or not isinstance(down, torch.Tensor) or gu.dim() != 3 or down.dim() != 3:
+        return 0
+    e, two_i, h = gu.shape
+    if down.shape != (e, h, two_i // 2) or two_i % 2 or not callable(getattr(module, "act_fn", None)):
+        return 0
+    return int(e)
+
+
 def _selected(name: str, patterns: Sequence[str] | None) -> bool:
     return patterns is None or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -174,8 +198,29 @@ def collect_activation_stats(model: torch.nn.Module, batches: Iterable[Any],
                 accs[name].add_output(rows_of(out))
         return hook
 
+    def make_experts_hook(name: str, experts: int):
+        def hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            if not args or not isinstance(args[0], torch.Tensor):
+                return
+            x = rows_of(args[0])
+            for e in range(experts):
+                gate, up = torch.nn.functional.linear(x, module.gate_up_proj[e]).chunk(2, dim=-1)
+                accs[f"{name}.gate_up_proj.{e}"].add_input(x, gen)
+                accs[f"{name}.down_proj.{e}"].add_input(module.act_fn(gate) * up, gen)
+        return hook
+
     handles = []
     for name, module in model.named_modules():
+        experts = fused_experts(module)
+        if experts and any(_selected(f"{name}.{p}.{e}", layers) for p in ("gate_up_proj", "down_proj")
+                           for e in range(experts)):
+            for e in range(experts):
+                for p, width in (("gate_up_proj", module.gate_up_proj.shape[2]),
+                                 ("down_proj", module.down_proj.shape[2])):
+                    accs[f"{name}.{p}.{e}"] = _Accumulator(max_samples)
+                    widths[f"{name}.{p}.{e}"] = int(width)
+            handles.append(module.register_forward_pre_hook(make_experts_hook(name, experts)))
+            continue
         if isinstance(module, torch.nn.Linear) and _selected(name, layers):
             accs[name] = _Accumulator(max_samples)
             widths[name] = module.in_features

@@ -1,1 +1,3 @@
-"""Sharding strategies: how global tensors split across tensor/pipeline-parallel ranks."""
+"""Sharding strategies: how global tensors split across tensor-, pipeline- and
+expert-parallel ranks. ``protocol.py`` types the three axes; ``tensor.py``,
+``pipeline.py`` and ``expert.py`` are the built-ins, registered by ``builtin.py``."""

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from nemo_convert.errors import InputError, UnsupportedError
-from nemo_convert.sharding.pipeline import PipelineParallel
+from nemo_convert.sharding.protocol import PipelineSharding
 
 TIED_EMBEDDING = "embedding.word_embeddings.weight"
 LAYER_RE = re.compile(r"^(?P<stack>(?:.*\.)?layers)\.(?P<i>\d+)\.(?P<rest>.+)$")
 _RANK_DIR = re.compile(r"^(?:mp_rank_(?P<mp>\d{2,})|tp_rank_(?P<tp>\d{2,})_pp_rank_(?P<pp>\d{3,}))$")
 
 
-def embedding_on_last_stage(cfg: dict) -> bool:
+def embedding_on_last_stage(cfg: dict[str, Any]) -> bool:
     """Whether the last pipeline stage holds a copy of the word embedding (``tied`` of
     :class:`ParallelLayout`): for tied output weights, and for an MTP block, which
     Megatron-Core's ``GPTModel`` gives an embedding wherever it is (``pre_process or
@@ -77,11 +77,13 @@ class ParallelLayout:
     tied: bool = False
 
     @classmethod
-    def make(cls, num_layers: int, tp: int = 1, pp: int = 1, *, stage_sizes: Sequence[int] | None = None,
-             tied: bool = False, pipeline: PipelineParallel | None = None) -> "ParallelLayout":
+    def make(cls, num_layers: int, tp: int = 1, pp: int = 1, *, pipeline: PipelineSharding,
+             stage_sizes: Sequence[int] | None = None, tied: bool = False) -> "ParallelLayout":
+        """The layout of ``num_layers`` layers at TP × PP, its stages from ``pipeline`` (the
+        registry's pipeline strategy) and ``stage_sizes`` (explicit layers per stage)."""
         if tp < 1:
             raise UnsupportedError(f"tensor-parallel size must be ≥ 1, got {tp}")
-        stages = (pipeline or PipelineParallel()).stage_layers(num_layers, pp, stage_sizes)
+        stages = pipeline.stage_layers(num_layers, pp, stage_sizes)
         return cls(tp, pp, tuple(stages), tied)
 
     def stage_of_layer(self, layer: int) -> int:

@@ -6,10 +6,10 @@
 """
 
 from nemo_convert.verify.core import verify
-from nemo_convert.verify.report import (ClipReport, ConfigDiff, EncodingDiff, SideInfo, TensorDiff, TokenizerFileDiff,
+from nemo_convert.verify.report import (ConfigDiff, EncodingDiff, SideInfo, TensorDiff, TokenizerFileDiff,
                                         TokenizerReport, VerifyReport)
 from nemo_convert.verify.tensors import HFView, compare_tensors
 from nemo_convert.verify.tokenizers import PROBE_TEXTS, compare_tokenizers
 
-__all__ = ["PROBE_TEXTS", "ClipReport", "ConfigDiff", "EncodingDiff", "HFView", "SideInfo", "TensorDiff",
+__all__ = ["PROBE_TEXTS", "ConfigDiff", "EncodingDiff", "HFView", "SideInfo", "TensorDiff",
            "TokenizerFileDiff", "TokenizerReport", "VerifyReport", "compare_tensors", "compare_tokenizers", "verify"]

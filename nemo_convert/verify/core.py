@@ -6,6 +6,7 @@ import copy
 import fnmatch
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any, Sequence
@@ -98,7 +99,8 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool,
         except BaseException:
             hf.close()
             raise
-    ck = open_model_checkpoint(path, trust_pickle=trust_pickle, kinds_for=kinds_for(reg, family))
+    ck = open_model_checkpoint(path, strategies=reg.strategies(), trust_pickle=trust_pickle,
+                               kinds_for=kinds_for(reg, family))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
         native = not isinstance((ck.config.get(SECTION) or {}).get("hf_config"), dict)
@@ -202,18 +204,20 @@ def verify(a: str | os.PathLike[str], b: str | os.PathLike[str], *, atol: float 
     :param options: the options of plugin-provided verifiers (``nemo_convert_verifiers``),
         by key; each verifier with a given option runs on both sides (as HF folders) after
         the comparison, its result in ``VerifyReport.extra[name]`` (informational).
-    :param clip_image: with ``texts``, the CLIP plugin's verifier options (``options``
-        ``clip_image`` and ``texts``): CLIP zero-shot probabilities of ``texts`` for this
-        image on both sides (needs ``transformers.CLIPModel``).
+    :param clip_image: deprecated spelling of ``options={"clip_image": …}`` (with
+        ``texts``: ``options={"texts": […]}``), the CLIP plugin's verifier options, from
+        before verifiers were generic.
     :raises NemoConvertError: bad input (unreadable checkpoint, unknown family, …).
     """
     a, b = os.fspath(a), os.fspath(b)
-    clip_image = None if clip_image is None else os.fspath(clip_image)
     for label, v in (("atol", atol), ("rtol", rtol)):
         if not v >= 0:
             raise InputError(f"{label} must be a number >= 0, not {v}")
     given = dict(options or {})
-    given.update({k: v for k, v in (("clip_image", clip_image), ("texts", texts)) if v is not None})
+    if clip_image is not None or texts is not None:
+        warnings.warn("verify(clip_image=..., texts=...) is deprecated; pass options={'clip_image': ..., "
+                      "'texts': [...]} (the CLIP plugin's verifier options)", DeprecationWarning, stacklevel=2)
+        given.update({k: v for k, v in (("clip_image", clip_image), ("texts", texts)) if v is not None})
     reg = registry_or_default(registry)
     verifiers = _verifiers_for(reg, given)
     side_a = _open_side(a, family, reg, trust_pickle, rope_scaling, drop_head)

@@ -1,10 +1,14 @@
-"""The result of ``verify``: per-tensor, config, tokenizer (and CLIP) comparisons."""
+"""The result of ``verify``: per-tensor, config and tokenizer comparisons, and the
+results of the plugins' verifiers (``extra``), shown without naming any of them."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
+
+from nemo_convert.plugins.records import ReportItem
 
 #: Tensor statuses that count as a match.
 MATCHING = ("equal", "close", "skipped")
@@ -115,24 +119,46 @@ class TokenizerReport:
         return all(f.ok for f in self.files) and all(e.ok for e in self.encodings)
 
 
-@dataclass
-class ClipReport:
-    """Zero-shot probabilities (softmax of 100 · image · textᵀ) on both sides."""
+def result_json(result: Any) -> Any:
+    """What ``--json`` prints for a verifier's result (``VerifierResult``): its
+    ``as_dict()``, a plain ``dict`` as it is, another object's fields."""
+    as_dict = getattr(result, "as_dict", None)
+    if callable(as_dict):
+        return as_dict()
+    if not isinstance(result, dict) and hasattr(result, "__dict__"):
+        return dict(vars(result))
+    return result
 
-    image: str
-    texts: list[str]
-    probs_a: list[float]
-    probs_b: list[float]
-    max_abs_diff: float
-    image_reader: str  # "PIL" or "builtin"
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def result_items(name: str, result: Any) -> list[ReportItem]:
+    """The text report of verifier ``name``'s result: its ``render()`` items, or else one
+    ``name.key: value`` line per field of a ``dict`` (or of an object), or ``name: value``."""
+    render = getattr(result, "render", None)
+    if callable(render):
+        return list(render())
+    fields = result if isinstance(result, dict) else vars(result) if hasattr(result, "__dict__") else None
+    if fields is None:
+        return [f"{name}: {_short(result)}"]
+    return [f"{name}.{k}: {_short(v)}" for k, v in fields.items()] or [f"{name}: (empty)"]
+
+
+#: The verifier whose result ``VerifyReport.clip`` and the JSON's top-level ``"clip"``
+#: repeat. Deprecated: docs/api.md and docs/cli.md promised both before verifiers were
+#: generic; read ``extra["clip"]`` instead. To be removed with them.
+DEPRECATED_TOP_LEVEL = "clip"
 
 
 @dataclass
 class VerifyReport:
     """Everything ``verify`` compared. ``ok`` is true when every tensor matches within
     the tolerance, the HF configs are equal and the tokenizers behave identically. The
-    results of plugin-provided verifiers (``extra``, by verifier name; CLIP's zero-shot
-    probabilities are ``extra["clip"]``, also :attr:`clip`) are informational. With ``allow_dtype_change``, tensors of
+    results of plugin-provided verifiers (``extra``, by verifier name; the CLIP plugin's
+    zero-shot probabilities are ``extra["clip"]``) are informational. With ``allow_dtype_change``, tensors of
     different floating dtypes are compared by value and a changed config ``dtype`` /
     ``torch_dtype`` is a note, not a difference."""
 
@@ -148,9 +174,12 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def clip(self) -> ClipReport | None:
-        """The CLIP plugin's zero-shot probabilities, when ``verify`` ran them."""
-        return self.extra.get("clip")
+    def clip(self) -> Any:
+        """Deprecated: ``extra.get("clip")``, the CLIP plugin's result (docs/api.md promised
+        this attribute before verifiers were generic)."""
+        warnings.warn("VerifyReport.clip is deprecated; use VerifyReport.extra.get('clip')", DeprecationWarning,
+                      stacklevel=2)
+        return self.extra.get(DEPRECATED_TOP_LEVEL)
 
     @property
     def tensors_ok(self) -> bool:
@@ -204,7 +233,8 @@ class VerifyReport:
                 "encodings": [plain(e) for e in tok.encodings],
                 "notes": list(tok.notes),
             },
-            "clip": plain(self.clip),
-            "extra": {name: plain(r) if hasattr(r, "__dict__") else r for name, r in self.extra.items()},
+            # deprecated: the same as extra.clip (DEPRECATED_TOP_LEVEL)
+            DEPRECATED_TOP_LEVEL: result_json(self.extra.get(DEPRECATED_TOP_LEVEL)),
+            "extra": {name: result_json(r) for name, r in self.extra.items()},
             "notes": list(self.notes),
         })

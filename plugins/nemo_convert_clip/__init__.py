@@ -1,10 +1,10 @@
 """The CLIP family: HF ``CLIPModel`` ⇄ NeMo ``MegatronCLIPModel`` (legacy ``model_weights.ckpt``),
-and ``verify``'s zero-shot check (``--clip-image IMG --texts …``).
+and ``verify``'s zero-shot check (``--clip-image IMG --texts …``, a ``Verifier``).
 
 Every command loads every plugin (``nemo-convert inspect`` and each command's ``--help``
 too), so this module imports only declarations; the zero-shot check's code
-(:mod:`nemo_convert.verify.clip`: torch, transformers, the ``verify`` package) is imported
-when ``verify`` runs it (CONTRIBUTING.md, "Start-up time")."""
+(:mod:`nemo_convert_clip.zero_shot` and :mod:`nemo_convert_clip.image`: torch,
+transformers) is imported when ``verify`` runs it (CONTRIBUTING.md, "Start-up time")."""
 
 from typing import Any
 
@@ -13,13 +13,13 @@ from nemo_convert_clip.family import CLIP
 
 
 def _zero_shot_report(folder_a: str, folder_b: str, options: dict[str, Any]) -> Any:
-    from nemo_convert.verify.clip import zero_shot_report  # runs models: loaded when verify runs it
+    from nemo_convert_clip.zero_shot import zero_shot_report  # runs models: loaded when verify runs it
 
     return zero_shot_report(folder_a, folder_b, options)
 
 
 def _check_zero_shot_options(options: dict[str, Any]) -> None:
-    from nemo_convert.verify.clip import check_zero_shot_options  # see _zero_shot_report
+    from nemo_convert_clip.zero_shot import check_zero_shot_options  # see _zero_shot_report
 
     check_zero_shot_options(options)
 

@@ -37,16 +37,29 @@ HF_CLIP_PROJECTION_DIM = 512
 
 #: Every ``config.json`` key the translation reads or knows not to change the model (beside
 #: the shared harmless keys): anything else is refused by name (strict, like the tensors).
-#: Harmless: initialisation-only values, training dropouts, and a tower's own
-#: ``projection_dim`` / ``vocab_size`` copies that ``CLIPModel`` does not use.
+#: Harmless: initialisation-only values, training dropouts, a tower's own
+#: ``projection_dim`` / ``vocab_size`` copies that ``CLIPModel`` does not use, and the
+#: ``tie_word_embeddings: true`` that the towers of openai/clip-vit-large-patch14 carry (a
+#: ``PretrainedConfig`` default of its time; no CLIP tower has an output embedding to tie).
 CLIP_TOWER_KEYS: tuple[str, ...] = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "hidden_act", "layer_norm_eps",
     "initializer_range", "attention_dropout", "initializer_factor", "dropout", "projection_dim", "torch_dtype",
-    "dtype")
+    "dtype", "tie_word_embeddings")
 CLIP_TEXT_KEYS = CLIP_TOWER_KEYS + ("max_position_embeddings", "vocab_size")
 CLIP_VISION_KEYS = CLIP_TOWER_KEYS + ("image_size", "patch_size", "num_channels", "vocab_size")
+#: ``text_config_dict`` / ``vision_config_dict``: the legacy spelling of the towers that
+#: openai/clip-vit-large-patch14 still publishes beside ``text_config`` / ``vision_config``
+#: (:func:`legacy_tower_dicts`).
+LEGACY_TOWER_DICTS = {"text_config_dict": "text_config", "vision_config_dict": "vision_config"}
 CLIP_KEYS = ("text_config", "vision_config", "projection_dim", "torch_dtype", "dtype", "logit_scale_init_value",
-             "initializer_factor")
+             "initializer_factor", *LEGACY_TOWER_DICTS)
+#: The tower fields the translation reads (those that change the model), per tower.
+TOWER_MATH_KEYS = {
+    "text_config": ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "hidden_act",
+                    "layer_norm_eps", "max_position_embeddings", "vocab_size"),
+    "vision_config": ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "hidden_act",
+                      "layer_norm_eps", "image_size", "patch_size", "num_channels"),
+}
 
 #: HF ``hidden_act`` ⇄ NeMo ``activation`` (NeMo's ``approx-gelu`` is quick-GELU).
 ACTIVATIONS = {"quick_gelu": "approx-gelu", "gelu": "gelu"}
@@ -131,10 +144,37 @@ def text_section(hf_text: dict[str, Any], *, output_dim: int, precision: Any = 3
             "encoder_seq_length": seq, "max_position_embeddings": seq}
 
 
+def legacy_tower_dicts(hf: dict[str, Any]) -> None:
+    """``text_config_dict`` / ``vision_config_dict`` duplicate ``text_config`` /
+    ``vision_config``; transformers builds a tower config from the ``*_dict`` (its fields
+    over the tower class's defaults) and lays all of it over the other spelling (transformers
+    5.24 ``models/clip/configuration_clip.py`` lines 167-235, ``CLIPConfig.__post_init__``).
+    Every field the translation reads must therefore come out the same from both: then the
+    towers are read from ``text_config`` / ``vision_config`` and the ``*_dict`` travel with
+    the rest of the source config; otherwise the config says two things and is refused by
+    the field's name. The ``*_dict`` themselves are strict like the towers."""
+    defaults = {"text_config": HF_TEXT_DEFAULTS, "vision_config": HF_VISION_DEFAULTS}
+    for legacy, tower in LEGACY_TOWER_DICTS.items():
+        given = hf.get(legacy)
+        if given is None:
+            continue
+        if not isinstance(given, dict):
+            raise UnsupportedError(f"{legacy}={given!r} is not a tower config (a mapping like {tower})")
+        refuse_unknown_keys(given, CLIP_TEXT_KEYS if tower == "text_config" else CLIP_VISION_KEYS, "clip",
+                            legacy + ".")
+        used = {**defaults[tower], **given}  # what transformers lays over the tower
+        stated = {**defaults[tower], **(hf.get(tower) or {})}
+        for key in TOWER_MATH_KEYS[tower]:
+            if used[key] != stated[key]:
+                raise UnsupportedError(f"{legacy}.{key}={used[key]!r} differs from {tower}.{key}={stated[key]!r} "
+                                       f"(transformers takes the {legacy} value)")
+
+
 def clip_config_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
     refuse_unknown_keys(hf, CLIP_KEYS, "clip")
     refuse_unknown_keys(hf.get("text_config") or {}, CLIP_TEXT_KEYS, "clip", "text_config.")
     refuse_unknown_keys(hf.get("vision_config") or {}, CLIP_VISION_KEYS, "clip", "vision_config.")
+    legacy_tower_dicts(hf)
     text = {**HF_TEXT_DEFAULTS, **(hf.get("text_config") or {})}
     vision = {**HF_VISION_DEFAULTS, **(hf.get("vision_config") or {})}
     output_dim = int(hf.get("projection_dim") or HF_CLIP_PROJECTION_DIM)

@@ -13,10 +13,13 @@ other RoPE scaling. The hub's MXFP4 experts are dequantized on import
 (``nemo_convert/mapping/dequant.py``).
 """
 
+from __future__ import annotations
+
 from typing import Any
 
 from nemo_convert.families import (EXPERTS_FFN, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, Check,
                                    Derived, Field, GPTFeatures, MoEBlock, activation, gpt_family, num_experts, rope)
+from nemo_convert.hf_config import read_rope
 
 
 def _windows_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
@@ -31,6 +34,24 @@ def _windows_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     sliding = cfg.get("window_attn_skip_freq") or [0] * int(cfg["num_layers"])
     return {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
             "sliding_window": (cfg.get("nemo_convert") or {}).get("sliding_window")}
+
+
+def _openai_context(hf: dict[str, Any]) -> str | None:
+    """``initial_context_length`` is OpenAI's name for YaRN's original context: their
+    reference model builds its rotary embedding from it (openai/gpt-oss ``7b583341``
+    ``gpt_oss/torch/model.py`` lines 25, 69-105, 210). transformers never reads it and takes
+    ``rope_scaling.original_max_position_embeddings`` instead; the published configs give
+    both 4096. Equal (or without YaRN, where transformers has no original context) it is a
+    duplicate; different, the two implementations run different models: refused by name."""
+    value = hf.get("initial_context_length")
+    rope = read_rope(hf)
+    if value is None or rope.kind != "yarn":
+        return None
+    original = rope.params.get("original_max_position_embeddings")
+    if original is not None and int(value) != int(original):
+        return (f"initial_context_length={value} differs from the YaRN original_max_position_embeddings={original} "
+                "(OpenAI's reference uses the first, transformers the second)")
+    return None
 
 
 def _openai_topk(hf: dict[str, Any]) -> str | None:
@@ -52,9 +73,8 @@ GPT_OSS = gpt_family(
         activation("silu", "quick-geglu"), num_experts("num_local_experts"),
         EXPERTS_FFN, rope("yarn", explicit_default=True),
         Check(("experts_per_token",), _openai_topk),
-        # OpenAI's original-format key in the published configs: transformers never reads it
-        # (YaRN's original context is rope_scaling.original_max_position_embeddings).
-        *MOE_ROWS, harmless=(*MOE_HARMLESS, "initial_context_length"),
+        Check(("initial_context_length",), _openai_context),
+        *MOE_ROWS, harmless=MOE_HARMLESS,
         nemo_constants={**MOE_NEMO_CONSTANTS, "qkv_bias": True, "softmax_type": "learnable", "glu_linear_offset": 1.0,
                         "moe_router_pre_softmax": False, "moe_layer_freq": 1, "expert_tensor_parallel_size": 1,
                         "nemo_convert.linear_biases": {"qkv": True, "proj": True, "mlp": True}}),

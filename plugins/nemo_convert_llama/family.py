@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.families import gpt_family, gpt_mapping
+from nemo_convert.families.trtllm import LLAMA_FIELDS, gpt_trtllm
 from nemo_convert.mapping import Mapping
 from nemo_convert_llama.config import LLAMA_CONFIG
 
@@ -19,5 +20,6 @@ def llama_mapping(cfg: dict[str, Any]) -> Mapping:
 LLAMA = gpt_family(
     "llama", architecture="LlamaForCausalLM", model_type="llama", config=LLAMA_CONFIG,
     nemo2_targets=("nemo.collections.llm.gpt.model.llama.LlamaModel",),
+    trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS),  # TensorRT-LLM's LLaMAForCausalLM
     description="Llama 2/3/3.1/3.2 (MHA, GQA, tied embeddings, llama3/linear RoPE scaling)",
 )

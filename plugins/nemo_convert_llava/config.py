@@ -145,14 +145,19 @@ def _default_tower_name(vision: dict[str, Any]) -> str:
     return "openai/clip-vit-large-patch14-336" if int(vision["image_size"]) == 336 else "openai/clip-vit-large-patch14"
 
 
-def llava_config_to_nemo(hf: dict[str, Any], *, embed_vision_tower: bool = False,
-                         hf_key_spelling: dict[str, str] | None = None, vision_tower_name: str | None = None,
-                         conv_template: str = "v1") -> dict[str, Any]:
+def llava_config_to_nemo(hf: dict[str, Any], *, embed_vision_tower: bool | None = None,
+                         reference_vision_tower: bool = False, hf_key_spelling: dict[str, str] | None = None,
+                         vision_tower_name: str | None = None, conv_template: str = "v1") -> dict[str, Any]:
     """NeVA config for an HF LLaVA config.
 
     :param embed_vision_tower: store the vision tower's weights in the ``.nemo`` (under
         ``model.embedding.word_embeddings.vision_encoder.``) so that export can rebuild the
-        complete HF checkpoint; otherwise the tower is only referenced by name.
+        complete HF checkpoint — the default: an import is exported back whole. NeMo
+        itself ignores the stored copy while the tower is frozen (it loads the tower from
+        ``from_pretrained``; Megatron-Core's ``dist_checkpointing.load`` leaves checkpoint
+        keys the model does not ask for alone, ``StrictHandling.ASSUME_OK_UNEXPECTED``).
+    :param reference_vision_tower: as NeMo's converter: only reference the tower by name
+        (``embed_vision_tower=False``); such a ``.nemo`` cannot be exported to HF.
     :param hf_key_spelling: which spelling the checkpoint's tensor names use (see
         :data:`SPELLINGS`); detected from the tensor names when the core provides them.
     :param vision_tower_name: ``mm_cfg.vision_encoder.from_pretrained`` (HF id or path of the
@@ -160,6 +165,9 @@ def llava_config_to_nemo(hf: dict[str, Any], *, embed_vision_tower: bool = False
     :param conv_template: ``data.conv_template`` and ``mm_cfg.llm.model_type`` (NeMo's
         converter default ``v1``).
     """
+    if reference_vision_tower and embed_vision_tower:
+        raise ConfigError("reference_vision_tower and embed_vision_tower contradict each other (pass one)")
+    embed = not reference_vision_tower if embed_vision_tower is None else bool(embed_vision_tower)
     top, text, vision = _towers(hf)
     cfg = llama_config_to_nemo(text)
     if hf_dtype_name(hf):
@@ -205,7 +213,7 @@ def llava_config_to_nemo(hf: dict[str, Any], *, embed_vision_tower: bool = False
         "image_aspect_ratio": "square",
     }
     ours = cfg.setdefault("nemo_convert", {})
-    ours["embed_vision_tower"] = bool(embed_vision_tower)
+    ours["embed_vision_tower"] = embed
     ours["hf_key_spelling"] = _spelling(hf, hf_key_spelling)
     return cfg
 
@@ -222,8 +230,8 @@ def llava_config_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
         raise VisionTowerNotEmbedded(
             f"this NeVA .nemo references its vision tower (mm_cfg.vision_encoder.from_pretrained = {ref!r}) "
             "instead of embedding it, so it cannot be exported to a complete HF LLaVA checkpoint; re-import "
-            "the HF LLaVA with the import option embed_vision_tower=True "
-            "(api.import_hf(..., options={'embed_vision_tower': True}))")
+            "the HF LLaVA without --reference-vision-tower (the tower is embedded by default, import option "
+            "embed_vision_tower)")
     original = ours.get("hf_config")
     if not isinstance(original, dict):
         raise ConfigError("this NeVA .nemo has no record of its HF config (nemo_convert.hf_config), which "

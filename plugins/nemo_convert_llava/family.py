@@ -103,10 +103,14 @@ LLAVA = ModelFamily(
         add_tokens=NEVA_EXTRA_TOKENS,
     ),
     options=FamilyOptions(
-        keys=("embed_vision_tower", "hf_key_spelling", "vision_tower_name", "conv_template"),
+        keys=("embed_vision_tower", "reference_vision_tower", "hf_key_spelling", "vision_tower_name",
+              "conv_template"),
         cli=(CommandOption("import", "--embed-vision-tower",
-                           "LLaVA: store the vision tower in the .nemo (self-contained; export reproduces the "
-                           "full HF checkpoint). Same as --option embed_vision_tower=true"),),
+                           "LLaVA: store the vision tower in the .nemo (the default: self-contained, export "
+                           "reproduces the full HF checkpoint). Same as --option embed_vision_tower=true"),
+             CommandOption("import", "--reference-vision-tower",
+                           "LLaVA: as NeMo's converter, only name the vision tower (mm_cfg.vision_encoder."
+                           "from_pretrained) instead of storing it; such a .nemo cannot be exported to HF"),),
         from_source=llava_source_options,
     ),
     description="LLaVA 1.5 (HF LlavaForConditionalGeneration ⇄ NeVA: Llama + CLIP tower + mlp2x_gelu projector)",

@@ -3,13 +3,28 @@
 The biases are fused like the weights (interleaved per query group) into
 ``linear_qkv.bias``: Megatron's ``add_qkv_bias``. Per-layer sliding windows
 (``use_sliding_window``) have no Megatron-Core equivalent and are refused; the window
-keys are accepted while they are off.
+keys are accepted while they are off. The published Qwen2.5 configs (3B, 7B) carry
+``use_mrope: false``: transformers' ``Qwen2Config`` has no such field (it is Qwen2-VL's
+switch for multimodal rotary sections), so false is harmless and true is refused by name.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 from nemo_convert.families import GPT_CONFIG, Check, gpt_family, no_per_layer_windows
+from nemo_convert.families.trtllm import gpt_trtllm, qwen_fields
+
+
+def _no_mrope(hf: dict[str, Any]) -> str | None:
+    """``use_mrope: true`` asks for Qwen2-VL's multimodal rotary sections, which neither
+    ``Qwen2ForCausalLM`` nor Megatron-Core's GPT computes."""
+    return "use_mrope=True (Qwen2-VL's multimodal RoPE sections)" if hf.get("use_mrope") else None
+
 
 QWEN2_CONFIG = GPT_CONFIG.extend(
     Check(("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"), no_per_layer_windows),
+    Check(("use_mrope",), _no_mrope),
     nemo_constants={"qkv_bias": True, "nemo_convert.linear_biases": {"qkv": True, "proj": False, "mlp": False}},
 )
 
@@ -17,5 +32,6 @@ QWEN2 = gpt_family(
     "qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", config=QWEN2_CONFIG,
     claims=lambda cfg: bool(cfg.get("qkv_bias")) and not cfg.get("bias") and not cfg.get("num_moe_experts"),
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
+    trtllm=gpt_trtllm("Qwen2ForCausalLM", qwen_fields("qwen2")),  # TensorRT-LLM's QWenForCausalLM
     description="Qwen2 / Qwen2.5 (GQA, q/k/v biases, tied or not)",
 )

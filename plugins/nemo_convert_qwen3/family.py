@@ -5,6 +5,7 @@
 """
 
 from nemo_convert.families import GPT_CONFIG, Check, GPTFeatures, gpt_family, linear_biases, no_per_layer_windows
+from nemo_convert.families.trtllm import gpt_trtllm, qwen_fields
 
 QWEN3 = gpt_family(
     "qwen3", architecture="Qwen3ForCausalLM", model_type="qwen3",
@@ -15,5 +16,6 @@ QWEN3 = gpt_family(
     features=GPTFeatures(qk_norm=True),
     claims=lambda cfg: bool(cfg.get("qk_layernorm")) and not cfg.get("num_moe_experts"),
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",),
+    trtllm=gpt_trtllm("Qwen3ForCausalLM", qwen_fields("qwen3")),  # TensorRT-LLM's QWenForCausalLM
     description="Qwen3 dense (GQA, q/k RMSNorm, head_dim of its own)",
 )

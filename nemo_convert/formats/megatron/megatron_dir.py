@@ -44,6 +44,7 @@ from nemo_convert.formats.io.tar_archive import Container, DirectoryContainer
 from nemo_convert.hf_config import read_json_object
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout, embedding_on_last_stage, rank_dir
+from nemo_convert.sharding.protocol import Strategies
 from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
 from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
 from nemo_convert.tensors.safe_unpickle import safe_load, to_plain
@@ -268,11 +269,12 @@ def _legacy_ranks(folder: str) -> dict[tuple[int, int], str]:
     return ranks
 
 
-def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: bool = False,
-                      kinds_for: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                      tensor_parallel: Any = None) -> MegatronCheckpoint:
+def open_megatron_dir(path: str, *, strategies: Strategies, iteration: int | None = None,
+                      trust_pickle: bool = False,
+                      kinds_for: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> MegatronCheckpoint:
     """Open a Megatron-Bridge or Megatron-LM checkpoint directory lazily; tensors come
-    out under NeMo's logical names, optimizer and RNG state are left out (and noted)."""
+    out under NeMo's logical names, optimizer and RNG state are left out (and noted).
+    Per-rank ``mp_rank_XX`` files are merged with ``strategies`` (the registry's)."""
     folder = resolve_iteration(path, iteration)
     container = DirectoryContainer(folder)
     closers: list[Callable[[], None]] = [container.close]
@@ -361,9 +363,9 @@ def open_megatron_dir(path: str, *, iteration: int | None = None, trust_pickle: 
             files = _LegacyRanks(folder, ranks, rpp)
             sizes = stage_sizes(files, "", (rtp, rpp), trust_pickle)  # Megatron may split stages unevenly
             playout = ParallelLayout.make(sum(sizes), rtp, rpp, stage_sizes=sizes,
-                                          tied=embedding_on_last_stage(cfg))
+                                          tied=embedding_on_last_stage(cfg), pipeline=strategies.pipeline)
             source = LocalSpecNames(PerRankSource(files, "", playout, kinds, vocab=vocab, trust_pickle=trust_pickle,
-                                                  tensor_parallel=tensor_parallel))
+                                                  tensor_parallel=strategies.tensor))
             extra = []
         if vocab:
             source = VocabTrimView(source, {k for k, v in kinds.items() if v is Parallel.VOCAB}, int(vocab))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Callable
+from typing import Callable
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.dist_checkpoint.sections import join_sections
@@ -27,6 +27,7 @@ from nemo_convert.formats.io.tar_archive import Container, find_member, open_nem
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import (ParallelLayout, detect_ranks, embedding_on_last_stage, parse_rank_dir,
                                           rank_dir, split_layer_name)
+from nemo_convert.sharding.protocol import Strategies
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.tensors.torch_zip_source import TorchZipSource
 from nemo_convert.tensors.views import PrefixView  # noqa: F401  (re-exported)
@@ -61,16 +62,17 @@ def _stage_sizes(container: Container, prefix: str, tp_pp: tuple[int, int], trus
     return sizes
 
 
-def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | None = None,
-              tensor_parallel: Any = None) -> NemoCheckpoint:
+def open_nemo(path: str, *, strategies: Strategies, trust_pickle: bool = False,
+              kinds_for: KindsFor | None = None) -> NemoCheckpoint:
     """Open a ``.nemo`` (tar, gzipped tar, or folder) without extracting it.
 
     Tensors come out under global logical names whatever the layout (dist, legacy, or
     legacy per-rank — merged on demand), with vocabulary padding removed when the true
     vocabulary size is known. ``kinds_for(cfg)`` gives each tensor's parallel kind (from
     the model family); it is needed to merge per-rank files and to trim padding.
-    ``tensor_parallel`` merges per-rank slices (default: the built-in strategy; a
-    conversion passes the registry's, placed on its ``--device``).
+    ``strategies`` are the registry's sharding strategies (``Registry.strategies()``):
+    per-rank slices are merged by its tensor-parallel strategy (a conversion places it on
+    its ``--device``), its pipeline strategy lays out the stages.
     """
     if os.path.isdir(path) and os.path.isdir(os.path.join(path, "weights")) \
             and os.path.isdir(os.path.join(path, "context")):
@@ -129,11 +131,11 @@ def open_nemo(path: str, *, trust_pickle: bool = False, kinds_for: KindsFor | No
             if tp > 1 and not kinds and kind_of is None:
                 raise InputError(f"{path}: per-rank weights at TP={tp} can only be merged through the model "
                                  "family's mapping, and no installed family handles this config (pass --family)")
-            playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes,
-                                          tied=bool(tied))
+            playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes, tied=bool(tied),
+                                          pipeline=strategies.pipeline)
             vocab = (config.get("nemo_convert") or {}).get("vocab_size")
             source = PerRankSource(container, prefix, playout, kinds, vocab=vocab, trust_pickle=trust_pickle,
-                                   tensor_parallel=tensor_parallel, rank_view=rank_view, kind_of=kind_of)
+                                   tensor_parallel=strategies.tensor, rank_view=rank_view, kind_of=kind_of)
             if kind_of is not None:
                 notes.append(f"merged TP={tp} PP={pp} rank files by NeMo's legacy split rules "
                              "(megatron_change_num_partitions.py)")

@@ -17,7 +17,8 @@ from nemo_convert.formats.io.tar_archive import Container
 from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout
-from nemo_convert.sharding.tensor import TensorParallel, deferred
+from nemo_convert.sharding.protocol import TensorSharding
+from nemo_convert.sharding.tensor import deferred
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy, materialize
 from nemo_convert.tensors.torch_zip_source import TorchZipSource
@@ -27,21 +28,20 @@ if TYPE_CHECKING:
     import torch
 
 WEIGHTS = "model_weights.ckpt"
-_TP = TensorParallel()
 
 
 class PerRankSource:
     """Global logical tensors merged from per-rank ``model_weights.ckpt`` files."""
 
     def __init__(self, container: Container, prefix: str, layout: ParallelLayout,
-                 kinds: dict[str, Parallel], *, vocab: int | None = None, trust_pickle: bool = False,
-                 tensor_parallel: TensorParallel | None = None,
-                 rank_view: Callable[[TensorSource, str], TensorSource] | None = None,
+                 kinds: dict[str, Parallel], *, tensor_parallel: TensorSharding, vocab: int | None = None,
+                 trust_pickle: bool = False, rank_view: Callable[[TensorSource, str], TensorSource] | None = None,
                  kind_of: Callable[[str], Parallel | None] | None = None) -> None:
-        """``rank_view(source, where)`` presents each rank file's (``model.``-less) tensors
+        """``tensor_parallel`` merges the rank slices (the registry's strategy);
+        ``rank_view(source, where)`` presents each rank file's (``model.``-less) tensors
         under other names (legacy NeMo names: :mod:`.nemo_legacy`); ``kind_of(name)``, when it
         answers, decides a tensor's parallel kind before ``kinds``."""
-        self._tp = tensor_parallel or _TP
+        self._tp = tensor_parallel
         self._layout = layout
         self._kinds = kinds
         self._kind_of = kind_of
@@ -132,13 +132,13 @@ class RankWeightsWriter:
     ``model.``-prefixed under its stage-local name (layers renumbered per stage)."""
 
     def __init__(self, stream: BinaryIO, layout: ParallelLayout, kinds: dict[str, Parallel], *, pp_rank: int,
-                 tp_rank: int, padded_vocab: int | None, tensor_parallel: TensorParallel | None = None) -> None:
+                 tp_rank: int, padded_vocab: int | None, tensor_parallel: TensorSharding) -> None:
         self._writer = TorchSaveWriter(stream)
         self._layout = layout
         self._kinds = kinds
         self._p, self._t = pp_rank, tp_rank
         self._vocab = padded_vocab
-        self._splitter = tensor_parallel or _TP
+        self._splitter = tensor_parallel
         # deferred where the strategy can (rows picked, not copied: the writer copies them file to file)
         self._split_lazy = deferred(self._splitter, "split")
 

@@ -31,6 +31,7 @@ from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSou
 from nemo_convert.formats.nemo.nemo_ranks import WEIGHTS, PerRankSource
 from nemo_convert.formats.io.tar_archive import Container
 from nemo_convert.sharding.layout import ParallelLayout, split_layer_name
+from nemo_convert.sharding.protocol import Strategies
 from nemo_convert.tensors.base import ByteRegion, TensorSource, dtype_size
 from nemo_convert.tensors.torch_zip import LazyTensor
 from nemo_convert.tensors.torch_zip_source import TorchZipSource
@@ -141,7 +142,8 @@ class TrainingCheckpoint:
     dropped: dict[str, Dropped] = field(default_factory=dict)
     dropped_keys: list[str] = field(default_factory=list)  # model entries that are not weights
     stage_sizes: tuple[int, ...] | None = None  # layers per pipeline stage (per-rank, PP > 1)
-    _make_weights: Callable[[dict[str, Any], bool], TensorSource] | None = field(default=None, repr=False)
+    _make_weights: Callable[[dict[str, Any], bool, Strategies], TensorSource] | None = field(default=None,
+                                                                                             repr=False)
     _closers: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     @property
@@ -161,12 +163,14 @@ class TrainingCheckpoint:
             total.add(d)
         return total
 
-    def weights(self, kinds: dict[str, Any] | None = None, *, tied: bool = False) -> TensorSource:
+    def weights(self, kinds: dict[str, Any] | None = None, *, strategies: Strategies,
+                tied: bool = False) -> TensorSource:
         """The model's global tensors under logical names. Per-rank slices are merged
-        using ``kinds`` (each tensor's parallel kind) and ``tied`` (whether the last stage
-        holds a copy of the word embedding). Vocabulary padding is kept."""
+        with ``strategies`` (the registry's) using ``kinds`` (each tensor's parallel kind)
+        and ``tied`` (whether the last stage holds a copy of the word embedding).
+        Vocabulary padding is kept."""
         assert self._make_weights is not None
-        source = self._make_weights(kinds or {}, tied)
+        source = self._make_weights(kinds or {}, tied, strategies)
         self._closers.append(source.close)
         return source
 
@@ -245,7 +249,7 @@ def _open_single(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
         zs.close()
         raise
     ck._closers.append(zs.close)
-    ck._make_weights = lambda kinds, tied: PrefixView(zs, prefix, keep=lambda k: is_weight(k, prefix))
+    ck._make_weights = lambda kinds, tied, strategies: PrefixView(zs, prefix, keep=lambda k: is_weight(k, prefix))
     return ck
 
 
@@ -279,11 +283,11 @@ def _open_ranks(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
                              f"expected 0..{sizes[p] - 1}")
     ck = TrainingCheckpoint(loc, meta, "model.", dropped, dropped_keys, sizes if loc.pp > 1 else None)
 
-    def make(kinds: dict[str, Any], tied: bool) -> TensorSource:
+    def make(kinds: dict[str, Any], tied: bool, strategies: Strategies) -> TensorSource:
         playout = ParallelLayout.make(sum(sizes), loc.tp, loc.pp, stage_sizes=sizes if loc.pp > 1 else None,
-                                      tied=tied)
-        return PrefixView(PerRankSource(_RankFiles(loc, playout), "", playout, kinds, trust_pickle=trust_pickle), "",
-                          keep=lambda k: is_weight(k, ""))
+                                      tied=tied, pipeline=strategies.pipeline)
+        return PrefixView(PerRankSource(_RankFiles(loc, playout), "", playout, kinds, trust_pickle=trust_pickle,
+                                        tensor_parallel=strategies.tensor), "", keep=lambda k: is_weight(k, ""))
 
     ck._make_weights = make
     return ck
@@ -341,5 +345,5 @@ def _open_dist(loc: Located, trust_pickle: bool) -> TrainingCheckpoint:
     ck = TrainingCheckpoint(loc, meta, prefix, dropped, dropped_keys)
     ck._closers.extend(closers)
     view = PrefixView(dist, prefix, keep=lambda k: is_weight(k, prefix))
-    ck._make_weights = lambda kinds, tied: view if extra is None else MultiSource([view, extra], root)
+    ck._make_weights = lambda kinds, tied, strategies: view if extra is None else MultiSource([view, extra], root)
     return ck

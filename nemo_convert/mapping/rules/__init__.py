@@ -18,10 +18,10 @@ from nemo_convert.mapping.rules.base import (Axes, Kind, Parallel, Sections, cfg
 from nemo_convert.mapping.rules.fused import FuseGated, FuseQKV, PackedQKV, StackedExperts
 from nemo_convert.mapping.rules.mapping import Mapping
 from nemo_convert.mapping.rules.plain import Offset, Rename, Reshape, Transposed
-from nemo_convert.mapping.rules.protocol import Direction, LazyFn, PlanContext, Rule, Task, TaskFn, same
+from nemo_convert.mapping.rules.protocol import Direction, LazyFn, Origin, PlanContext, Rule, Task, TaskFn, same
 from nemo_convert.mapping.rules.special import Custom, Shared, TensorFn, Tied
 
-__all__ = ["Axes", "Custom", "Direction", "FuseGated", "FuseQKV", "Kind", "LazyFn", "Mapping", "Offset", "PackedQKV",
-           "Parallel", "PlanContext", "Rename", "Reshape", "Rule", "Sections", "Shared", "StackedExperts", "Task",
-           "TaskFn", "TensorFn", "Tied", "Transposed", "cfg_get", "condition_holds", "layer_pattern", "layer_symbols",
-           "same"]
+__all__ = ["Axes", "Custom", "Direction", "FuseGated", "FuseQKV", "Kind", "LazyFn", "Mapping", "Offset", "Origin",
+           "PackedQKV", "Parallel", "PlanContext", "Rename", "Reshape", "Rule", "Sections", "Shared",
+           "StackedExperts", "Task", "TaskFn", "TensorFn", "Tied", "Transposed", "cfg_get", "condition_holds",
+           "layer_pattern", "layer_symbols", "same"]

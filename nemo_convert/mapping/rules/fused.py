@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules.base import Parallel, cfg_get
-from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task
+from nemo_convert.mapping.rules.protocol import Direction, Origin, PlanContext, Rule, Task
 from nemo_convert.tensors.pieces import materialize
 
 _GEOMETRY = ("heads", "groups", "head_dim", "hidden")
@@ -159,3 +159,11 @@ class StackedExperts(Rule):
                                 (Parallel.REPLICATED,), label="stack_experts",
                                 lazy_fn=lambda ts, w=how: (ops.stack_experts_lazy(list(ts), **w),)))
         return out
+
+    def origins(self, ctx: PlanContext) -> dict[str, Origin]:
+        """Expert ``e``'s NeMo tensor is slot ``e`` of the layer's stacked HF tensor."""
+        per_layer: dict[int | None, list[str]] = {}
+        for i, n in ctx.expand(self.nemo):
+            per_layer.setdefault(i, []).append(n)
+        return {n: Origin((h,), slot=e) for h, names in zip(ctx.names(self.hf), per_layer.values())
+                for e, n in enumerate(names)}

@@ -65,6 +65,22 @@ class Task:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where one NeMo tensor comes from on the Hugging Face side (:meth:`Rule.origins`).
+
+    ``parts`` are the HF tensors it is made of: one per part along dim 0, in the NeMo
+    tensor's order (``FuseQKV``: q, k, v; ``FuseGated``: gate, up), or one for the whole
+    (a rename, a packed ``[q; k; v]``). ``slot`` is its index on dim 0 of a stacked HF
+    tensor (fused experts: expert ``e`` of ``experts.gate_up_proj``), else None. A target
+    that needs to know which HF modules feed a NeMo tensor (calibration statistics, the
+    K and V of a KV-cache scale) asks this, never the rule's type.
+    """
+
+    parts: tuple[str, ...]
+    slot: int | None = None
+
+
+@dataclass(frozen=True)
 class PlanContext:
     """What a rule plans against: the NeMo config, what the name templates of its mapping
     section range over, and the buffers fused outputs may reuse."""
@@ -148,6 +164,16 @@ class Rule(ABC):
         """Checks one of its planned tasks — the infos of its inputs, and of its outputs as
         the ``meta`` run computed them — against the config; raises ``ShapeError``.
         Default: nothing beyond what the task's function checks."""
+
+    def origins(self, ctx: PlanContext) -> dict[str, Origin]:
+        """Where each NeMo tensor the rule makes comes from on the HF side (:class:`Origin`),
+        names only (no source). Default: the inputs of its ``to_nemo`` tasks, in order, for
+        each output; a rule whose NeMo tensors are slots of one HF tensor says so."""
+        out: dict[str, Origin] = {}
+        for task in self.tasks(ctx, "to_nemo"):
+            for name in task.outputs:
+                out[name] = Origin(tuple(task.inputs))
+        return out
 
     def aliases(self, ctx: PlanContext) -> dict[str, str]:
         """HF tensors the rule declares equal to another HF tensor (name → the name it

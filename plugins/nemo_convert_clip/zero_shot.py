@@ -1,8 +1,9 @@
-"""CLIP zero-shot probabilities, computed the way NeMo's ``megatron_clip_infer.py`` does.
+"""CLIP zero-shot probabilities, computed the way NeMo's ``megatron_clip_infer.py`` does:
+the CLIP plugin's verifier (``verify --clip-image IMG --texts …``).
 
 Image features and text features are L2-normalised and the probabilities are
 ``softmax(100 · image · textᵀ)`` (a fixed 100, not the stored ``logit_scale``). The image
-goes through OpenAI's transform (:func:`~nemo_convert.verify.image.clip_preprocess`);
+goes through OpenAI's transform (:func:`~nemo_convert_clip.image.clip_preprocess`);
 each text is tokenised with the checkpoint's own tokenizer (``tokenizer.json``, which
 adds BOS/EOS through its post-processor, or ``AutoTokenizer`` otherwise), truncated to
 the text tower's positions with the last token forced to EOS, and padded with EOS.
@@ -12,13 +13,35 @@ The model is ``transformers.CLIPModel`` loaded in float32 from an HF folder.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
+from nemo_convert import ResultTable
 from nemo_convert.errors import InputError
-from nemo_convert.verify.image import clip_preprocess
-from nemo_convert.verify.report import ClipReport
+from nemo_convert_clip.image import clip_preprocess
+
+
+@dataclass
+class ClipReport:
+    """Zero-shot probabilities (softmax of 100 · image · textᵀ) on both sides: the result
+    ``verify`` keeps in ``VerifyReport.extra["clip"]`` (``--json``: its fields)."""
+
+    image: str
+    texts: list[str]
+    probs_a: list[float]
+    probs_b: list[float]
+    max_abs_diff: float
+    image_reader: str  # "PIL" or "builtin"
+
+    def render(self) -> list[str | ResultTable]:
+        """The text report: the probabilities of each text on both sides, and the largest
+        difference (``nemo_convert.VerifierResult``)."""
+        rows = tuple((t, f"{x:.4f}", f"{y:.4f}") for t, x, y in zip(self.texts, self.probs_a, self.probs_b))
+        return [ResultTable(f"CLIP zero-shot on {self.image} (image read with {self.image_reader})",
+                            ("text", "A", "B"), rows),
+                f"max |A - B| = {self.max_abs_diff:.3g}"]
 
 
 def _features(out: Any) -> torch.Tensor:

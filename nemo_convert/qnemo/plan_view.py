@@ -1,9 +1,10 @@
-"""A ``.nemo`` seen under Hugging Face tensor names, lazily, through the family's plan.
+"""A checkpoint seen under the other side's tensor names, lazily, through a plan.
 
-``plan_conversion(family.mapping(cfg), cfg, source, "to_hf")`` knows every HF tensor's
-shape and dtype and how to make it (e.g. ``split_qkv`` of the grouped NeMo QKV). This view
-runs a task only when one of its outputs is loaded and keeps the outputs of the last task
-(q, k and v come from one task), so at most one task's tensors are alive.
+``quantize`` reads an HF folder as NeMo logical tensors through the family's ``to_nemo``
+plan (``plan_conversion(family.mapping(cfg), cfg, source, "to_nemo")``), which knows every
+NeMo tensor's shape and dtype and how to make it (e.g. ``fuse_qkv`` of q, k and v). This
+view runs a task only when one of its outputs is loaded and keeps the outputs of the last
+task (a layer's fused experts come from one task), so at most one task's tensors are alive.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from nemo_convert.tensors.base import TensorInfo, TensorSource
 
 
 class PlanSource:
-    """Implements :class:`~nemo_convert.tensors.base.TensorSource` over a ``to_hf`` plan."""
+    """Implements :class:`~nemo_convert.tensors.base.TensorSource` over a plan's outputs."""
 
     def __init__(self, plan: Plan, source: TensorSource) -> None:
         self._source = source
