@@ -46,7 +46,6 @@ from nemo_convert.convert.checkpoint import open_checkpoint
 from nemo_convert.convert.common import dir_sink
 from nemo_convert.convert.hf_to_nemo import plan_import
 from nemo_convert.convert.nemo_to_hf import plan_to_hf
-from nemo_convert.convert.nemo_write import Strategies
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
 from nemo_convert.errors import UnsupportedError
@@ -242,7 +241,7 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
         kv_parts = {n: len(o.parts) for n, o in nemo_origins(mapping, nemo_cfg).items()}
         plan = build_plan(target, algo=algo, tp=tp, pp=pp, ep=ep, dtype=_model_dtype(hf_cfg, infos, dtype),
                           group_size=group_size, kv_cache_fp8=kv_cache == "fp8",
-                          strategies=Strategies.from_registry(reg), kv_parts=kv_parts)
+                          strategies=reg.strategies(), kv_parts=kv_parts)
     except BaseException:
         ck.close()
         raise
