@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_convert.errors import ConfigError, InputError
+from nemo_convert.spec.precision import dtype_name_of_precision, precision_of_dtype_name
 
-DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-PRECISION_OF = {"bf16": "bf16", "fp16": 16, "fp32": 32}
-DTYPE_OF_PRECISION = {"bf16": "bfloat16", "bf16-mixed": "bfloat16", "16": "float16", "16-mixed": "float16",
-                      "32": "float32", "32-true": "float32"}
+__all__ = ["Rope", "dtype_name_of_precision", "hf_dtype_name", "precision_of", "read_config_json",
+           "read_json_object", "read_rope", "require", "set_dtype_name"]
+
 
 
 def read_json_object(path: str, missing: str | None = None) -> dict[str, Any]:
@@ -74,12 +74,8 @@ def hf_dtype_name(cfg: dict[str, Any]) -> str | None:
 
 
 def precision_of(cfg: dict[str, Any]) -> Any:
-    """NeMo ``precision`` for an HF dtype name (bf16 / 16 / 32)."""
-    return PRECISION_OF.get(DTYPE_NAMES.get(hf_dtype_name(cfg) or "", ""), 32)
-
-
-def dtype_name_of_precision(precision: Any) -> str:
-    return DTYPE_OF_PRECISION.get(str(precision), "float32")
+    """NeMo ``precision`` for an HF config's dtype (bf16 / 16 / 32; :mod:`nemo_convert.spec.precision`)."""
+    return precision_of_dtype_name(hf_dtype_name(cfg))
 
 
 def set_dtype_name(cfg: dict[str, Any], name: str) -> None:

@@ -28,7 +28,9 @@ PACKAGE = "nemo_convert"
 #: Lowest first. A module's layer is that of the longest prefix listed (a package, or a
 #: module named on its own). Packages in one layer may import each other (without cycles).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("nemo_convert.errors", "nemo_convert.dtypes", "nemo_convert.crc", "nemo_convert.hf_config")),
+    # the typed model spec (what a model computes, read once) sits with the base: every layer reads it
+    ("base", ("nemo_convert.errors", "nemo_convert.dtypes", "nemo_convert.crc", "nemo_convert.hf_config",
+              "nemo_convert.spec")),
     ("tensors", ("nemo_convert.tensors",)),
     # what to compute (rules, planner, math), tokenizer files, quantization math: no file formats
     ("mapping", ("nemo_convert.mapping", "nemo_convert.tokenizers", "nemo_convert.quant")),

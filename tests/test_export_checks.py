@@ -44,11 +44,11 @@ def test_what_nemo_computes_for_an_activation(fields, want):
 
 
 def test_signature_reads_nemo_defaults():
-    sig = signature({"num_attention_heads": 4, "hidden_size": 64})
+    sig = signature({"num_layers": 2, "num_attention_heads": 4, "hidden_size": 64})
     assert sig["position_embedding_type"] == "learned_absolute" and sig["normalization"] == "layernorm"
     assert sig["rotary_percentage"] is None and sig["activation"] == (False, "gelu_tanh")
-    one_p = signature({"num_attention_heads": 4, "hidden_size": 64, "normalization": "layernorm1p"})
-    flag = signature({"num_attention_heads": 4, "hidden_size": 64, "normalization": "layernorm",
+    one_p = signature({"num_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "normalization": "layernorm1p"})
+    flag = signature({"num_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "normalization": "layernorm",
                       "layernorm_zero_centered_gamma": True})
     assert one_p == flag and one_p["layernorm_zero_centered_gamma"]
 
@@ -110,7 +110,7 @@ def test_a_gated_geglu_rmsnorm_config_is_refused_not_exported_as_silu(tmp_path, 
     (dict(rotary_percentage=0.5), "rotary_percentage=0.5"),
     (dict(qkv_bias=True), "linear biases on q/k/v=True, o_proj=False, MLP=False"),
     (dict(qk_layernorm=True), "qk_layernorm=True"),
-    (dict(window_size=[3, 0]), "window_size=True"),
+    (dict(window_size=[3, 0]), "window_size=[3, 0] (a sliding window of 3 keys)"),
     (dict(apply_embedding_scaling=True), "apply_embedding_scaling=True"),
     (dict(softmax_type="learnable"), "softmax_type='learnable'"),
     (dict(glu_linear_offset=1.0), "glu_linear_offset=1.0"),

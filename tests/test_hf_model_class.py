@@ -25,7 +25,10 @@ def _registry_with_class(name: str) -> Registry:
     class Custom:
         @hookimpl
         def nemo_convert_model_families(self) -> list[Any]:
-            return [dataclasses.replace(LLAMA, name="custom-llama", hf=dataclasses.replace(LLAMA.hf, model_class=name))]
+            # its own HF names: two families listing LlamaForCausalLM are a registry error
+            return [dataclasses.replace(LLAMA, name="custom-llama", hf_architectures=("CustomLlamaForCausalLM",),
+                                        hf_model_types=("custom_llama",),
+                                        hf=dataclasses.replace(LLAMA.hf, model_class=name))]
 
     return registry_with(("custom", Custom()))
 

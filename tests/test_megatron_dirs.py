@@ -790,7 +790,8 @@ def test_moe_refusals_when_writing(family_models, tmp_path) -> None:
     """Qwen3-MoE's provider has no shared experts, sigmoid scores or expert bias: a config
     with them is refused by name."""
     base = {"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2, "ffn_hidden_size": 16, "qk_layernorm": True,
-            "bias": False, "num_moe_experts": 4, "moe_router_topk": 2}
+            "bias": False, "num_moe_experts": 4, "moe_router_topk": 2, "activation": "fast-swiglu",
+            "normalization": "rmsnorm", "position_embedding_type": "rope"}  # what Qwen3-MoE's table writes
     assert nemo_to_provider(base, "qwen3_moe", vocab_size=8, params_dtype=torch.float32)["num_moe_experts"] == 4
     for over, words in ((dict(moe_shared_expert_intermediate_size=8), "moe_shared_expert_intermediate_size=8"),
                         (dict(moe_router_score_function="sigmoid"), "moe_router_score_function='sigmoid'"),
@@ -838,9 +839,9 @@ def test_megatron_lm_moe_directories_without_a_bridge(tmp_path, monkeypatch, fam
     from nemo_convert.formats.megatron import megatron_config as mc
     from test_family_matrix import logits, make_model
 
-    monkeypatch.setitem(mc.PROVIDER_FAMILIES, family, mc.ProviderFamily(mc.GPT_PROVIDER, moe=True))
+    monkeypatch.setitem(mc.PROVIDER_FAMILIES, family, mc.ProviderFamily(mc.GPT_PROVIDER, moe=True,
+                                                                        shared_experts=True))  # Qwen2-MoE's
     monkeypatch.delitem(mc.NO_PROVIDER, family)
-    monkeypatch.setattr(mc, "_NO_SHARED", {})  # the shared expert's weights, for Qwen2-MoE
     src = make_model(str(tmp_path / "hf"), family)
     mb = str(tmp_path / "mb")
     api.import_hf(src, mb, to="megatron-bridge")

@@ -301,6 +301,18 @@ def test_nemo_config_without_source_is_synthesised(tmp_path, models) -> None:  #
     assert family().config_to_nemo(hf)["mamba_num_heads"] == cfg["mamba_num_heads"]
 
 
+@pytest.mark.parametrize("name", ["nemotron_h_8b", "nemotron_3_nano"])
+def test_a_native_config_comes_back_to_nemotron_h(name: str) -> None:
+    """A ``.nemo`` NeMo wrote (our record dropped whole) goes to nemotron_h by its NeMo class
+    (``MegatronMambaModel``) alone: the family claims no features, so it is that class's
+    default family, and its table represents the config exactly."""
+    cfg = family().config_to_nemo(published(name))
+    cfg.pop("nemo_convert", None)
+    cfg["target"] = family().nemo.target
+    assert family().refuses_nemo_config(cfg) is None
+    assert get_registry().family_for_nemo_config(cfg).name == "nemotron_h"
+
+
 def test_a_nemo_config_without_the_mixer_sizes_means_megatron_cores_defaults() -> None:
     """NeMo 1's own Mamba config (``megatron_mamba_config.yaml``) gives ``mamba_ssm_ngroups``
     and no head counts: Megatron-Core then runs ``expand × hidden / 64`` heads of 64 with a

@@ -523,7 +523,9 @@ def test_family_without_trtllm_mapping_is_refused(tmp_path, src):
     class Plain:
         @hookimpl
         def nemo_convert_model_families(self):
-            return [dataclasses.replace(LLAMA, name="plain-llama", trtllm=None)]
+            # its own HF names: two families listing LlamaForCausalLM are a registry error
+            return [dataclasses.replace(LLAMA, name="plain-llama", hf_architectures=("PlainLlamaForCausalLM",),
+                                        hf_model_types=("plain_llama",), trtllm=None)]
 
     reg = registry_with(("plain", Plain()))
     with pytest.raises(UnsupportedError, match="'plain-llama' declares no TensorRT-LLM mapping"):

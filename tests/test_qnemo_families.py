@@ -200,7 +200,10 @@ def test_the_target_projects_nemo_tensors_whatever_the_hf_spelling(tmp_path):
     class Phi3Trt:
         @hookimpl
         def nemo_convert_model_families(self):
-            return [dataclasses.replace(PHI3, name="phi3-trt", trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS))]
+            # its own HF names: two families listing Phi3ForCausalLM are a registry error
+            return [dataclasses.replace(PHI3, name="phi3-trt", hf_architectures=("Phi3TrtForCausalLM",),
+                                        hf_model_types=("phi3_trt",),
+                                        trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS))]
 
     reg = registry_with(("phi3-trt", Phi3Trt()))
     src = make_model(str(tmp_path / "phi3"), "phi3", sliding_window=None, partial_rotary_factor=1.0)

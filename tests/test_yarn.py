@@ -23,6 +23,7 @@ from tiny_models import randomize_, read_json
 
 from nemo_convert import api
 from nemo_convert.families.yarn import MLA_FIELDS, yarn_to_hf, yarn_to_nemo
+from nemo_convert.spec import yarn_scaling
 from nemo_convert.hf_config import read_rope
 
 HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hub_configs")
@@ -213,7 +214,9 @@ def test_the_synthesised_block_is_the_same_transformers_rope(case: int, mla: boo
     if mla and block.get("truncate") is False:
         pytest.skip("refused for MLA")
     nemo = _as_hf(dim, base, max_pos, block, mla)
-    back = {k: v for k, v in yarn_to_hf(nemo, mla=mla).items() if k != "rope_type"}
+    scaling = yarn_scaling(nemo, mla=mla)  # the spec's reading of the NeMo fields
+    assert scaling is not None
+    back = {k: v for k, v in yarn_to_hf(scaling, mla=mla).items() if k != "rope_type"}
     want, got = _hf_yarn(dim, base, max_pos, block, mla), _hf_yarn(dim, base, max_pos, back, mla)
     assert torch.equal(want[0], got[0]) and want[1] == got[1] and want[2] == got[2]
 

@@ -173,7 +173,8 @@ def test_nemo2_deepseek_folder_reads_its_class_yarn(tmp_path: Any) -> None:
 
     rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
-    src = make_model(str(tmp_path / "hf"), "deepseek_v3", rope_scaling=rope)
+    # NeMo 2's HFDeepSeekImporter passes no MTP layers (lines 405-453): a source without them
+    src = make_model(str(tmp_path / "hf"), "deepseek_v3", rope_scaling=rope, num_nextn_predict_layers=0)
     nemo = str(tmp_path / "m")
     api.import_hf(src, nemo, packed=False)
     folder = str(tmp_path / "nemo2")

@@ -31,7 +31,7 @@ from nemo_convert.convert.common import SECTION
 from nemo_convert.convert.nemo_tokenizer import ExportTokenizer, export_tokenizer
 from nemo_convert.convert.vocab import NEMO_DEFAULT_DIVISIBLE_BY
 from nemo_convert.formats.nemo.nemo import NemoCheckpoint, VocabTrimView
-from nemo_convert.hf_config import dtype_name_of_precision
+from nemo_convert.spec import dtype_name_of_precision, llama3_scaling, provenance_of, recorded_vocab, rope_of
 from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import nemo_parallel_kinds
 from nemo_convert.mapping.rules import Parallel
@@ -56,11 +56,6 @@ class ExportConfig:
     tokenizer: ExportTokenizer = field(default_factory=lambda: ExportTokenizer("none"))
 
 
-def _recorded(cfg: dict[str, Any], key: str) -> Any:
-    ours = cfg.get(SECTION)
-    return ours.get(key) if isinstance(ours, dict) else None
-
-
 def _true_vocab(tokens: int | None, rows: int, cfg: dict[str, Any]) -> int | None:
     """``tokens`` when the embedding holds exactly them, or Megatron's padding of them at the
     saved TP (``make_vocab_size_divisible_by`` × TP, NeMo's ``_vocab_size_with_padding``)."""
@@ -72,13 +67,13 @@ def _true_vocab(tokens: int | None, rows: int, cfg: dict[str, Any]) -> int | Non
 
 
 def _rope(cfg: dict[str, Any], rope_scaling: bool, warnings: list[str]) -> None:
-    if not cfg.get("scale_positional_embedding"):
+    if llama3_scaling(cfg) is None:
         return
     if not rope_scaling:
         cfg["scale_positional_embedding"] = False
         return
-    base = cfg.get("rotary_base", _LLAMA2_ROPE_BASE)
-    if isinstance(base, (int, float)) and float(base) == _LLAMA2_ROPE_BASE and _recorded(cfg, "hf_config") is None:
+    rope = rope_of(cfg)
+    if rope is not None and rope.theta == _LLAMA2_ROPE_BASE and provenance_of(cfg).hf_config is None:
         warnings.append("the .nemo has scale_positional_embedding: True with rotary_base 10000, which NeMo's "
                         "HF->NeMo Llama converter sets by default (--llama31, convert_llama_hf_to_nemo.py); "
                         "exported with llama3 RoPE scaling as NeMo runs it (pass --no-rope-scaling if the "
@@ -90,7 +85,7 @@ def complete_config(ckpt: NemoCheckpoint, fam: ModelFamily) -> ExportConfig:
     the source trimmed to it, and the ``config.json`` keys the archive can tell where no
     source ``config.json`` was recorded. A config we wrote from HF goes through unchanged."""
     cfg = copy.deepcopy(ckpt.config)
-    if _recorded(cfg, "hf_config") is not None:
+    if provenance_of(cfg).hf_config is not None:
         return ExportConfig(cfg, ckpt.source, tokenizer=export_tokenizer(ckpt, facts=False))
     warnings: list[str] = []
     defaults: dict[str, Any] = {}
@@ -105,8 +100,8 @@ def complete_config(ckpt: NemoCheckpoint, fam: ModelFamily) -> ExportConfig:
     keys = set(source.keys())
     kinds = nemo_parallel_kinds(fam.mapping(cfg), cfg)
     names = {k for k, v in kinds.items() if v is Parallel.VOCAB and k in keys}
-    recorded = _recorded(cfg, "vocab_size")
-    if isinstance(recorded, int) and not isinstance(recorded, bool):
+    recorded = recorded_vocab(cfg)
+    if recorded is not None:
         defaults["vocab_size"] = recorded  # open_nemo trimmed to it already
     elif names:
         rows = min(source.info(k).shape[0] for k in names)

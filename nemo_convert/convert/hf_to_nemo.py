@@ -31,9 +31,8 @@ from nemo_convert.plugins.manager import Registry
 from nemo_convert.tokenizers import add_tokens_sentencepiece
 from nemo_convert.workers import SINGLE, Workers
 from nemo_convert.plugins.records import ModelFamily
+from nemo_convert.spec import geometry_of, precision_of_dtype_name, provenance_of
 from nemo_convert.tensors.base import TensorSource
-
-PRECISION_OF_DTYPE = {torch.bfloat16: "bf16", torch.float16: 16, torch.float32: 32}
 
 
 def _read(path: str) -> bytes:
@@ -143,15 +142,17 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
 
 def _mtp_notes(cfg: dict[str, Any], plan: Plan) -> list[str]:
     """One line for multi-token-prediction layers the ``.nemo`` leaves out (``hf_mtp``)."""
-    mtp = (cfg.get(SECTION) or {}).get("hf_mtp") or {}
-    first = int(cfg.get("num_layers") or 0)
-    if mtp.get("dropped"):
-        n = int(mtp["dropped"])
+    origin = provenance_of(cfg)
+    if not (origin.mtp_dropped or origin.mtp_absent):
+        return []
+    first = geometry_of(cfg).layers
+    if origin.mtp_dropped:
+        n = origin.mtp_dropped
         count = sum(k.startswith(tuple(f"model.layers.{first + i}." for i in range(n))) for k in plan.dropped)
         return [f"--drop-mtp: left out the source's {n} multi-token-prediction layer(s) (model.layers.{first}"
                 f"{'' if n == 1 else f'-{first + n - 1}'}.*, {count} tensors); export writes num_nextn_predict_layers: 0"]
-    if mtp.get("absent"):
-        return [f"config.json announces {mtp['absent']} multi-token-prediction layer(s) that the checkpoint does not "
+    if origin.mtp_absent:
+        return [f"config.json announces {origin.mtp_absent} multi-token-prediction layer(s) that the checkpoint does not "
                 f"store (no model.layers.{first}.*; transformers never saves them): none imported, and export "
                 "announces them again"]
     return []
@@ -220,7 +221,7 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
         warnings = apply_dtype(plan, want)
         plan.pool.enabled = True  # the writers consume each fused tensor before the next task
         if want is not None:
-            cfg["precision"] = PRECISION_OF_DTYPE[want]
+            cfg["precision"] = precision_of_dtype_name(str(want).removeprefix("torch."))
         if ckpt.generation_config is not None:
             cfg[SECTION]["hf_generation_config"] = ckpt.generation_config
         tok, refs, artifacts = pack_tokenizer(fam, ckpt.config, ckpt.extra_files, src, notes)

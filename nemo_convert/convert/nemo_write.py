@@ -22,6 +22,7 @@ from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import ParallelLayout, embedding_on_last_stage, rank_dir
 from nemo_convert.sharding.protocol import Strategies, TensorSharding
+from nemo_convert.spec import query_groups, recorded_vocab
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.tokenizers.sentencepiece_patch import sentencepiece_vocab_size
 from nemo_convert.workers import SINGLE, Workers, split_balanced, write_together
@@ -65,7 +66,7 @@ def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], 
         raise UnsupportedError(f"expert-parallel size {par.ep}: no expert-parallel sharding strategy is installed")
     if tp < 1 or pp < 1:
         raise UnsupportedError(f"tensor- and pipeline-parallel sizes must be at least 1 (got TP={tp}, PP={pp})")
-    heads, groups = cfg.get("num_attention_heads"), cfg.get("num_query_groups") or cfg.get("num_attention_heads")
+    heads, groups = cfg.get("num_attention_heads"), query_groups(cfg)
     if heads and heads % tp:
         raise UnsupportedError(f"tensor-parallel size {tp} does not divide num_attention_heads={heads}")
     if groups and groups % tp and tp % groups:
@@ -88,7 +89,7 @@ def vocab_sizes(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], tp:
     rows = [i.shape[0] for i in plan.outputs() if kinds.get(i.name) is Parallel.VOCAB]
     if not rows:
         return None, None
-    vocab = int((cfg.get(SECTION) or {}).get("vocab_size") or min(rows))
+    vocab = recorded_vocab(cfg) or min(rows)
     return vocab, padded_vocab_size(vocab, int(cfg.get("make_vocab_size_divisible_by") or 1), tp)
 
 

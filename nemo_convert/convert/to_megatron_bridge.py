@@ -48,6 +48,7 @@ from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.formats.io.staging import staged_output
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
+from nemo_convert.spec import dtype_name_of_precision, provenance_of, recorded_vocab, spec_of
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.workers import SINGLE, Workers
 
@@ -74,7 +75,7 @@ def params_dtype_of(cfg: dict[str, Any], plan: Plan) -> torch.dtype:
     for info in plan.outputs():
         if info.name == EMBEDDING:
             return info.dtype
-    return {"bf16": torch.bfloat16, "16": torch.float16}.get(str(cfg.get("precision")), torch.float32)
+    return getattr(torch, dtype_name_of_precision(cfg.get("precision")))
 
 
 def tokenizer_section(files: dict[str, bytes], out: str, notes: list[str]) -> dict[str, Any] | None:
@@ -106,7 +107,7 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
         raise UnsupportedError("--stage-layers is not recorded in a Megatron-Bridge run_config.yaml; use an even "
                                "pipeline split")
     vocab, _ = vocab_sizes(cfg, plan, kinds, 1)
-    if vocab is not None and not (cfg.get(SECTION) or {}).get("vocab_size"):
+    if vocab is not None and not recorded_vocab(cfg):
         notes.append(f"the true vocabulary size is not recorded: vocab_size={vocab} is the embedding's rows "
                      "(padding rows, if any, stay)")
     if vocab is None:
@@ -117,12 +118,12 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
     check_geometry(cfg, plan, kinds, par, vocab, strategies)
     model = nemo_to_provider(cfg, family, vocab_size=vocab, params_dtype=params_dtype_of(cfg, plan),
                              tp=par.tp, pp=par.pp, ep=par.ep)
-    left_out = (cfg.get(SECTION) or {}).get("hf_mtp") or {}
-    if left_out:
-        notes.append(f"the source's {sum(left_out.values())} multi-token-prediction layer(s) were left out at "
-                     "import: run_config.yaml leaves mtp_num_layers unset")
-    elif cfg.get("mtp_num_layers"):
-        notes.append(f"{cfg['mtp_num_layers']} multi-token-prediction layer(s): mtp.layers.<k>.transformer_layer.* as "
+    origin, mtp = provenance_of(cfg), spec_of(cfg).mtp_layers
+    if origin.mtp_dropped or origin.mtp_absent:
+        notes.append(f"the source's {origin.mtp_dropped + origin.mtp_absent} multi-token-prediction layer(s) were "
+                     "left out at import: run_config.yaml leaves mtp_num_layers unset")
+    elif mtp:
+        notes.append(f"{mtp} multi-token-prediction layer(s): mtp.layers.<k>.transformer_layer.* as "
                      "Megatron-Core 0.16.1 names them (Megatron-Bridge's DeepSeek mapping, v0.6.0, reads "
                      "mtp_model_layer: a later Megatron-Core's name)")
     files = dict(tokenizer or {})

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_convert.convert.common import SECTION
 from nemo_convert.errors import ConfigError
 from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.rules import Parallel
+from nemo_convert.spec import recorded_vocab
 from nemo_convert.tensors.base import TensorSource
 
 NEMO_DEFAULT_DIVISIBLE_BY = 128  # NeMo's default make_vocab_size_divisible_by
@@ -42,8 +42,8 @@ def true_vocab_size(cfg: dict[str, Any], source: TensorSource, kinds: dict[str, 
         if not 0 < explicit <= stored:
             raise ConfigError(f"--vocab-size {explicit} does not fit the {stored} rows of the embedding")
         return explicit, f"vocabulary size {explicit} (given)"
-    recorded = (cfg.get(SECTION) or {}).get("vocab_size") if isinstance(cfg.get(SECTION), dict) else None
-    if isinstance(recorded, int) and 0 < recorded <= stored:
+    recorded = recorded_vocab(cfg)
+    if recorded is not None and 0 < recorded <= stored:
         return recorded, None
     if tokenizer_model is not None:
         n = _sentencepiece_size(tokenizer_model)

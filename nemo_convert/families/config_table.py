@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Mapping, Union
 
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.mapping.rules import cfg_get
+from nemo_convert.spec import provenance_of
 
 #: Keys that say nothing about the model's math: kept verbatim, never translated.
 HARMLESS_KEYS: tuple[str, ...] = (
@@ -288,8 +289,8 @@ class ConfigTable:
     def to_hf(self, nemo: dict[str, Any]) -> dict[str, Any]:
         """NeMo config → HF ``config.json``: the recorded source restored (NeMo's fields
         win where the table derives them), else a synthesised config."""
-        original = cfg_get(nemo, "nemo_convert.hf_config")
-        if isinstance(original, dict):
+        original = provenance_of(nemo).hf_config
+        if original is not None:
             out = copy.deepcopy(original)
             always = self.always_written()
             for k, v in self.derived_hf(nemo, restoring=True).items():

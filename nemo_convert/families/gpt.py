@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from nemo_convert.errors import ConfigError, UnsupportedError
-from nemo_convert.families.architecture import linear_bias_pattern, nemo_refusal
+from nemo_convert.families.architecture import nemo_refusal
 from nemo_convert.families.config_table import ConfigTable, set_path
 from nemo_convert.families.gpt_config import HF_MTP, MTP_LAYERS
 from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule, Shared,
-                                        StackedExperts, Tied, cfg_get, layer_pattern)
+                                        StackedExperts, Tied)
 from nemo_convert.plugins.records import CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget
+from nemo_convert.spec import provenance_of, spec_of
 
 NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
 
@@ -140,10 +141,6 @@ def hf_experts_layout(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]
     return {"hf_experts": "fused" if fused else "per_expert"}
 
 
-#: (qkv, o_proj, mlp) biases of a NeMo config (:func:`~nemo_convert.families.architecture.linear_bias_pattern`).
-_biases = linear_bias_pattern
-
-
 def _norm_bias(rules: list[Rule], features: GPTFeatures, hf: str, nemo: str, shape: tuple[Any, ...]) -> list[Rule]:
     """``rules`` and, for LayerNorms with a bias, the bias beside the weight
     (``*.weight`` ⇄ ``*.bias``, ``*layer_norm_weight`` ⇄ ``*layer_norm_bias``)."""
@@ -172,7 +169,8 @@ def mla_attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule
     ``o_proj`` ⇄ ``linear_proj``; the input norm is its own module."""
     a, n = L + "self_attn.", D + "self_attention."
     rules: list[Rule] = norm_rules(features, L + "input_layernorm.weight", D + "input_layernorm.weight")
-    if cfg.get("q_lora_rank"):
+    mla = spec_of(cfg).attention.mla
+    if mla is not None and mla.q_lora_rank:
         rules += [Rename(a + "q_a_proj.weight", n + "linear_q_down_proj.weight", shape=("q_lora_rank", "hidden_size")),
                   Rename(a + "q_a_layernorm.weight", n + "linear_q_up_proj.layer_norm_weight", shape=("q_lora_rank",)),
                   Rename(a + "q_b_proj.weight", n + "linear_q_up_proj.weight", Parallel.COLUMN,
@@ -189,7 +187,7 @@ def mla_attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule
 
 
 def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
-    qkv_bias, proj_bias, _ = _biases(cfg)
+    spec = spec_of(cfg).attention
     a, n = L + "self_attn.", D + "self_attention."
     rules: list[Rule] = norm_rules(features, L + "input_layernorm.weight", n + "linear_qkv.layer_norm_weight")
     if features.packed_qkv:
@@ -200,10 +198,10 @@ def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
         rules += [Rename(a + "q_norm.weight", n + "q_layernorm.weight", shape=("kv_channels",)),
                   Rename(a + "k_norm.weight", n + "k_layernorm.weight", shape=("kv_channels",))]
     rules.append(Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=("hidden_size", None)))
-    if qkv_bias:
+    if spec.qkv_bias:
         rules.append(PackedQKV(a + "qkv_proj.bias", n + "linear_qkv.bias") if features.packed_qkv else
                      FuseQKV(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias", n + "linear_qkv.bias"))
-    if proj_bias:
+    if spec.proj_bias:
         rules.append(Rename(a + "o_proj.bias", n + "linear_proj.bias"))
     if features.attention_sinks:
         rules.append(Rename(a + "sinks", n + "core_attention.softmax_offset", Parallel.COLUMN,
@@ -219,7 +217,7 @@ def dense_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = "{
     """The gated MLP: ``linear_fc1`` = ``[gate; up]``, ``linear_fc2`` = ``down_proj``
     (on the layers of the ``layers`` template: all of them, or a mixed stack's dense ones);
     without ``features.gated_mlp``, ``linear_fc1`` = ``up_proj``."""
-    _, _, bias = _biases(cfg)
+    bias = spec_of(cfg).mlp.bias
     m, n = f"model.layers.{layers}.mlp.", f"decoder.layers.{layers}.mlp."
     rules: list[Rule] = norm_rules(features, f"model.layers.{layers}.post_attention_layernorm.weight",
                                    n + "linear_fc1.layer_norm_weight")
@@ -245,7 +243,7 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
     ``num_moe_experts``), and the optional gated shared expert."""
     moe = features.moe
     assert moe is not None
-    fused = cfg_get(cfg, HF_EXPERTS) == "fused"
+    fused = provenance_of(cfg).hf_experts == "fused"
     block = (moe.fused_block or moe.block) if fused else moe.block
     h, n = f"model.layers.{layers}.{block}.", f"decoder.layers.{layers}."
     x, nx = h + moe.experts + ".", n + "mlp.experts.local_experts.{e}."
@@ -265,8 +263,8 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
                   Rename(x + moe.down + ".weight", nx + "linear_fc2.weight", fc2,
                          shape=("hidden_size", "moe_ffn_hidden_size"))]
     elif fused:
-        how = {"transpose": moe.fused_transposed, "interleaved": moe.fused_interleaved}
-        rules += [StackedExperts(h + "experts.gate_up_proj", nx + "linear_fc1.weight", fc1, **how),
+        rules += [StackedExperts(h + "experts.gate_up_proj", nx + "linear_fc1.weight", fc1,
+                                 transpose=moe.fused_transposed, interleaved=moe.fused_interleaved),
                   StackedExperts(h + "experts.down_proj", nx + "linear_fc2.weight", fc2,
                                  transpose=moe.fused_transposed)]
         if moe.expert_biases:
@@ -324,11 +322,11 @@ def mtp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
     (DeepSeek-V3's README_WEIGHTS.md: they share parameters with the main model) — checked
     equal on import and written again on export (:class:`~nemo_convert.mapping.rules.Shared`).
     Megatron-Bridge maps the same names (``deepseek/common.py`` at v0.6.0, lines 96-157)."""
-    layers, count = int(cfg["num_layers"]), int(cfg.get("mtp_num_layers") or 0)
+    spec = spec_of(cfg)
+    layers, count = spec.geometry.layers, spec.mtp_layers
     if not count:
         return []
-    moe_last = (features.moe is not None and bool(cfg.get("num_moe_experts"))
-                and layer_pattern(cfg.get("moe_layer_freq", 1), layers)[-1])
+    moe_last = features.moe is not None and spec.moe is not None and spec.moe.layer_pattern[-1]
     layer = mla_attention_rules(features, cfg) if features.mla else attention_rules(features, cfg)
     layer += moe_mlp_rules(features, cfg, "{i}") if moe_last else dense_mlp_rules(features, cfg, "{i}")
     why = ("Megatron-Core's MTP block shares the main model's embedding and output layer; import with --drop-mtp "
@@ -359,7 +357,8 @@ def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, An
         rules: list[Rule] = [Rename("model.embed_tokens.weight", "embedding.word_embeddings.weight", Parallel.VOCAB,
                                     shape=vocab)]
         rules += mla_attention_rules(features, cfg) if features.mla else attention_rules(features, cfg)
-        if features.moe is not None and cfg.get("num_moe_experts"):
+        spec = spec_of(cfg)
+        if features.moe is not None and spec.moe is not None:
             rules += dense_mlp_rules(features, cfg, DENSE_LAYERS) + moe_mlp_rules(features, cfg)
         else:
             rules += dense_mlp_rules(features, cfg)
@@ -370,8 +369,8 @@ def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, An
         if features.mtp:
             rules += mtp_rules(features, cfg)
         # MTP layers left out on request (--drop-mtp): consumed without output and reported.
-        dropped = int((cfg_get(cfg, HF_MTP) or {}).get("dropped") or 0)
-        extra = tuple(f"model.layers.{int(cfg['num_layers']) + k}.*" for k in range(dropped))
+        dropped = provenance_of(cfg).mtp_dropped
+        extra = tuple(f"model.layers.{spec.geometry.layers + k}.*" for k in range(dropped))
         return Mapping(tuple(rules), layers="num_layers", drop_hf=(L + "self_attn.rotary_emb.inv_freq", *extra))
 
     return mapping

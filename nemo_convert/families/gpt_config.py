@@ -11,10 +11,12 @@ from typing import Any
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.architecture import describe_activation, mlp_activation
 from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, Field, Row, positive_int
-from nemo_convert.families.yarn import MLA_PLAIN, is_yarn, yarn_to_hf, yarn_to_nemo
-from nemo_convert.hf_config import dtype_name_of_precision, precision_of, read_rope
+from nemo_convert.families.yarn import MLA_PLAIN, yarn_to_hf, yarn_to_nemo
+from nemo_convert.hf_config import precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
-from nemo_convert.mapping.rules import cfg_get, layer_pattern
+from nemo_convert.spec import (LLAMA3_DEFAULTS, Llama3Scaling, Rope, YarnScaling, geometry_of,
+                               linear_biases as bias_pattern, megatron_window, provenance_of, rope_of, sliding_window as window_of,
+                               spec_of)
 
 
 # -- config ------------------------------------------------------------------------------
@@ -27,10 +29,6 @@ def _head_dim_default(hf: dict[str, Any]) -> int:
     return int(hf["hidden_size"]) // int(hf["num_attention_heads"])
 
 
-def _nemo_head_dim(cfg: dict[str, Any]) -> int:
-    return int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
-
-
 def _head_dim_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
     d = int(hf.get("head_dim") or _head_dim_default(hf))
     # null means hidden / heads to NeMo and Megatron, and is what NeMo's converters write
@@ -38,10 +36,11 @@ def _head_dim_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _head_dim_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    source = cfg_get(cfg, "nemo_convert.hf_config") or {}
-    if cfg.get("kv_channels") is None and "head_dim" in source and source["head_dim"] is None:
+    source = provenance_of(cfg).hf_config or {}
+    g = geometry_of(cfg)
+    if g.head_dim * g.heads == g.hidden and "head_dim" in source and source["head_dim"] is None:
         return {"head_dim": None}  # the source's null (hidden / heads), as it was (Mixtral)
-    return {"head_dim": int(cfg.get("kv_channels") or _nemo_head_dim(cfg))}
+    return {"head_dim": g.head_dim}
 
 
 #: HF ``head_dim`` (default hidden/heads) ⇄ NeMo ``kv_channels`` (null when it is hidden/heads).
@@ -81,11 +80,12 @@ def rope(*kinds: str, partial: bool = False, explicit_default: bool = False, mla
             "scale_positional_embedding": r.kind == "llama3",
         }
         if r.kind == "llama3":
+            d = LLAMA3_DEFAULTS
             out.update({
-                "scale_factor": float(r.params.get("factor", 8.0)),
-                "low_freq_factor": float(r.params.get("low_freq_factor", 1.0)),
-                "high_freq_factor": float(r.params.get("high_freq_factor", 4.0)),
-                "old_context_len": int(r.params.get("original_max_position_embeddings", 8192)),
+                "scale_factor": float(r.params.get("factor", d.factor)),
+                "low_freq_factor": float(r.params.get("low_freq_factor", d.low_freq_factor)),
+                "high_freq_factor": float(r.params.get("high_freq_factor", d.high_freq_factor)),
+                "old_context_len": int(r.params.get("original_max_position_embeddings", d.original_max_positions)),
             })
         if r.kind == "yarn":
             out.update(yarn_to_nemo(r, hf, mla=mla))
@@ -94,26 +94,27 @@ def rope(*kinds: str, partial: bool = False, explicit_default: bool = False, mla
         return out
 
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {"rope_theta": float(cfg.get("rotary_base", 10000.0))}
-        if is_yarn(cfg, mla=mla):
+        r = rope_of(cfg) or Rope()
+        out: dict[str, Any] = {"rope_theta": r.theta}
+        if isinstance(r.scaling, YarnScaling):
             if "yarn" not in kinds:
                 raise UnsupportedError("YaRN RoPE: this family's table does not translate it (pass --family for the "
                                        "right one)")
-            out["rope_scaling"] = yarn_to_hf(cfg, mla=mla)
-        elif cfg.get("scale_positional_embedding"):
-            out["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.get("scale_factor", 8.0),
-                                   "low_freq_factor": cfg.get("low_freq_factor", 1.0),
-                                   "high_freq_factor": cfg.get("high_freq_factor", 4.0),
-                                   "original_max_position_embeddings": cfg.get("old_context_len", 8192)}
-        elif cfg.get("seq_len_interpolation_factor"):
-            out["rope_scaling"] = {"rope_type": "linear", "factor": cfg["seq_len_interpolation_factor"]}
+            out["rope_scaling"] = yarn_to_hf(r.scaling, mla=mla)
+        elif isinstance(r.scaling, Llama3Scaling):
+            s = r.scaling
+            out["rope_scaling"] = {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+                                   "high_freq_factor": s.high_freq_factor,
+                                   "original_max_position_embeddings": s.original_max_positions}
+        elif r.interpolation:
+            out["rope_scaling"] = {"rope_type": "linear", "factor": r.interpolation}
         if explicit_default and "rope_scaling" not in out:
             out["rope_parameters"] = {"rope_type": "default", "rope_theta": out["rope_theta"]}
-        if cfg.get("rotary_percentage") not in (None, 1.0):
+        if r.fraction != 1.0:
             if not partial:
-                raise UnsupportedError(f"rotary_percentage={cfg['rotary_percentage']}: this family's HF model "
+                raise UnsupportedError(f"rotary_percentage={r.fraction}: this family's HF model "
                                        "rotates whole heads (pass --family for the right one)")
-            out["partial_rotary_factor"] = float(cfg["rotary_percentage"])
+            out["partial_rotary_factor"] = r.fraction
         return out
 
     return Derived(("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor"), to_nemo, to_hf)
@@ -124,7 +125,7 @@ def _dtype_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dtype_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"torch_dtype": dtype_name_of_precision(cfg.get("precision", 32))}
+    return {"torch_dtype": spec_of(cfg).precision}
 
 
 #: ``torch_dtype`` (v4) or ``dtype`` (v5) ⇄ NeMo ``precision``; export keeps the source's spelling.
@@ -143,12 +144,12 @@ def linear_biases(attention: str | None = "attention_bias", mlp: str | None = "m
         return {"bias": a and m, "qkv_bias": a, "nemo_convert.linear_biases": {"attention": a, "mlp": m}}
 
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-        b = cfg_get(cfg, "nemo_convert.linear_biases") or {}
+        qkv, _, mlp_bias = bias_pattern(cfg)
         out = {}
         if attention:
-            out[attention] = bool(b.get("attention", cfg.get("qkv_bias") or cfg.get("bias")))
+            out[attention] = qkv
         if mlp:
-            out[mlp] = bool(b.get("mlp", cfg.get("bias")))
+            out[mlp] = mlp_bias
         return out
 
     return Derived(keys, to_nemo, to_hf, restore=True)
@@ -176,7 +177,7 @@ def partial_rope(default: float, *kinds: str) -> Derived:
         return inner.to_nemo(hf if present(hf) else {**hf, "partial_rotary_factor": default})
 
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-        return {**inner.to_hf(cfg), "partial_rotary_factor": float(cfg.get("rotary_percentage") or 1.0)}
+        return {**inner.to_hf(cfg), "partial_rotary_factor": (rope_of(cfg) or Rope()).fraction}
 
     return Derived(inner.hf_keys, to_nemo, to_hf)
 
@@ -222,14 +223,10 @@ def sliding_window() -> Derived:
         w = hf.get("sliding_window")
         if w is None:
             return {"window_size": None}
-        return {"window_size": [int(w) - 1, 0], "nemo_convert.sliding_window": int(w)}
+        return {"window_size": megatron_window(int(w)), "nemo_convert.sliding_window": int(w)}
 
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-        w = cfg_get(cfg, "nemo_convert.sliding_window")
-        ws = cfg.get("window_size")
-        if w is None and isinstance(ws, (list, tuple)) and ws and ws[0] is not None and int(ws[0]) >= 0:
-            w = int(ws[0])  # NeMo's importer convention [W, 0]
-        return {"sliding_window": w}
+        return {"sliding_window": window_of(cfg)[0]}  # our record, else NeMo's importer convention [W, 0]
 
     return Derived(("sliding_window",), to_nemo, to_hf, restore=True)
 
@@ -329,7 +326,10 @@ def num_experts(*keys: str) -> Derived:
         return {"num_moe_experts": int(value)}
 
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-        return {keys[0]: int(cfg["num_moe_experts"])}
+        moe = spec_of(cfg).moe
+        if moe is None:
+            raise ConfigError("the NeMo config has no num_moe_experts (a mixture-of-experts family needs experts)")
+        return {keys[0]: moe.experts}
 
     return Derived(keys, to_nemo, to_hf)
 
@@ -347,7 +347,8 @@ def moe_layers(sparse_step: str = "decoder_sparse_step", dense_layers: str = "ml
         return {"moe_layer_freq": 1 if all(pattern) else pattern}
 
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-        pattern = layer_pattern(cfg.get("moe_layer_freq", 1), int(cfg["num_layers"]))
+        spec = spec_of(cfg)
+        pattern = spec.moe.layer_pattern if spec.moe else (True,) * spec.geometry.layers
         return {sparse_step: 1, dense_layers: [i for i, on in enumerate(pattern) if not on]}
 
     return Derived((sparse_step, dense_layers), to_nemo, to_hf)
@@ -377,7 +378,11 @@ def _ffn_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ffn_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"intermediate_size": int(cfg.get("moe_ffn_hidden_size") or cfg["ffn_hidden_size"])}
+    spec = spec_of(cfg)
+    ffn = spec.moe.ffn if spec.moe else spec.geometry.ffn
+    if ffn is None:
+        raise ConfigError("the NeMo config lacks ffn_hidden_size")
+    return {"intermediate_size": ffn}
 
 
 #: ``intermediate_size`` as the experts' ffn (Mixtral, GPT-OSS: every layer MoE) ⇄
@@ -398,8 +403,7 @@ def _mtp_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mtp_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    count = int(cfg.get("mtp_num_layers") or 0) or int((cfg_get(cfg, HF_MTP) or {}).get("absent") or 0)
-    return {"num_nextn_predict_layers": count}
+    return {"num_nextn_predict_layers": spec_of(cfg).mtp_layers or provenance_of(cfg).mtp_absent}
 
 
 #: ``num_nextn_predict_layers`` ⇄ Megatron-Core's ``mtp_num_layers`` (None: no MTP block).

@@ -28,8 +28,9 @@ from nemo_convert.families.config_table import ConfigTable
 from nemo_convert.families.gpt_config import GPT_NEMO_CONSTANTS
 from nemo_convert.families.gpt import (GPTFeatures, MoEBlock, attention_rules, checked_to_hf, dense_mlp_rules,
                                        moe_mlp_rules, table_translation)
-from nemo_convert.mapping.rules import Mapping, Parallel, Rename, Rule, Sections, Tied, layer_symbols
+from nemo_convert.mapping.rules import Mapping, Parallel, Rename, Rule, Sections, Tied
 from nemo_convert.plugins.records import HFSide, ModelFamily, NemoTarget
+from nemo_convert.spec import layer_symbols, spec_of
 
 #: The NeMo field holding the per-layer pattern (NeMo 1's ``MegatronMambaModel``,
 #: ``megatron_mamba_model.py`` line 59; NeMo 2's ``SSMConfig``; Megatron-Core's
@@ -50,7 +51,7 @@ def kind_layers(symbols: str) -> str:
 def pattern_of(cfg: dict[str, Any]) -> list[str]:
     """The NeMo config's per-layer pattern, one symbol per layer (checked against
     ``num_layers`` and Megatron-Core's symbols)."""
-    return layer_symbols(cfg.get(PATTERN), int(cfg["num_layers"]))
+    return layer_symbols(cfg.get(PATTERN), spec_of(cfg).geometry.layers)
 
 
 def mamba_dims(cfg: dict[str, Any]) -> tuple[int, int, int, int]:

@@ -20,7 +20,7 @@ from typing import Any
 from nemo_convert.errors import ConfigError
 from nemo_convert.families.config_table import Check, Derived, Field, positive_int
 from nemo_convert.families.hybrid import PATTERN, SYMBOLS, mamba_dims
-from nemo_convert.mapping.rules import cfg_get
+from nemo_convert.spec import provenance_of
 
 #: transformers 5's list spelling of the pattern (``configuration_nemotron_h.py`` lines
 #: 271–281: ``M`` ⇄ ``linear_attention``, ``*`` ⇄ ``full_attention``, ``-`` ⇄ ``mlp``,
@@ -66,7 +66,7 @@ def _pattern_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 def _pattern_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     pattern = str(cfg[PATTERN])
-    source = cfg_get(cfg, "nemo_convert.hf_config") or {}
+    source = provenance_of(cfg).hf_config or {}
     if "layers_block_type" in source:  # transformers 5's spelling, kept as the source had it
         return {"layers_block_type": [_TYPE_OF[s] for s in pattern]}
     return {"hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern)}

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from nemo_convert.errors import ConfigError, UnsupportedError
-from nemo_convert.mapping.rules import cfg_get
+from nemo_convert.spec import Llama3Scaling, MoE, Rope, describe_activation, spec_of
 
 Stage = Literal["first", "last"]
 
@@ -156,123 +156,114 @@ GPT_TRTLLM_NAMES: tuple[TrtllmName, ...] = (
 GPT_KV_CACHE = T + "attention.kv_cache_scaling_factor"
 GPT_KV_OF = D + "self_attention.linear_qkv.weight"
 
-#: NeMo's gated activations → TensorRT-LLM ``hidden_act`` of the gated MLP.
-_HIDDEN_ACT = {"fast-swiglu": "silu", "swiglu": "silu"}
+#: The gated MLP's function (:mod:`nemo_convert.spec.activations`) → TensorRT-LLM ``hidden_act``.
+_HIDDEN_ACT = {"silu": "silu"}
 
 
-def _rotary_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
+def _rotary_scaling(rope: Rope) -> dict[str, Any] | None:
     """TensorRT-LLM reads ``rotary_scaling["type"]`` (and the llama3 parameters); the
     parameters follow in the order transformers writes them (sorted)."""
-    if cfg.get("scale_positional_embedding"):
-        return {"type": "llama3", "factor": float(cfg.get("scale_factor", 8.0)),
-                "high_freq_factor": float(cfg.get("high_freq_factor", 4.0)),
-                "low_freq_factor": float(cfg.get("low_freq_factor", 1.0)),
-                "original_max_position_embeddings": int(cfg.get("old_context_len", 8192))}
-    if cfg.get("seq_len_interpolation_factor"):
-        return {"type": "linear", "factor": float(cfg["seq_len_interpolation_factor"])}
+    if isinstance(rope.scaling, Llama3Scaling):
+        s = rope.scaling
+        return {"type": "llama3", "factor": s.factor, "high_freq_factor": s.high_freq_factor,
+                "low_freq_factor": s.low_freq_factor, "original_max_position_embeddings": s.original_max_positions}
+    if rope.interpolation:
+        return {"type": "linear", "factor": rope.interpolation}
     return None
 
 
 def gpt_trtllm_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """NeMo mcore GPT config → the TensorRT-LLM decoder fields every GPT target shares."""
-    missing = [k for k in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size")
-               if cfg.get(k) is None]
-    vocab = cfg_get(cfg, "nemo_convert.vocab_size")
-    if vocab is None:
-        missing.append("nemo_convert.vocab_size")
+    """NeMo mcore GPT config → the TensorRT-LLM decoder fields every GPT target shares
+    (a table over its :class:`~nemo_convert.spec.ModelSpec`)."""
+    spec = spec_of(cfg)
+    missing = [name for name, value in (("ffn_hidden_size", spec.geometry.ffn),
+                                        ("nemo_convert.vocab_size", spec.geometry.vocab_size)) if value is None]
     if missing:
         raise ConfigError(f"the model config lacks {', '.join(missing)}, needed for the TensorRT-LLM config")
-    act = str(cfg.get("activation") or "fast-swiglu")
-    if act not in _HIDDEN_ACT:
-        raise UnsupportedError(f"activation {act!r} has no TensorRT-LLM equivalent here (supported: "
-                               f"{', '.join(_HIDDEN_ACT)})")
-    if float(cfg.get("rotary_percentage") or 1.0) != 1.0:
-        raise UnsupportedError(f"rotary_percentage={cfg['rotary_percentage']}: partial RoPE is not written "
+    g, mlp = spec.geometry, spec.mlp
+    if not (mlp.gated and mlp.activation in _HIDDEN_ACT) or mlp.glu_offset or mlp.clamp is not None:
+        act = str(cfg.get("activation") or "gelu")
+        raise UnsupportedError(f"activation {act!r} ({describe_activation((mlp.gated, mlp.activation))}) has no "
+                               "TensorRT-LLM equivalent here (supported: gated SiLU)")
+    rope = spec.rope or Rope()
+    if rope.fraction != 1.0:
+        raise UnsupportedError(f"rotary_percentage={rope.fraction}: partial RoPE is not written "
                                "to TensorRT-LLM checkpoints")
-    heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     return {
-        "vocab_size": int(vocab),
-        "hidden_size": hidden,
-        "num_hidden_layers": int(cfg["num_layers"]),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(cfg.get("num_query_groups") or heads),
-        "head_size": int(cfg.get("kv_channels") or hidden // heads),
-        "intermediate_size": int(cfg["ffn_hidden_size"]),
-        "max_position_embeddings": int(cfg.get("max_position_embeddings") or cfg.get("encoder_seq_length")
-                                       or 4096),
-        "hidden_act": _HIDDEN_ACT[act],
-        "norm_epsilon": float(cfg.get("layernorm_epsilon") or 1e-5),
+        "vocab_size": int(g.vocab_size or 0),
+        "hidden_size": g.hidden,
+        "num_hidden_layers": g.layers,
+        "num_attention_heads": g.heads,
+        "num_key_value_heads": g.query_groups,
+        "head_size": g.head_dim,
+        "intermediate_size": int(g.ffn or 0),
+        "max_position_embeddings": g.max_positions or 4096,
+        "hidden_act": _HIDDEN_ACT[mlp.activation],
+        "norm_epsilon": spec.norm.eps,
         "position_embedding_type": "rope_gpt_neox",
-        "rotary_base": float(cfg.get("rotary_base") or 10000.0),
-        "rotary_scaling": _rotary_scaling(cfg),
+        "rotary_base": rope.theta,
+        "rotary_scaling": _rotary_scaling(rope),
     }
-
-
-def _biases(cfg: dict[str, Any]) -> tuple[bool, bool]:
-    """(attention, mlp) biases, as the GPT mapping reads them."""
-    b = cfg_get(cfg, "nemo_convert.linear_biases") or {}
-    attention = bool(b.get("qkv", b.get("attention", cfg.get("qkv_bias") or cfg.get("bias"))))
-    return attention, bool(b.get("mlp", cfg.get("bias")))
 
 
 def _llama_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """``LLaMAForCausalLM``: no linear biases, one attention window for all layers."""
-    attention, mlp = _biases(cfg)
-    if attention or mlp:
+    spec = spec_of(cfg)
+    if spec.attention.qkv_bias or spec.mlp.bias:
         raise UnsupportedError("linear biases are not written to TensorRT-LLM Llama checkpoints")
-    ws = cfg.get("window_size")
-    if isinstance(ws, (list, tuple)) and ws and ws[0] is not None and int(ws[0]) >= 0:
-        keys = int(ws[0]) + 1  # Megatron counts the keys before the query; HF's sliding_window and TRT-LLM all
+    keys = spec.attention.window
+    if keys is not None:
         raise UnsupportedError(
-            f"a sliding attention window (window_size={list(ws)}: each token sees {keys} keys) is not part of a "
-            "TensorRT-LLM Llama checkpoint: TensorRT-LLM applies it when the engine runs (run.py "
-            f"--max_attention_window_size={keys}, as its examples/llama/README.md runs Mistral 7B). To write the "
-            "checkpoint without it, quantize the Hugging Face folder with --ignore-config-key sliding_window (for "
+            f"a sliding attention window (window_size={list(cfg.get('window_size') or [])}: each token sees {keys} "
+            "keys) is not part of a TensorRT-LLM Llama checkpoint: TensorRT-LLM applies it when the engine runs "
+            f"(run.py --max_attention_window_size={keys}, as its examples/llama/README.md runs Mistral 7B). To write "
+            "the checkpoint without it, quantize the Hugging Face folder with --ignore-config-key sliding_window (for "
             "a .nemo, nemo-convert export it first), then run the engine with that window")
     return gpt_trtllm_config(cfg)
 
 
 def _qwen_config(qwen_type: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def config(cfg: dict[str, Any]) -> dict[str, Any]:
-        attention, mlp = _biases(cfg)
-        if mlp:
+        spec = spec_of(cfg)
+        if spec.mlp.bias:
             raise UnsupportedError("MLP biases are not written to TensorRT-LLM Qwen checkpoints")
-        return {**gpt_trtllm_config(cfg), "qwen_type": qwen_type, "attn_bias": attention, "mlp_bias": False}
+        return {**gpt_trtllm_config(cfg), "qwen_type": qwen_type, "attn_bias": spec.attention.qkv_bias,
+                "mlp_bias": False}
 
     return config
 
 
-def _moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
-    """TensorRT-LLM's ``MoeConfig`` for a mixture-of-experts NeMo config whose routing its MoE
-    layer computes: softmax scores, top-k, renormalised over the k (Megatron's
+def _moe_fields(cfg: dict[str, Any], moe: MoE) -> dict[str, Any]:
+    """TensorRT-LLM's ``MoeConfig`` for a mixture of experts whose routing its MoE layer
+    computes: softmax scores, top-k, renormalised over the k (Megatron's
     ``moe_router_pre_softmax: false``, ``RENORMALIZE``) or not (``true``, ``NONE``); one-line
-    errors for what it does not compute."""
+    errors naming the NeMo field of what it does not compute (a table over the spec's
+    :class:`~nemo_convert.spec.MoE`)."""
     reasons = []
-    freq = cfg.get("moe_layer_freq", 1)
-    if freq not in (1, None) and not (isinstance(freq, list) and all(freq)):
-        reasons.append(f"moe_layer_freq={freq} (dense and MoE layers mixed; TensorRT-LLM's model makes every "
-                       "layer MoE)")
-    for key, ok in (("moe_router_score_function", ("softmax", None)), ("moe_router_topk_scaling_factor", (1, 1.0, None)),
-                    ("moe_router_num_groups", (None, 0, 1)), ("moe_router_enable_expert_bias", (None, False)),
-                    ("moe_shared_expert_intermediate_size", (None, 0)), ("moe_router_bias", (None, False))):
-        if cfg.get(key) not in ok:
+    if not all(moe.layer_pattern):
+        reasons.append(f"moe_layer_freq={cfg.get('moe_layer_freq', 1)} (dense and MoE layers mixed; TensorRT-LLM's "
+                       "model makes every layer MoE)")
+    for key, computed in (("moe_router_score_function", moe.score_function == "softmax"),
+                          ("moe_router_topk_scaling_factor", moe.topk_scaling == 1.0),
+                          ("moe_router_num_groups", moe.groups == 1),
+                          ("moe_router_enable_expert_bias", not moe.expert_bias),
+                          ("moe_shared_expert_intermediate_size", not moe.shared_ffn)):
+        if not computed:
             reasons.append(f"{key}={cfg.get(key)!r}")
     if reasons:
         raise UnsupportedError(f"{'; '.join(reasons)}: not computed by TensorRT-LLM's MoE layer as this checkpoint "
                                "would be written")
-    return {"num_experts": int(cfg["num_moe_experts"]), "top_k": int(cfg["moe_router_topk"]),
-            "normalization_mode": 0 if cfg.get("moe_router_pre_softmax") else 1}
+    return {"num_experts": moe.experts, "top_k": moe.topk, "normalization_mode": 0 if moe.pre_softmax else 1}
 
 
 def _llama_moe_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """``LLaMAForCausalLM`` with a mixture of experts on every layer (Mixtral): the Llama
     fields, ``hidden_act: swiglu``, the experts' FFN as ``intermediate_size`` and ``moe``."""
     out = _llama_config(cfg)
-    if not cfg.get("num_moe_experts"):
+    moe = spec_of(cfg).moe
+    if moe is None:
         return out
-    return {**out, "hidden_act": "swiglu", "intermediate_size": int(cfg.get("moe_ffn_hidden_size")
-                                                                     or cfg["ffn_hidden_size"]),
-            "moe": _moe_fields(cfg)}
+    return {**out, "hidden_act": "swiglu", "intermediate_size": moe.ffn, "moe": _moe_fields(cfg, moe)}
 
 
 #: TensorRT-LLM's ``LLaMAForCausalLM`` (Llama, Mistral): the config projection a family names.

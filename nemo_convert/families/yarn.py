@@ -74,6 +74,8 @@ from typing import Any
 
 from nemo_convert.errors import UnsupportedError
 from nemo_convert.hf_config import Rope
+from nemo_convert.spec import MLA_PLAIN as SPEC_MLA_PLAIN
+from nemo_convert.spec import YarnScaling
 
 #: HF's YaRN keys (``_validate_yarn_rope_parameters``, modeling_rope_utils.py lines 962–975,
 #: plus the RoPE base and the partial factor that live beside them in v5).
@@ -89,10 +91,8 @@ GPT_FIELDS = {"factor": "yarn_rotary_scaling_factor",
               "beta_fast": "yarn_beta_fast", "beta_slow": "yarn_beta_slow", "mscale": "yarn_mscale",
               "mscale_all_dim": "yarn_mscale_all_dim", "truncate": "yarn_correction_range_round_to_int"}
 
-#: What a plain-RoPE MLA config writes: ``rope_type: rope`` and the two fields that enter
-#: MLA's softmax scale, at values that make it ``1/sqrt(d)`` whatever the reader's class
-#: defaults are (MLATransformerConfig: factor 40, NeMo 2's DeepSeekConfig: mscale_all_dim 1).
-MLA_PLAIN = {"rope_type": "rope", "rotary_scaling_factor": 1.0, "mscale_all_dim": 0.0}
+#: What a plain-RoPE MLA config writes (:data:`nemo_convert.spec.MLA_PLAIN`, one place).
+MLA_PLAIN = SPEC_MLA_PLAIN
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -150,25 +150,18 @@ def yarn_to_nemo(rope: Rope, hf: dict[str, Any], *, mla: bool) -> dict[str, Any]
     return {"position_embedding_type": "yarn", **{GPT_FIELDS[k]: v for k, v in values.items()}}
 
 
-def is_yarn(cfg: dict[str, Any], *, mla: bool) -> bool:
-    """Whether a NeMo config runs YaRN: MLA's ``rope_type`` (absent in our configs before
-    YaRN: plain RoPE), GPTModel's ``position_embedding_type``."""
-    return (cfg.get("rope_type") == "yarn") if mla else (cfg.get("position_embedding_type") == "yarn")
-
-
-def yarn_to_hf(cfg: dict[str, Any], *, mla: bool) -> dict[str, Any]:
-    """The HF ``rope_scaling`` block of a YaRN NeMo config (for a config with no recorded
-    source): the inverse of :func:`yarn_to_nemo`; a concentration factor HF has no spelling
-    for is refused by name."""
+def yarn_to_hf(yarn: YarnScaling, *, mla: bool) -> dict[str, Any]:
+    """The HF ``rope_scaling`` block of a config's YaRN (:func:`nemo_convert.spec.yarn_scaling`,
+    for a config with no recorded source): the inverse of :func:`yarn_to_nemo`; a
+    concentration factor HF has no spelling for is refused by name."""
     names = MLA_FIELDS if mla else GPT_FIELDS
-    v = {k: cfg.get(name) for k, name in names.items()}
-    if v["factor"] is None:
+    if yarn.factor is None:
         raise UnsupportedError(f"YaRN without {names['factor']}")
-    out: dict[str, Any] = {"rope_type": "yarn", "factor": float(v["factor"]),
-                           "original_max_position_embeddings": int(v["original_max_position_embeddings"] or 4096),
-                           "beta_fast": float(v["beta_fast"] if v["beta_fast"] is not None else 32.0),
-                           "beta_slow": float(v["beta_slow"] if v["beta_slow"] is not None else 1.0)}
-    mscale, all_dim = v["mscale"], v["mscale_all_dim"]
+    out: dict[str, Any] = {"rope_type": "yarn", "factor": float(yarn.factor),
+                           "original_max_position_embeddings": int(yarn.original_max_positions or 4096),
+                           "beta_fast": float(yarn.beta_fast if yarn.beta_fast is not None else 32.0),
+                           "beta_slow": float(yarn.beta_slow if yarn.beta_slow is not None else 1.0)}
+    mscale, all_dim = yarn.mscale, yarn.mscale_all_dim
     if mla:
         mscale = 1.0 if mscale is None else float(mscale)
         all_dim = 0.0 if all_dim is None else float(all_dim)
@@ -182,6 +175,6 @@ def yarn_to_hf(cfg: dict[str, Any], *, mla: bool) -> dict[str, Any]:
         else:
             raise UnsupportedError(f"YaRN with {names['mscale']}={mscale} and {names['mscale_all_dim']}={all_dim}: "
                                    "transformers has no spelling for that concentration factor")
-    if not mla and v["truncate"] is False:
+    if not mla and not yarn.truncate:
         out["truncate"] = False
     return out

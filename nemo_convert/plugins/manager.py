@@ -22,6 +22,7 @@ from nemo_convert.formats.nemo.nemo_targets import canonical_target
 from nemo_convert.plugins import hookspecs
 from nemo_convert.plugins.records import CommandOption, ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
 from nemo_convert.sharding.protocol import ExpertSharding, PipelineSharding, Strategies, TensorSharding, protocol_problem
+from nemo_convert.spec import provenance_of
 
 ENTRY_POINT_GROUP = "nemo_convert"
 DISABLE_ENV = "NEMO_CONVERT_DISABLE_PLUGINS"
@@ -47,6 +48,7 @@ class Registry:
         self._pm = pm
         self._dists = distributions
         self.families = self._collect("nemo_convert_model_families", ModelFamily)
+        self._check_hf_names()
         self.tokenizer_patchers = self._collect("nemo_convert_tokenizer_patchers", TokenizerPatcher)
         self.sharding_strategies = self._collect("nemo_convert_sharding_strategies", ShardingStrategy)
         self.verifiers = self._collect("nemo_convert_verifiers", Verifier)
@@ -76,6 +78,22 @@ class Registry:
                 out[rec.name] = Provided(rec, plugin_name, dist)
         return out
 
+    def _check_hf_names(self) -> None:
+        """Two families listing one HF architecture or model type is an error naming both
+        (as two records of one name are): which family reads a ``config.json`` is never a
+        matter of registration order."""
+        seen: dict[tuple[str, str], Provided] = {}
+        for p in self.families.values():
+            for kind, values in (("architecture", p.record.hf_architectures), ("model_type", p.record.hf_model_types)):
+                for value in values:
+                    other = seen.setdefault((kind, value), p)
+                    if other is not p:
+                        raise PluginError(
+                            f"HF {kind} {value!r} is listed by two families: {other.record.name!r} of plugin "
+                            f"{other.plugin!r} (distribution {other.distribution!r}) and {p.record.name!r} of plugin "
+                            f"{p.plugin!r} (distribution {p.distribution!r}); uninstall one or block it with "
+                            f"{DISABLE_ENV}")
+
     # -- families ---------------------------------------------------------------------
     def family(self, name: str) -> ModelFamily:
         """The family named ``name``; :class:`PluginError` listing the known ones otherwise."""
@@ -86,7 +104,8 @@ class Registry:
             raise PluginError(f"no model family named {name!r} (installed: {known})") from None
 
     def family_for_hf_config(self, config: dict[str, Any]) -> ModelFamily:
-        """The family handling an HF ``config.json`` (by ``architectures``, then ``model_type``)."""
+        """The family handling an HF ``config.json`` (by ``architectures``, then ``model_type``;
+        each is listed by one family at most: :meth:`_check_hf_names`)."""
         archs = config.get("architectures") or []
         for arch in archs:
             for p in self.families.values():
@@ -101,30 +120,26 @@ class Registry:
                           f"(handled: {known or 'none'}); install a plugin or pass --family")
 
     def family_for_nemo_config(self, config: dict[str, Any]) -> ModelFamily:
-        """The family of a NeMo ``model_config.yaml`` (our own record of it, then ``target``)."""
-        ours = (config.get("nemo_convert") or {}).get("family")
+        """The family of a NeMo ``model_config.yaml``: our own record of it; else, among the
+        families of its ``target`` (or of its NeMo 2 class), the one that claims it.
+
+        A family claims a NeMo-native config only when its own table represents it exactly
+        (``refuses_nemo_config`` says nothing) and its ``claims_nemo_config`` — a predicate on
+        its own features — holds; a family without a predicate is its target's default,
+        taken when none claims (Llama for ``MegatronGPTModel``). Two claims are an error
+        asking for ``--family``, naming both; a NeMo 2 class listed by one family that
+        represents the config is that family's."""
+        ours = provenance_of(config).family
         if ours:
             return self.family(ours)
         target = canonical_target(config.get("target"))  # NeMo SFT / NeMo-Aligner classes: MegatronGPTModel
         same = [p.record for p in self.families.values() if target and target == p.record.nemo.target]
-        refused = {f.name: _refusal(f, config) for f in same}
-        fits = [f for f in same if refused[f.name] is None]
-        claimed = [f for f in fits if f.claims_nemo_config is not None and f.claims_nemo_config(config)]
-        if len(claimed) > 1:
-            raise PluginError(f"NeMo target {target!r}: the config fits families {', '.join(f.name for f in claimed)}; "
-                              "pass --family")
-        default = [f for f in fits if f.claims_nemo_config is None]
-        if claimed or default:
-            return (claimed or default)[0]
         if same:
-            why = "; ".join(f"{f.name}: {refused[f.name]}" if refused[f.name] is not None
-                            else f"{f.name}: fits, but is never guessed (pass --family {f.name})" for f in same)
-            raise UnsupportedError(f"no installed model family computes this NeMo config of target {target!r} "
-                                   f"exactly ({why})")
+            return _choose(same, config, f"NeMo target {target!r}", named=False)
         target2 = config.get("nemo2_target")
-        for p in self.families.values():
-            if target2 and target2 in p.record.nemo.nemo2_targets:
-                return p.record
+        listing = [p.record for p in self.families.values() if target2 and target2 in p.record.nemo.nemo2_targets]
+        if listing:
+            return _choose(listing, config, f"NeMo 2 class {target2!r}", named=True)
         raise PluginError(f"no installed model family handles NeMo target "
                           f"{config.get('target') or config.get('nemo2_target')!r}; "
                           "pass --family")
@@ -175,6 +190,31 @@ def _refusal(family: ModelFamily, config: dict[str, Any]) -> str | None:
         return family.refuses_nemo_config(config)
     except (NemoConvertError, KeyError, TypeError, ValueError) as exc:
         return f"the config does not describe one ({type(exc).__name__}: {exc})"
+
+
+def _choose(families: list[ModelFamily], config: dict[str, Any], what: str, *, named: bool) -> ModelFamily:
+    """The family among ``families`` (those of one NeMo class) that claims ``config``
+    (:meth:`Registry.family_for_nemo_config`); ``named``: the class names its family, so the
+    only one that represents the config is it."""
+    refused = {f.name: _refusal(f, config) for f in families}
+    fits = [f for f in families if refused[f.name] is None]
+    if named and len(fits) == 1:
+        return fits[0]
+    claimed = [f for f in fits if f.claims_nemo_config is not None and f.claims_nemo_config(config)]
+    if len(claimed) > 1:
+        raise PluginError(f"{what}: the config fits families {', '.join(f.name for f in claimed)}; "
+                          f"pass --family {claimed[0].name} (or another of them)")
+    if claimed:
+        return claimed[0]
+    default = [f for f in fits if f.claims_nemo_config is None]
+    if len(default) > 1:
+        raise PluginError(f"{what}: families {', '.join(f.name for f in default)} are each its default and all fit "
+                          f"the config; pass --family {default[0].name} (or another of them)")
+    if default:
+        return default[0]
+    why = "; ".join(f"{f.name}: {refused[f.name]}" if refused[f.name] is not None
+                    else f"{f.name}: fits, but is never guessed (pass --family {f.name})" for f in families)
+    raise UnsupportedError(f"no installed model family computes this NeMo config of {what} exactly ({why})")
 
 
 def _disabled() -> set[str]:

@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from nemo_convert.convert.common import SECTION
+from nemo_convert.spec import provenance_of
 
 TOKENIZER_CONFIG = "tokenizer_config.yaml"
 #: NeMo names a copied artifact after its config key.
@@ -54,7 +54,7 @@ def tokenizer_from_nemo(ckpt: Any, cfg: dict[str, Any]) -> tuple[dict[str, Any] 
     :class:`~nemo_convert.formats.nemo.nemo.NemoCheckpoint`)."""
     files: dict[str, bytes] = {}
     section = copy.deepcopy(cfg.get("tokenizer")) if isinstance(cfg.get("tokenizer"), dict) else None
-    ours = (cfg.get(SECTION) or {}).get("tokenizer_files") or {}
+    ours = provenance_of(cfg).tokenizer_files
     for name, ref in ours.items():
         files[os.path.basename(name)] = ckpt.artifact(ref)
     if section is not None:

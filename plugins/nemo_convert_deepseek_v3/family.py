@@ -15,9 +15,10 @@ MTP block (``GPTFeatures(mtp=True)``: :func:`~nemo_convert.families.gpt.mtp_rule
 
 from typing import Any
 
-from nemo_convert.errors import UnsupportedError
+from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families import (GPT_CONFIG, MOE_NEMO_CONSTANTS, Check, Derived, Field, GPTFeatures, MoEBlock,
                                    gpt_family, rope)
+from nemo_convert.spec import spec_of
 
 
 def _mla_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
@@ -27,10 +28,14 @@ def _mla_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mla_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"q_lora_rank": cfg.get("q_lora_rank"), "kv_lora_rank": cfg["kv_lora_rank"],
-            "qk_nope_head_dim": cfg["qk_head_dim"], "qk_rope_head_dim": cfg["qk_pos_emb_head_dim"],
-            "v_head_dim": cfg["v_head_dim"], "head_dim": cfg["qk_pos_emb_head_dim"],
-            "qk_head_dim": cfg["qk_head_dim"] + cfg["qk_pos_emb_head_dim"]}
+    mla = spec_of(cfg).attention.mla
+    if mla is None or None in (mla.kv_lora_rank, mla.qk_head_dim, mla.qk_pos_emb_head_dim, mla.v_head_dim):
+        raise ConfigError("the NeMo config is not multi-latent attention with its dimensions (kv_lora_rank, "
+                          "qk_head_dim, qk_pos_emb_head_dim, v_head_dim)")
+    return {"q_lora_rank": mla.q_lora_rank, "kv_lora_rank": mla.kv_lora_rank,
+            "qk_nope_head_dim": mla.qk_head_dim, "qk_rope_head_dim": mla.qk_pos_emb_head_dim,
+            "v_head_dim": mla.v_head_dim, "head_dim": mla.qk_pos_emb_head_dim,
+            "qk_head_dim": int(mla.qk_head_dim or 0) + int(mla.qk_pos_emb_head_dim or 0)}
 
 
 def _mla_derived(hf: dict[str, Any]) -> str | None:
@@ -56,12 +61,13 @@ def _experts_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _experts_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    freq = cfg.get("moe_layer_freq", 1)
-    fe = int(cfg["moe_ffn_hidden_size"])
-    return {"n_routed_experts": cfg["num_moe_experts"], "moe_intermediate_size": fe,
-            "n_shared_experts": int(cfg.get("moe_shared_expert_intermediate_size") or 0) // fe,
-            "first_k_dense_replace": freq.index(1) if isinstance(freq, list) else 0,
-            "n_group": cfg.get("moe_router_num_groups") or 1, "topk_group": cfg.get("moe_router_group_topk") or 1}
+    moe = spec_of(cfg).moe
+    if moe is None:
+        raise ConfigError("the NeMo config has no num_moe_experts (DeepSeek-V3 routes experts)")
+    dense = next((i for i, on in enumerate(moe.layer_pattern) if on), len(moe.layer_pattern))
+    return {"n_routed_experts": moe.experts, "moe_intermediate_size": moe.ffn,
+            "n_shared_experts": moe.shared_ffn // moe.ffn, "first_k_dense_replace": dense,
+            "n_group": moe.groups, "topk_group": moe.group_topk or 1}
 
 
 def _mtp_layer_kind(hf: dict[str, Any]) -> str | None:
@@ -103,7 +109,7 @@ DEEPSEEK_V3 = gpt_family(
                         "moe_router_pre_softmax": False, "moe_shared_expert_gate": False}),
     features=GPTFeatures(mla=True, moe=MoEBlock(shared="shared_experts", expert_bias="gate.e_score_correction_bias"),
                          mtp=True),
-    claims=lambda cfg: bool(cfg.get("multi_latent_attention")),
+    claims=lambda cfg: spec_of(cfg).attention.mla is not None,
     nemo2_targets=("nemo.collections.llm.gpt.model.deepseek.DeepSeekModel",),
     description="DeepSeek-V3 (MLA, dense first layers, sigmoid-routed experts with bias, shared experts)",
 )

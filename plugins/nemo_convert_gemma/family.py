@@ -23,6 +23,7 @@ from typing import Any
 
 from nemo_convert.errors import UnsupportedError
 from nemo_convert.families import GPT_CONFIG, Check, Derived, Field, GPTFeatures, gpt_family, linear_biases
+from nemo_convert.spec import spec_of
 
 #: ``hidden_act`` values transformers' ``GemmaConfig`` runs as the tanh GeLU.
 TANH_GELU_SPELLINGS = ("gelu_pytorch_tanh", "gelu")
@@ -62,7 +63,7 @@ GEMMA_CONFIG = GPT_CONFIG.extend(
 GEMMA = gpt_family(
     "gemma", architecture="GemmaForCausalLM", model_type="gemma", config=GEMMA_CONFIG,
     features=GPTFeatures(zero_centred_norms=True),
-    claims=lambda cfg: bool(cfg.get("apply_embedding_scaling") or cfg.get("layernorm_zero_centered_gamma")),
+    claims=lambda cfg: spec_of(cfg).embedding.scaled or spec_of(cfg).norm.zero_centred,
     nemo2_targets=("nemo.collections.llm.gpt.model.gemma.GemmaModel",),
     description="Gemma 2B/7B (GeGLU, zero-centred RMSNorm, tied embeddings scaled by sqrt(hidden))",
 )

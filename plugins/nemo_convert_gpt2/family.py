@@ -36,6 +36,7 @@ from nemo_convert.families import (GELU_ERF, GELU_TANH, GPT_CONFIG, Check, Deriv
                                    gpt_family, set_path)
 from nemo_convert.mapping import Mapping
 from nemo_convert.mapping.rules import PackedQKV, Parallel, Rename, Rule, Tied, Transposed
+from nemo_convert.spec import provenance_of, spec_of
 
 
 #: Where import records the HF checkpoint's tensor-name spelling (``"unprefixed"``: the hub's).
@@ -47,7 +48,7 @@ def gpt2_mapping(cfg: dict[str, Any]) -> Mapping:
     """HF GPT-2 names ⇄ NeMo mcore GPT names (logical, per layer, no ``model.`` prefix), in
     the spelling import recorded."""
     mapping = _prefixed_mapping(cfg)
-    if (cfg.get("nemo_convert") or {}).get("hf_names") == "unprefixed":
+    if provenance_of(cfg).hf_names == "unprefixed":
         return mapping.respelled_hf(lambda n: n.removeprefix("transformer."))
     return mapping
 
@@ -137,7 +138,7 @@ GPT2_CONFIG = GPT_CONFIG.extend(
 
 GPT2 = gpt_family(
     "gpt2", architecture="GPT2LMHeadModel", model_type="gpt2", config=GPT2_CONFIG, mapping=gpt2_mapping,
-    claims=lambda cfg: str(cfg.get("position_embedding_type") or "learned_absolute") == "learned_absolute",
+    claims=lambda cfg: spec_of(cfg).positions == "learned_absolute",
     description="GPT-2, NeMo's GPT-3-style models (learned positions, LayerNorm and linear biases, GeLU, tied)",
 )
 

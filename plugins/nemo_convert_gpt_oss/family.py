@@ -20,6 +20,7 @@ from typing import Any
 from nemo_convert.families import (EXPERTS_FFN, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, Check,
                                    Derived, Field, GPTFeatures, MoEBlock, activation, gpt_family, num_experts, rope)
 from nemo_convert.hf_config import read_rope
+from nemo_convert.spec import megatron_window, spec_of
 
 
 def _windows_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
@@ -27,13 +28,15 @@ def _windows_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
     sliding = [int(t == "sliding_attention") for t in types]
     if w is None or not any(sliding):
         return {"window_size": None, "layer_types": None}
-    return {"window_size": [int(w) - 1, 0], "window_attn_skip_freq": sliding, "nemo_convert.sliding_window": int(w)}
+    return {"window_size": megatron_window(int(w)), "window_attn_skip_freq": sliding,
+            "nemo_convert.sliding_window": int(w)}
 
 
 def _windows_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    sliding = cfg.get("window_attn_skip_freq") or [0] * int(cfg["num_layers"])
+    spec = spec_of(cfg)
+    sliding = spec.attention.window_pattern or (False,) * spec.geometry.layers
     return {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
-            "sliding_window": (cfg.get("nemo_convert") or {}).get("sliding_window")}
+            "sliding_window": spec.attention.window}
 
 
 def _openai_context(hf: dict[str, Any]) -> str | None:
@@ -81,7 +84,7 @@ GPT_OSS = gpt_family(
     features=GPTFeatures(attention_sinks=True, moe=MoEBlock(router="router", router_bias=True, fused_transposed=True,
                                                            fused_interleaved=True, expert_biases=True,
                                                            expert_tp=False)),
-    claims=lambda cfg: cfg.get("softmax_type") == "learnable",
+    claims=lambda cfg: spec_of(cfg).attention.softmax == "learnable",  # attention sinks
     nemo2_targets=("nemo.collections.llm.gpt.model.gpt_oss.GPTOSSModel",),
     description="GPT-OSS (attention sinks, biases, alternating windows, fused interleaved experts with biases)",
 )

@@ -7,11 +7,12 @@ NeMo's own importer writes ``[W, 0]`` (one key too many); see docs/families/mist
 
 from nemo_convert.families import GPT_CONFIG, gpt_family, sliding_window
 from nemo_convert.families.trtllm import LLAMA_FIELDS, gpt_trtllm
+from nemo_convert.spec import spec_of
 
 MISTRAL = gpt_family(
     "mistral", architecture="MistralForCausalLM", model_type="mistral",
     config=GPT_CONFIG.extend(sliding_window()),
-    claims=lambda cfg: bool(cfg.get("window_size")) and not cfg.get("num_moe_experts"),  # NeMo's importer writes it
+    claims=lambda cfg: spec_of(cfg).attention.window is not None,  # a sliding window (NeMo's importer writes it)
     nemo2_targets=("nemo.collections.llm.gpt.model.mistral.MistralModel",),
     trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS),  # MODEL_MAP: MistralForCausalLM → LLaMAForCausalLM
     description="Mistral 7B / NeMo 12B (GQA, sliding window as window_size=[W-1, 0])",

@@ -9,6 +9,7 @@ softmax, top-k, then renormalises = Megatron's top-k then softmax
 from nemo_convert.families import (EXPERTS_FFN, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, GPTFeatures,
                                    MoEBlock, gpt_family, num_experts, sliding_window)
 from nemo_convert.families.trtllm import LLAMA_MOE_FIELDS, gpt_trtllm
+from nemo_convert.spec import spec_of
 
 MIXTRAL = gpt_family(
     "mixtral", architecture="MixtralForCausalLM", model_type="mixtral",
@@ -17,7 +18,7 @@ MIXTRAL = gpt_family(
         *MOE_ROWS, harmless=MOE_HARMLESS,
         nemo_constants={**MOE_NEMO_CONSTANTS, "moe_router_pre_softmax": False, "moe_layer_freq": 1}),
     features=GPTFeatures(moe=MoEBlock(block="block_sparse_moe", gate="w1", up="w3", down="w2", fused_block="mlp")),
-    claims=lambda cfg: bool(cfg.get("num_moe_experts")) and not cfg.get("qk_layernorm") and not cfg.get("qkv_bias"),
+    claims=lambda cfg: spec_of(cfg).moe is not None,  # routed experts
     nemo2_targets=("nemo.collections.llm.gpt.model.mixtral.MixtralModel",),
     trtllm=gpt_trtllm("MixtralForCausalLM", LLAMA_MOE_FIELDS),  # MODEL_MAP: → LLaMAForCausalLM with `moe`
     description="Mixtral 8x7B / 8x22B (GQA, top-k softmax-routed experts, sliding window)",

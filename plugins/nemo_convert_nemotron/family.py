@@ -25,7 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.families import (GPT_CONFIG, Check, Field, GPTFeatures, NemoCheck, activation, gpt_family,
-                                   linear_biases, mlp_activation, partial_rope)
+                                   linear_biases, partial_rope)
+from nemo_convert.spec import spec_of
 
 
 def _head_dim(hf: dict[str, Any]) -> int:
@@ -52,9 +53,8 @@ def _layer_norm_eps(hf: dict[str, Any]) -> str | None:
 def _gated_layernorm1p(cfg: dict[str, Any]) -> str | None:
     """GPT-2B-001's architecture (a gated SwiGLU under zero-centred LayerNorms) has no exact
     HF class: say what would be needed."""
-    gated, _ = mlp_activation(cfg)
-    zero = str(cfg.get("normalization", "")).lower() == "layernorm1p" or bool(cfg.get("layernorm_zero_centered_gamma"))
-    if not (gated and zero):
+    spec = spec_of(cfg)
+    if not (spec.mlp.gated and spec.norm.zero_centred):
         return None
     return (f"activation={cfg.get('activation')!r} is a gated MLP under zero-centred LayerNorms (GPT-2B-001's "
             "architecture): NemotronForCausalLM's MLP is not gated, and the class that runs the rest, "
@@ -79,8 +79,8 @@ NEMOTRON_CONFIG = GPT_CONFIG.extend(
 
 def _claims(cfg: dict[str, Any]) -> bool:
     """A NeMo-written LayerNorm + RoPE decoder (the family's check then decides)."""
-    return (str(cfg.get("normalization", "")).lower() in ("layernorm1p", "layernorm")
-            and cfg.get("position_embedding_type") == "rope")
+    spec = spec_of(cfg)
+    return spec.norm.kind == "layernorm" and spec.positions == "rope"
 
 
 NEMOTRON = gpt_family(

@@ -40,6 +40,7 @@ from nemo_convert.errors import UnsupportedError
 from nemo_convert.families import GPT_CONFIG, Check, Derived, Field, MoEBlock, activation
 from nemo_convert.families.hybrid import MOE, PATTERN, HybridBlocks, HYBRID_NEMO_CONSTANTS, hybrid_family
 from nemo_convert.families.hybrid_config import HYBRID_PATTERN, MIXER_HARMLESS, MIXER_ROWS, _pattern_from_hf
+from nemo_convert.spec import spec_of
 
 #: transformers 5.24's default head size (``NemotronHConfig.head_dim = 128``,
 #: ``configuration_nemotron_h.py`` line 108), which ``NemotronHAttention`` uses (line 878).
@@ -52,7 +53,7 @@ def _head_dim_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _head_dim_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"head_dim": int(cfg.get("kv_channels") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))}
+    return {"head_dim": spec_of(cfg).geometry.head_dim}
 
 
 def _head_dim_checks(hf: dict[str, Any]) -> str | None:
@@ -115,14 +116,12 @@ def _moe_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _moe_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    if not cfg.get("num_moe_experts"):
+    moe = spec_of(cfg).moe
+    if moe is None:
         return {}
-    return {"n_routed_experts": int(cfg["num_moe_experts"]), "num_experts_per_tok": int(cfg["moe_router_topk"]),
-            "moe_intermediate_size": int(cfg["moe_ffn_hidden_size"]),
-            "moe_shared_expert_intermediate_size": int(cfg["moe_shared_expert_intermediate_size"]),
-            "routed_scaling_factor": float(cfg.get("moe_router_topk_scaling_factor") or 1.0),
-            "n_group": int(cfg.get("moe_router_num_groups") or 1), "topk_group": int(cfg.get("moe_router_group_topk") or 1),
-            "norm_topk_prob": int(cfg["moe_router_topk"]) > 1}
+    return {"n_routed_experts": moe.experts, "num_experts_per_tok": moe.topk, "moe_intermediate_size": moe.ffn,
+            "moe_shared_expert_intermediate_size": moe.shared_ffn, "routed_scaling_factor": moe.topk_scaling,
+            "n_group": moe.groups, "topk_group": moe.group_topk or 1, "norm_topk_prob": moe.topk > 1}
 
 
 #: Nemotron-H's config: the GPT base's size, vocabulary, dtype and tying rows, the hybrid
@@ -155,7 +154,7 @@ NEMOTRON_H_MOE = MoEBlock(block="mixer", router="gate", experts="experts.{e}", u
 NEMOTRON_H = hybrid_family(
     "nemotron_h", architecture="NemotronHForCausalLM", model_type="nemotron_h", config=NEMOTRON_H_CONFIG,
     blocks=HybridBlocks(moe=NEMOTRON_H_MOE),
-    description="Nemotron-H hybrid (Mamba-2, attention, squared-ReLU MLP and MoE layers) <-> Megatron-Core MambaModel",
+    description="Nemotron-H hybrid: Mamba-2, attention, squared-ReLU MLP, MoE layers (Megatron-Core MambaModel)",
 )
 
 __all__ = ["NEMOTRON_H", "NEMOTRON_H_CONFIG", "NEMOTRON_H_MOE", "PATTERN"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from nemo_convert.families import GPT_CONFIG, Check, gpt_family, no_per_layer_windows
 from nemo_convert.families.trtllm import gpt_trtllm, qwen_fields
+from nemo_convert.spec import spec_of
 
 
 def _no_mrope(hf: dict[str, Any]) -> str | None:
@@ -30,7 +31,7 @@ QWEN2_CONFIG = GPT_CONFIG.extend(
 
 QWEN2 = gpt_family(
     "qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", config=QWEN2_CONFIG,
-    claims=lambda cfg: bool(cfg.get("qkv_bias")) and not cfg.get("bias") and not cfg.get("num_moe_experts"),
+    claims=lambda cfg: spec_of(cfg).attention.qkv_bias and not spec_of(cfg).attention.proj_bias,  # q/k/v biases only
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
     trtllm=gpt_trtllm("Qwen2ForCausalLM", qwen_fields("qwen2")),  # TensorRT-LLM's QWenForCausalLM
     description="Qwen2 / Qwen2.5 (GQA, q/k/v biases, tied or not)",

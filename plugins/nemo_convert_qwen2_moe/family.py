@@ -9,6 +9,7 @@ output, as HF does. Routing and mixed stacks as Qwen3-MoE.
 from nemo_convert.families import (GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, NORM_TOPK_PROB, Check,
                                    Field, GPTFeatures, MoEBlock, gpt_family, moe_layers, no_per_layer_windows,
                                    num_experts)
+from nemo_convert.spec import spec_of
 
 QWEN2_MOE_CONFIG = GPT_CONFIG.extend(
     Check(("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"), no_per_layer_windows),
@@ -23,7 +24,7 @@ QWEN2_MOE_CONFIG = GPT_CONFIG.extend(
 QWEN2_MOE = gpt_family(
     "qwen2_moe", architecture="Qwen2MoeForCausalLM", model_type="qwen2_moe", config=QWEN2_MOE_CONFIG,
     features=GPTFeatures(moe=MoEBlock(shared="shared_expert", shared_gate="shared_expert_gate")),
-    claims=lambda cfg: bool(cfg.get("num_moe_experts")) and bool(cfg.get("moe_shared_expert_gate")),
+    claims=lambda cfg: (moe := spec_of(cfg).moe) is not None and moe.shared_gate,  # a gated shared expert
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
     description="Qwen2-MoE / Qwen1.5-MoE (q/k/v biases, routed experts + sigmoid-gated shared expert)",
 )

@@ -10,6 +10,7 @@ stores every layer under its own keys (Megatron-Core's non-homogeneous layers).
 from nemo_convert.families import (GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, NORM_TOPK_PROB, Check,
                                    Field, GPTFeatures, MoEBlock, gpt_family, linear_biases, moe_layers,
                                    no_per_layer_windows, num_experts)
+from nemo_convert.spec import spec_of
 
 QWEN3_MOE_CONFIG = GPT_CONFIG.extend(
     linear_biases("attention_bias", None),
@@ -21,8 +22,7 @@ QWEN3_MOE_CONFIG = GPT_CONFIG.extend(
 QWEN3_MOE = gpt_family(
     "qwen3_moe", architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", config=QWEN3_MOE_CONFIG,
     features=GPTFeatures(qk_norm=True, moe=MoEBlock()),
-    claims=lambda cfg: (bool(cfg.get("qk_layernorm")) and bool(cfg.get("num_moe_experts"))
-                        and not cfg.get("multi_latent_attention")),
+    claims=lambda cfg: spec_of(cfg).attention.qk_norm and spec_of(cfg).moe is not None,
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",),
     description="Qwen3-MoE (q/k RMSNorm, softmax-routed experts, mixed dense/MoE stacks)",
 )

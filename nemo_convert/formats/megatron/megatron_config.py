@@ -79,13 +79,17 @@ that changes the math and that the table does not know is refused by name
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.formats.megatron.provider_gpt_oss import (GPT_OSS_FIELDS, QUICK_GELU, gpt_oss_nemo, gpt_oss_provider,
                                                              is_gpt_oss, yarn_nemo, yarn_provider)
 from nemo_convert.mapping.ops import largest_pow2_divisor
+from nemo_convert.spec import (LLAMA3_DEFAULTS, MLA_PLAIN, UNMODELLED, Llama3Scaling, ModelSpec, MoE, Rope, YarnScaling,
+                               describe_activation, dtype_name_of_flags, mcore_activation, megatron_window,
+                               precision_of_dtype_name, provenance_of, spec_of, window_keys)
+from nemo_convert.spec.activations import NEMO_ACTIVATION_FIELDS
 
 if TYPE_CHECKING:
     import torch
@@ -126,7 +130,8 @@ class ProviderFamily:
     is refused), the NeMo fields the provider implies (``nemo``: e.g. Gemma's embedding
     scaling, which ``GemmaModelProvider.provide`` applies) and what the bridge sets that
     does not change the math (``extra``); ``gpt_oss``: the provider carries GPT-OSS's sinks,
-    window pattern and clamped GLU (:mod:`.provider_gpt_oss`)."""
+    window pattern and clamped GLU (:mod:`.provider_gpt_oss`); ``shared_experts``: its MoE
+    has shared experts."""
 
     target: str
     fixed: tuple[tuple[str, Any], ...] = ()
@@ -135,6 +140,7 @@ class ProviderFamily:
     moe: bool = False
     mla: bool = False
     gpt_oss: bool = False
+    shared_experts: bool = False
 
 
 _DENSE = (("normalization", "RMSNorm"), ("gated_linear_unit", True), ("position_embedding_type", "rope"))
@@ -168,7 +174,7 @@ PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
         extra=(("moe_grouped_gemm", True), ("moe_router_pre_softmax", True), ("moe_token_dispatcher_type", "alltoall"),
                ("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_shared_expert_overlap", True),
                ("moe_router_dtype", "fp32"), ("moe_permute_fusion", True), ("hidden_dropout", 0.0),
-               ("make_vocab_size_divisible_by", 1280)), moe=True, mla=True),
+               ("make_vocab_size_divisible_by", 1280)), moe=True, mla=True, shared_experts=True),
     "nemotron": ProviderFamily(GPT_PROVIDER, (("normalization", "LayerNorm"), ("gated_linear_unit", False),
                                               ("position_embedding_type", "rope"), ("activation_func", SQUARED_RELU),
                                               ("layernorm_zero_centered_gamma", True)) + _NO_LINEAR_BIAS,
@@ -229,49 +235,83 @@ _FAMILY_MODULES = ("megatron.bridge.models.gemma.", "megatron.bridge.models.qwen
                    "megatron.bridge.models.mla_provider.")
 
 
+Getter = Callable[[ModelSpec, dict[str, Any]], Any]
+
+
 @dataclass(frozen=True)
 class Field:
-    """One field under its three names (None: that side has no such field) and the type
-    its value is read as. ``default`` is what the field means when absent."""
+    """One field under its three names (None: that side has no such field), the type its
+    value is read as and what it means when absent (``default``); ``of`` is the value
+    written to a provider: read from the :class:`~nemo_convert.spec.ModelSpec` (and, for
+    the training knobs that are not math, from the NeMo config as it is)."""
 
     nemo: str
     provider: str | None
     megatron_lm: str | None
     kind: Callable[[Any], Any]
     default: Any = None
-
-
-def _tuple_or_none(v: Any) -> Any:
-    return None if v is None else [int(x) for x in v]
+    of: Getter | None = None
 
 
 def _float_or_none(v: Any) -> Any:
     return None if v is None else float(v)
 
 
+def _rope(s: ModelSpec) -> Rope:
+    return s.rope or Rope()
+
+
+def _passthrough(name: str, default: Any) -> Getter:
+    """A training knob that is not math (init, dropout): the NeMo field as it is."""
+    return lambda s, cfg: cfg.get(name, default)
+
+
+def _linear_bias(s: ModelSpec, cfg: dict[str, Any]) -> bool:
+    """Megatron-Core's ``add_bias_linear`` biases the output projection and the MLP together."""
+    if s.attention.proj_bias != s.mlp.bias:
+        raise UnsupportedError(f"linear biases on q/k/v={s.attention.qkv_bias}, o_proj={s.attention.proj_bias}, "
+                               f"MLP={s.mlp.bias}: Megatron-Core's add_bias_linear biases o_proj and the MLP together")
+    return s.mlp.bias
+
+
+def _window(s: ModelSpec, cfg: dict[str, Any]) -> list[int] | None:
+    """Megatron-Bridge's ``window_size`` for the window of HF's ``sliding_window=W`` that export
+    would write: ``[W-1, 0]`` (:func:`nemo_convert.spec.megatron_window`)."""
+    a = s.attention
+    if a.window is None:
+        return None
+    if a.window_lookahead:
+        raise UnsupportedError(f"window_size={cfg.get('window_size')!r} is not a causal sliding window [left, 0]")
+    return megatron_window(a.window)
+
+
 #: Fields that pass through unchanged (renamed only).
 FIELDS: tuple[Field, ...] = (
-    Field("num_layers", "num_layers", "num_layers", int),
-    Field("hidden_size", "hidden_size", "hidden_size", int),
-    Field("ffn_hidden_size", "ffn_hidden_size", "ffn_hidden_size", int),
-    Field("num_attention_heads", "num_attention_heads", "num_attention_heads", int),
-    Field("kv_channels", "kv_channels", "kv_channels", int),
-    Field("max_position_embeddings", "seq_length", "max_position_embeddings", int),
-    Field("init_method_std", "init_method_std", "init_method_std", float, 0.02),
-    Field("layernorm_epsilon", "layernorm_epsilon", "layernorm_epsilon", float, 1e-5),
-    Field("rotary_base", "rotary_base", "rotary_base", float, 10000.0),
-    Field("rotary_percentage", "rotary_percent", "rotary_percent", float, 1.0),
-    Field("position_embedding_type", "position_embedding_type", "position_embedding_type", str, "rope"),
-    Field("bias", "add_bias_linear", "add_bias_linear", bool, True),  # TransformerConfig's default
-    Field("qkv_bias", "add_qkv_bias", "add_qkv_bias", bool, False),
-    Field("qk_layernorm", "qk_layernorm", "qk_layernorm", bool, False),
+    Field("num_layers", "num_layers", "num_layers", int, of=lambda s, c: s.geometry.layers),
+    Field("hidden_size", "hidden_size", "hidden_size", int, of=lambda s, c: s.geometry.hidden),
+    Field("ffn_hidden_size", "ffn_hidden_size", "ffn_hidden_size", int, of=lambda s, c: s.geometry.ffn),
+    Field("num_attention_heads", "num_attention_heads", "num_attention_heads", int, of=lambda s, c: s.geometry.heads),
+    Field("kv_channels", "kv_channels", "kv_channels", int, of=lambda s, c: s.geometry.head_dim),
+    Field("max_position_embeddings", "seq_length", "max_position_embeddings", int,
+          of=lambda s, c: s.geometry.max_positions),
+    Field("init_method_std", "init_method_std", "init_method_std", float, 0.02,
+          of=_passthrough("init_method_std", 0.02)),
+    Field("layernorm_epsilon", "layernorm_epsilon", "layernorm_epsilon", float, 1e-5, of=lambda s, c: s.norm.eps),
+    Field("rotary_base", "rotary_base", "rotary_base", float, 10000.0, of=lambda s, c: _rope(s).theta),
+    Field("rotary_percentage", "rotary_percent", "rotary_percent", float, 1.0, of=lambda s, c: _rope(s).fraction),
+    Field("position_embedding_type", "position_embedding_type", "position_embedding_type", str, "rope",
+          of=lambda s, c: s.positions),
+    Field("bias", "add_bias_linear", "add_bias_linear", bool, True, of=_linear_bias),  # TransformerConfig's default
+    Field("qkv_bias", "add_qkv_bias", "add_qkv_bias", bool, False, of=lambda s, c: s.attention.qkv_bias),
+    Field("qk_layernorm", "qk_layernorm", "qk_layernorm", bool, False, of=lambda s, c: s.attention.qk_norm),
     Field("layernorm_zero_centered_gamma", "layernorm_zero_centered_gamma", "layernorm_zero_centered_gamma",
-          bool, False),
-    Field("window_size", "window_size", "window_size", _tuple_or_none),
+          bool, False, of=lambda s, c: s.norm.zero_centred),
+    Field("window_size", "window_size", "window_size", lambda v: [int(x) for x in v], of=_window),
     Field("seq_len_interpolation_factor", "seq_len_interpolation_factor", "rotary_seq_len_interpolation_factor",
-          _float_or_none),
-    Field("hidden_dropout", "hidden_dropout", "hidden_dropout", float, 0.0),
-    Field("attention_dropout", "attention_dropout", "attention_dropout", float, 0.0),
+          _float_or_none, of=lambda s, c: _rope(s).interpolation),
+    Field("hidden_dropout", "hidden_dropout", "hidden_dropout", float, 0.0, of=_passthrough("hidden_dropout", 0.0)),
+    Field("attention_dropout", "attention_dropout", "attention_dropout", float, 0.0,
+          of=_passthrough("attention_dropout", 0.0)),
 )
 
 def _freq(v: Any) -> Any:
@@ -282,15 +322,28 @@ def _freq(v: Any) -> Any:
 #: The mixture-of-experts fields that pass through unchanged when the model has experts
 #: (``default``: TransformerConfig's, megatron-core 0.16.1 ``transformer_config.py`` lines
 #: 534–617; ``moe_ffn_hidden_size`` None means ``ffn_hidden_size``).
+def _moe(s: ModelSpec) -> MoE:
+    assert s.moe is not None  # _moe_provider checks it first
+    return s.moe
+
+
+def _pattern(s: ModelSpec, cfg: dict[str, Any]) -> Any:
+    """``moe_layer_freq``: 1 when every layer is MoE, else one 0/1 per layer."""
+    pattern = _moe(s).layer_pattern
+    return 1 if all(pattern) else [int(x) for x in pattern]
+
+
 MOE_FIELDS: tuple[Field, ...] = (
-    Field("num_moe_experts", "num_moe_experts", "num_experts", int),
-    Field("moe_router_topk", "moe_router_topk", "moe_router_topk", int, 2),
-    Field("moe_ffn_hidden_size", "moe_ffn_hidden_size", "moe_ffn_hidden_size", int),
-    Field("moe_router_pre_softmax", "moe_router_pre_softmax", "moe_router_pre_softmax", bool, False),
-    Field("moe_layer_freq", "moe_layer_freq", "moe_layer_freq", _freq, 1),
+    Field("num_moe_experts", "num_moe_experts", "num_experts", int, of=lambda s, c: _moe(s).experts),
+    Field("moe_router_topk", "moe_router_topk", "moe_router_topk", int, 2, of=lambda s, c: _moe(s).topk),
+    Field("moe_ffn_hidden_size", "moe_ffn_hidden_size", "moe_ffn_hidden_size", int, of=lambda s, c: _moe(s).ffn),
+    Field("moe_router_pre_softmax", "moe_router_pre_softmax", "moe_router_pre_softmax", bool, False,
+          of=lambda s, c: _moe(s).pre_softmax),
+    Field("moe_layer_freq", "moe_layer_freq", "moe_layer_freq", _freq, 1, of=_pattern),
     Field("moe_shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
-          "moe_shared_expert_intermediate_size", int),
-    Field("moe_shared_expert_gate", "moe_shared_expert_gate", "moe_shared_expert_gate", bool, False),
+          "moe_shared_expert_intermediate_size", int, of=lambda s, c: _moe(s).shared_ffn or None),
+    Field("moe_shared_expert_gate", "moe_shared_expert_gate", "moe_shared_expert_gate", bool, False,
+          of=lambda s, c: _moe(s).shared_gate),
 )
 #: MoE routing that changes the math and that no readable family here expresses (DeepSeek's
 #: sigmoid scores, expert bias, scaling and group-limited routing; token dropping; latent
@@ -298,8 +351,7 @@ MOE_FIELDS: tuple[Field, ...] = (
 MOE_NEUTRAL: dict[str, Any] = {
     "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
     "moe_router_topk_scaling_factor": None, "moe_router_num_groups": None, "moe_router_group_topk": None,
-    "moe_expert_capacity_factor": None, "moe_apply_probs_on_input": False, "moe_latent_size": None,
-    "moe_router_topk_limited_devices": None, "moe_use_upcycling": False,
+    **{k: v for k, v in UNMODELLED.items() if k.startswith("moe_")},
 }
 #: MoE fields a provider without shared experts (Qwen3-MoE's) must leave neutral.
 _NO_SHARED = {"moe_shared_expert_intermediate_size": None, "moe_shared_expert_gate": False}
@@ -314,9 +366,6 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim
 #: --mscale-all-dim, line 2049 --rope-type) is the class's default (TARGET_DEFAULTS).
 MLA_YARN = ("rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
             "mscale_all_dim")
-#: Plain RoPE in an MLA NeMo config (nemo_convert/families/yarn.py ``MLA_PLAIN``: the fields
-#: of MLA's softmax scale at values that make it 1/sqrt(d)).
-MLA_PLAIN = {"rope_type": "rope", "rotary_scaling_factor": 1.0, "mscale_all_dim": 0.0}
 #: What DeepSeekV3Bridge writes for a config without YaRN (model_bridge.py lines 604-614):
 #: YaRN at factor 1 over the class's ``rope_type: yarn``, i.e. plain RoPE.
 MLA_BRIDGE_PLAIN = {"rope_type": "yarn", "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
@@ -330,34 +379,22 @@ PROVIDER_DEFAULTS: dict[str, Any] = {"position_embedding_type": "learned_absolut
                                      "share_embeddings_and_output_weights": True, "normalization": "LayerNorm"}
 
 #: Fields (TransformerConfig / provider fields, and Megatron-LM arguments) that change the
-#: math and that no family here handles: refused unless they hold this neutral value.
+#: math and that no family here handles: refused unless they hold this neutral value
+#: (those no spec field models are the spec's :data:`nemo_convert.spec.UNMODELLED`).
 NEUTRAL: dict[str, Any] = {
     "num_moe_experts": None, "num_experts": None, "multi_latent_attention": False, "rotary_interleaved": False,
-    "apply_residual_connection_post_layernorm": False, "softmax_scale": None, "glu_linear_offset": 0.0,
-    "activation_func_clamp_value": None, "window_attn_skip_freq": None, "attention_output_gate": False,
-    "no_rope_freq": None, "experimental_attention_variant": None, "linear_attention_freq": None,
-    "is_hybrid_model": False, "heterogeneous_layers_config_path": None, "mrope_section": None,
-    "mtp_num_layers": None, "squared_relu": False, "quick_geglu": False, "openai_gelu": False,
-    "apply_layernorm_1p": False,
+    "apply_residual_connection_post_layernorm": False, "glu_linear_offset": 0.0,
+    "activation_func_clamp_value": None, "window_attn_skip_freq": None, "mtp_num_layers": None, "openai_gelu": False,
+    **{k: v for k, v in UNMODELLED.items() if not k.startswith("moe_")},
 }
 
-#: NeMo 1 ``activation`` → (gated linear unit, torch function).
-ACTIVATIONS: dict[str, tuple[bool, str]] = {
-    "fast-swiglu": (True, "torch.nn.functional.silu"), "swiglu": (True, "torch.nn.functional.silu"),
-    "fast-geglu": (True, "torch.nn.functional.gelu"), "geglu": (True, "torch.nn.functional.gelu"),
-    "gelu": (False, "torch.nn.functional.gelu"), "silu": (False, "torch.nn.functional.silu"),
-    "relu": (False, "torch.nn.functional.relu"), "squared-relu": (False, SQUARED_RELU),
-    "quick-geglu": (True, QUICK_GELU),
+#: The canonical MLP functions (:mod:`nemo_convert.spec.activations`) → a provider's
+#: ``activation_func`` (the tanh GeLU is Megatron-Core's ``fast_gelu``).
+PROVIDER_FUNCTIONS: dict[str, str] = {
+    "silu": SILU, "gelu": "torch.nn.functional.gelu", "gelu_tanh": FAST_GELU, "relu": "torch.nn.functional.relu",
+    "squared_relu": SQUARED_RELU, "quick_gelu": QUICK_GELU,
 }
 NORMALIZATIONS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
-#: NeMo ``precision`` → (bf16, fp16, params dtype by torch's name).
-PRECISIONS: dict[str, tuple[bool, bool, str]] = {
-    "bf16": (True, False, "bfloat16"), "bf16-mixed": (True, False, "bfloat16"),
-    "16": (False, True, "float16"), "16-mixed": (False, True, "float16"),
-    "32": (False, False, "float32"), "32-true": (False, False, "float32"),
-}
-#: Megatron-Core's fixed llama3 RoPE scaling parameters (only the factor is configurable).
-LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "old_context_len": 8192}
 
 
 def _callable(name: str) -> dict[str, Any]:
@@ -367,16 +404,6 @@ def _callable(name: str) -> dict[str, Any]:
 
 def _target_of(v: Any) -> str:
     return str(v.get("_target_", "")) if isinstance(v, dict) else str(v or "")
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def precision_of_dtype(dtype: torch.dtype) -> Any:
-    """NeMo ``precision`` of a parameter dtype."""
-    import torch
-    return {torch.bfloat16: "bf16", torch.float16: 16}.get(dtype, 32)
 
 
 # ------------------------------------------------------------------- NeMo → provider
@@ -391,113 +418,139 @@ def provider_family(family: str) -> ProviderFamily:
     return spec
 
 
+def _inexpressible(s: ModelSpec, pf: ProviderFamily) -> dict[str, Any]:
+    """What the model computes that the family's provider does not express, by the NeMo
+    field holding it: experts, MLA, MTP or GPT-OSS's attention and GLU where the provider
+    has none, DeepSeek's routing and shared experts where it is not DeepSeek-V3's, and
+    whatever no spec field models (:data:`nemo_convert.spec.UNMODELLED`)."""
+    a, moe, mlp = s.attention, s.moe, s.mlp
+    bad: dict[str, Any] = {}
+    if moe is not None and not pf.moe:
+        bad["num_moe_experts"] = moe.experts
+    if a.mla is not None and not pf.mla:
+        bad["multi_latent_attention"] = True
+    if s.rope is not None and s.rope.interleaved:
+        bad["rotary_interleaved"] = True
+    if s.block.residual_post_norm:
+        bad["apply_residual_connection_post_layernorm"] = True
+    if not pf.gpt_oss:
+        bad.update({k: v for k, v, neutral in (
+            ("softmax_type", a.softmax, "vanilla"), ("glu_linear_offset", mlp.glu_offset, 0.0),
+            ("activation_func_clamp_value", mlp.clamp, None),
+            ("window_attn_skip_freq", None if a.window_pattern is None else [int(x) for x in a.window_pattern], None),
+        ) if v != neutral})
+    if s.mtp_layers and not pf.mla:
+        bad["mtp_num_layers"] = s.mtp_layers
+    if moe is not None and pf.moe and not pf.mla:
+        bad.update({k: v for k, v, neutral in (
+            ("moe_router_score_function", moe.score_function, "softmax"),
+            ("moe_router_enable_expert_bias", moe.expert_bias, False),
+            ("moe_router_topk_scaling_factor", moe.topk_scaling, 1.0),
+            ("moe_router_num_groups", moe.groups, 1),
+        ) if v != neutral})
+    if moe is not None and pf.moe and not pf.shared_experts:
+        bad.update({k: v for k, v, neutral in (("moe_shared_expert_intermediate_size", moe.shared_ffn, 0),
+                                               ("moe_shared_expert_gate", moe.shared_gate, False)) if v != neutral})
+    bad.update(dict(s.unsupported))
+    return bad
+
+
 def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, params_dtype: torch.dtype,
                      tp: int = 1, pp: int = 1, ep: int = 1) -> dict[str, Any]:
     """The ``model:`` section of ``run_config.yaml`` for a NeMo 1 config: what
-    Megatron-Bridge's bridge derives from the HF config (module docstring)."""
-    spec = provider_family(family)
-    skip = ("openai_gelu",) + (_EXPERT_COUNTS if spec.moe else ()) + (DEEPSEEK_ROUTING if spec.mla else ()) + (
-        GPT_OSS_FIELDS if spec.gpt_oss else ())
-    neutral = {**NEUTRAL, **MOE_NEUTRAL, **({} if spec.mla else _NO_SHARED)} if spec.moe else NEUTRAL
-    bad = {k: cfg[k] for k in neutral if k in cfg and cfg[k] != neutral[k] and k not in skip}
+    Megatron-Bridge's bridge derives from the HF config (module docstring), as a table over
+    the config's :class:`~nemo_convert.spec.ModelSpec`."""
+    pf = provider_family(family)
+    s = spec_of(cfg)
+    bad = _inexpressible(s, pf)
     if bad:
         raise UnsupportedError("the config sets " + ", ".join(f"{k}={v!r}" for k, v in bad.items())
                                + ", which Megatron-Bridge's provider for this family does not express")
-    act = str(cfg.get("activation", "fast-swiglu"))
-    norm = str(cfg.get("normalization", "rmsnorm")).lower()
-    one_p = norm == "layernorm1p"  # NeMo's zero-centred LayerNorm: LayerNorm + layernorm_zero_centered_gamma
-    norm = "layernorm" if one_p else norm
-    if act not in ACTIVATIONS:
-        raise UnsupportedError(f"activation {act!r} has no Megatron-Bridge spelling here "
-                               f"(known: {', '.join(ACTIVATIONS)})")
-    if norm not in NORMALIZATIONS:
-        raise UnsupportedError(f"normalization {norm!r} has no Megatron-Bridge spelling here")
-    heads = int(cfg["num_attention_heads"])
-    model: dict[str, Any] = {"_target_": spec.target}
+    fn = PROVIDER_FUNCTIONS.get(s.mlp.activation)
+    if fn is None:
+        raise UnsupportedError(f"activation {cfg.get('activation')!r} "
+                               f"({describe_activation((s.mlp.gated, s.mlp.activation))}) has no Megatron-Bridge "
+                               f"spelling here (known: {', '.join(describe_activation((False, f)) for f in PROVIDER_FUNCTIONS)})")
+    if s.norm.kind not in NORMALIZATIONS:
+        raise UnsupportedError(f"normalization {s.norm.kind!r} has no Megatron-Bridge spelling here")
+    model: dict[str, Any] = {"_target_": pf.target}
     for f in FIELDS:
-        if f.provider is None:
-            continue
-        value = cfg.get(f.nemo, f.default)
-        if f.nemo == "max_position_embeddings":
-            value = cfg.get("max_position_embeddings") or cfg.get("encoder_seq_length")
-        if f.nemo == "kv_channels" and value is None:
-            value = int(cfg["hidden_size"]) // heads
+        value = f.of(s, cfg) if f.provider is not None and f.of is not None else None
         if value is not None:
-            model[f.provider] = f.kind(value)
-    if one_p:
-        model["layernorm_zero_centered_gamma"] = True
-    gated, fn = ACTIVATIONS[act]
-    if cfg.get("openai_gelu"):  # NeMo's tanh GeLU: Megatron-Core's fast_gelu (the same formula)
-        if fn != "torch.nn.functional.gelu":
-            raise UnsupportedError(f"openai_gelu with activation {act!r} is not a GeLU")
-        fn = FAST_GELU
-    implied = dict(spec.nemo)
-    if bool(cfg.get("apply_embedding_scaling")) != bool(implied.get("apply_embedding_scaling")):
-        raise UnsupportedError(f"{family}: apply_embedding_scaling={bool(cfg.get('apply_embedding_scaling'))} "
-                               f"does not match its provider {spec.target.rsplit('.', 1)[-1]}")
-    bf16, fp16, _ = PRECISIONS.get(str(precision_of_dtype(params_dtype)), (False, False, "float32"))
+            model[str(f.provider)] = f.kind(value)
+    if s.embedding.scaled != bool(dict(pf.nemo).get("apply_embedding_scaling")):
+        raise UnsupportedError(f"{family}: apply_embedding_scaling={s.embedding.scaled} "
+                               f"does not match its provider {pf.target.rsplit('.', 1)[-1]}")
+    dtype = str(params_dtype).replace("torch.", "")
     model.update({
-        "num_query_groups": int(cfg.get("num_query_groups") or heads),
-        "normalization": NORMALIZATIONS[norm],
-        "gated_linear_unit": gated,
+        "num_query_groups": s.geometry.query_groups,
+        "normalization": NORMALIZATIONS[s.norm.kind],
+        "gated_linear_unit": s.mlp.gated,
         "activation_func": _callable(fn),
-        "share_embeddings_and_output_weights": bool(cfg.get("share_embeddings_and_output_weights", False)),
+        "share_embeddings_and_output_weights": s.embedding.tied,
         "vocab_size": int(vocab_size),
         "make_vocab_size_divisible_by": largest_pow2_divisor(int(vocab_size)),
         "should_pad_vocab": False,
-        "bf16": bf16,
-        "fp16": fp16,
-        "params_dtype": _callable(f"torch.{_dtype_name(params_dtype)}"),
+        "bf16": dtype == "bfloat16",
+        "fp16": dtype == "float16",
+        "params_dtype": _callable(f"torch.{dtype}"),
         "tensor_model_parallel_size": int(tp),
         "pipeline_model_parallel_size": int(pp),
     })
-    if cfg.get("scale_positional_embedding"):
-        odd = {k: cfg[k] for k, v in LLAMA3_FIXED.items() if k in cfg and float(cfg[k]) != v}
+    rope = _rope(s)
+    if isinstance(rope.scaling, Llama3Scaling):
+        sc, d = rope.scaling, LLAMA3_DEFAULTS
+        odd = {k: v for k, v, fixed in (("low_freq_factor", sc.low_freq_factor, d.low_freq_factor),
+                                         ("high_freq_factor", sc.high_freq_factor, d.high_freq_factor),
+                                         ("old_context_len", sc.original_max_positions, d.original_max_positions))
+               if v != fixed}
         if odd:
             raise UnsupportedError("llama3 RoPE scaling with " + ", ".join(f"{k}={v}" for k, v in odd.items())
                                    + ": Megatron-Core fixes these at low_freq_factor=1, high_freq_factor=4, "
                                    "original_max_position_embeddings=8192")
         model["rope_scaling"] = True
-        model["rope_scaling_factor"] = float(cfg.get("scale_factor", 8.0))
-    if spec.moe:
-        model.update(_moe_provider(cfg, family, shared=spec.mla))
+        model["rope_scaling_factor"] = sc.factor
+    if pf.moe:
+        model.update(_moe_provider(s, cfg, family, shared=pf.shared_experts))
         model["expert_model_parallel_size"] = int(ep)
-    if spec.mla:
-        model.update(_mla_provider(cfg, family))
-    if spec.gpt_oss:
-        model.update(gpt_oss_provider(cfg))
-    model.update(yarn_provider(cfg))
-    window = _bridge_window(cfg)
-    if window is not None:
-        model["window_size"] = window
-        if spec.target == MISTRAL_PROVIDER:
-            model["cp_comm_type"] = "a2a"  # what MistralBridge sets beside a window (context parallel only)
-    for k, v in spec.fixed:
-        have = _target_of(model[k]) if k == "activation_func" else model.get(k, cfg.get(k, NEUTRAL.get(
-            k, MOE_NEUTRAL.get(k, _NO_SHARED.get(k, v)))))
+    if pf.mla:
+        model.update(_mla_provider(s, cfg, family))
+    if pf.gpt_oss:
+        model.update(gpt_oss_provider(s, cfg))
+    if isinstance(rope.scaling, YarnScaling) and s.attention.mla is None:
+        model.update(yarn_provider(rope.scaling))
+    if "window_size" in model and pf.target == MISTRAL_PROVIDER:
+        model["cp_comm_type"] = "a2a"  # what MistralBridge sets beside a window (context parallel only)
+    for k, v in pf.fixed:
+        have = _target_of(model[k]) if k == "activation_func" else model.get(k, FIXED_ABSENT.get(k, v))
         if have != v:
             raise UnsupportedError(f"{family}: the config has {k}={have!r}; its provider needs {v!r}")
         model[k] = _callable(v) if k == "activation_func" else v
-    model.update(dict(spec.extra))
+    model.update(dict(pf.extra))
     return model
 
 
-def _moe_provider(cfg: dict[str, Any], family: str, shared: bool = False) -> dict[str, Any]:
-    """The MoE fields of the provider (:data:`MOE_FIELDS`) from a NeMo config with experts
+#: What a provider field the table did not write means, for a family's fixed fields:
+#: TransformerConfig's / MLATransformerConfig's defaults (Megatron-Core 0.16.1).
+FIXED_ABSENT: dict[str, Any] = {"multi_latent_attention": False, "moe_router_score_function": "softmax",
+                                "moe_router_enable_expert_bias": False, "moe_shared_expert_gate": False,
+                                "softmax_type": "vanilla"}
+
+
+def _moe_provider(s: ModelSpec, cfg: dict[str, Any], family: str, shared: bool = False) -> dict[str, Any]:
+    """The MoE fields of the provider (:data:`MOE_FIELDS`) from a spec with experts
     (``shared``: the provider has shared experts)."""
-    if not cfg.get("num_moe_experts"):
+    if s.moe is None:
         raise UnsupportedError(f"{family}: the config has no num_moe_experts; its provider is a mixture of experts")
     out: dict[str, Any] = {}
     for f in MOE_FIELDS:
-        value = cfg.get(f.nemo, f.default)
-        if f.nemo == "moe_ffn_hidden_size" and value is None:
-            value = cfg["ffn_hidden_size"]
+        value = f.of(s, cfg) if f.of is not None else None
         if value is not None and (shared or f.nemo not in _NO_SHARED):
             out[str(f.provider)] = f.kind(value)
     return out
 
 
-def _mla_provider(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+def _mla_provider(s: ModelSpec, cfg: dict[str, Any], family: str) -> dict[str, Any]:
     """What ``DeepSeekV3Bridge`` derives beyond the MoE fields (Megatron-Bridge v0.6.0
     ``deepseek/deepseek_v3_bridge.py`` lines 53–99 over ``conversion/model_bridge.py``'s
     table, lines 461–478): the MLA head dimensions, ``kv_channels`` from HF's ``head_dim``
@@ -505,41 +558,39 @@ def _mla_provider(cfg: dict[str, Any], family: str) -> dict[str, Any]:
     ``topk_group`` as given (1 when ungrouped), and MLA's RoPE: YaRN's fields as the config
     has them (``model_bridge.py`` lines 495–504, 583–594: the HF block's keys under the same
     names), plain RoPE as the bridge writes it (:data:`MLA_BRIDGE_PLAIN`)."""
-    missing = [k for k in MLA_FIELDS if k not in cfg]
-    if missing:
-        raise UnsupportedError(f"{family}: the config lacks {', '.join(missing)}")
-    if cfg.get("scale_positional_embedding") or cfg.get("seq_len_interpolation_factor"):
+    mla, moe, rope = s.attention.mla, s.moe, _rope(s)
+    dims = {k: getattr(mla, k) if mla is not None else None for k in MLA_FIELDS}
+    missing = [k for k, v in dims.items() if v is None and k != "q_lora_rank"]
+    if missing or moe is None:
+        raise UnsupportedError(f"{family}: the config lacks {', '.join(missing or ['num_moe_experts'])}")
+    if isinstance(rope.scaling, Llama3Scaling) or rope.interpolation:
         raise UnsupportedError(f"{family}: RoPE scaling has no MLAModelProvider spelling here")
-    out: dict[str, Any] = {k: (None if cfg[k] is None else int(cfg[k])) for k in MLA_FIELDS}
-    if cfg.get("rope_type") == "yarn":
+    out: dict[str, Any] = dict(dims)
+    if isinstance(rope.scaling, YarnScaling):
+        y = rope.scaling
         out["rope_type"] = "yarn"
-        out.update({k: (int(cfg[k]) if k == "original_max_position_embeddings" else float(cfg[k])) for k in MLA_YARN})
+        out.update({"rotary_scaling_factor": _req_float(y.factor), "original_max_position_embeddings":
+                    int(y.original_max_positions or 0), "beta_fast": _req_float(y.beta_fast),
+                    "beta_slow": _req_float(y.beta_slow), "mscale": _req_float(y.mscale),
+                    "mscale_all_dim": _req_float(y.mscale_all_dim)})
     else:
         out.update(MLA_BRIDGE_PLAIN)
-    factor = cfg.get("moe_router_topk_scaling_factor")
-    out.update({"kv_channels": int(cfg["qk_pos_emb_head_dim"]), "multi_latent_attention": True,
-                "moe_router_score_function": str(cfg.get("moe_router_score_function")),
-                "moe_router_enable_expert_bias": bool(cfg.get("moe_router_enable_expert_bias")),
-                "moe_router_topk_scaling_factor": None if factor is None else float(factor),
-                "moe_router_num_groups": int(cfg.get("moe_router_num_groups") or 1),
-                "moe_router_group_topk": int(cfg.get("moe_router_group_topk") or 1),
-                "moe_aux_loss_coeff": float(((cfg.get("nemo_convert") or {}).get("hf_config") or {}).get(
-                    "aux_loss_alpha", 0.0001)),
+    out.update({"kv_channels": dims["qk_pos_emb_head_dim"], "multi_latent_attention": True,
+                "moe_router_score_function": moe.score_function,
+                "moe_router_enable_expert_bias": moe.expert_bias,
+                "moe_router_topk_scaling_factor": moe.topk_scaling,
+                "moe_router_num_groups": moe.groups,
+                "moe_router_group_topk": moe.group_topk or 1,
+                "moe_aux_loss_coeff": float((provenance_of(cfg).hf_config or {}).get("aux_loss_alpha", 0.0001)),
                 # deepseek_v3_bridge.py line 97: the MTP block's layer count (None: none)
-                "mtp_num_layers": int(cfg["mtp_num_layers"]) if cfg.get("mtp_num_layers") else None})
+                "mtp_num_layers": s.mtp_layers or None})
     return out
 
 
-def _bridge_window(cfg: dict[str, Any]) -> list[int] | None:
-    """Megatron-Bridge's ``window_size`` for the HF ``sliding_window=W`` export would write:
-    ``[W-1, 0]`` (W from our record; else NeMo's importer convention ``[W, 0]``)."""
-    ws = cfg.get("window_size")
-    if not ws:
-        return None
-    if len(ws) != 2 or ws[1] is None or int(ws[1]) != 0 or ws[0] is None or int(ws[0]) < 0:
-        raise UnsupportedError(f"window_size={ws!r} is not a causal sliding window [left, 0]")
-    w = (cfg.get("nemo_convert") or {}).get("sliding_window")
-    return [int(w if w is not None else ws[0]) - 1, 0]
+def _req_float(v: float | None) -> float:
+    if v is None:
+        raise UnsupportedError("multi-latent attention's YaRN lacks a field MLAModelProvider needs")
+    return float(v)
 
 
 # ------------------------------------------------------------ provider / args → NeMo
@@ -629,7 +680,7 @@ def _mla_rope(values: dict[str, Any], where: str) -> dict[str, Any]:
         raise UnsupportedError(f"{where}: rope_type='rope' with rotary_scaling_factor={factor} and mscale_all_dim="
                                f"{all_dim} scales MLA's softmax, which plain RoPE in transformers does not")
     if rope == "rope" or (rope == "yarn" and factor == 1.0):
-        return dict(MLA_PLAIN)
+        return dict(MLA_PLAIN)  # the spec's plain MLA RoPE
     if rope != "yarn":
         raise UnsupportedError(f"{where}: rope_type={rope!r} is not a RoPE of multi-latent attention (rope, yarn)")
     return {"rope_type": "yarn", **{k: (int(v) if k == "original_max_position_embeddings" else float(v))
@@ -656,11 +707,20 @@ def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
     return cfg
 
 
+def _llama3_fields(scaling: Llama3Scaling) -> dict[str, Any]:
+    """NeMo's llama3 RoPE fields (the NeMo projection of :class:`~nemo_convert.spec.Llama3Scaling`)."""
+    return {"scale_positional_embedding": True, "scale_factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor, "high_freq_factor": scaling.high_freq_factor,
+            "old_context_len": scaling.original_max_positions}
+
+
 def _apply_rope_scaling(cfg: dict[str, Any], on: Any, factor: Any) -> None:
+    """Megatron-Core's ``rope_scaling`` / ``rope_scaling_factor``: llama3 scaling with the
+    factor given and the rest fixed (:data:`nemo_convert.spec.LLAMA3_DEFAULTS`)."""
     cfg["scale_positional_embedding"] = bool(on)
     if on:
-        cfg.update({"scale_factor": float(factor if factor is not None else 8.0), "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0, "old_context_len": 8192})
+        d = LLAMA3_DEFAULTS
+        cfg.update(_llama3_fields(replace(d, factor=float(factor if factor is not None else d.factor))))
 
 
 def _sliding_window_record(cfg: dict[str, Any]) -> None:
@@ -670,7 +730,7 @@ def _sliding_window_record(cfg: dict[str, Any]) -> None:
     if ws:
         if len(ws) != 2 or int(ws[1]) != 0:
             raise UnsupportedError(f"window_size={ws!r} is not a causal sliding window [left, 0]")
-        cfg["nemo_convert"] = {**(cfg.get("nemo_convert") or {}), "sliding_window": int(ws[0]) + 1}
+        cfg["nemo_convert"] = {**(cfg.get("nemo_convert") or {}), "sliding_window": window_keys(ws)}
 
 
 def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
@@ -700,9 +760,7 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
     if fn == "quick_gelu" and not is_gpt_oss(model):
         raise UnsupportedError(f"{where}: activation_func quick_gelu without GPT-OSS's attention sinks is not a "
                                "model any family here runs")
-    cfg["activation"] = _activation(gated, fn, where)
-    if fn in _TANH_GELU:
-        cfg["openai_gelu"] = True
+    cfg.update(_activation(gated, fn, bool(model.get("bias_activation_fusion", False)), where))
     for spec in PROVIDER_FAMILIES.values():
         if spec.target == target:
             cfg.update(dict(spec.nemo))
@@ -718,17 +776,17 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
         cfg.update(extra)
     cfg["share_embeddings_and_output_weights"] = bool(model.get("share_embeddings_and_output_weights",
                                                                 PROVIDER_DEFAULTS["share_embeddings_and_output_weights"]))
-    dtype = _target_of(model.get("params_dtype")).rsplit(".", 1)[-1]
-    cfg["precision"] = "bf16" if model.get("bf16") or dtype == "bfloat16" else (
-        16 if model.get("fp16") or dtype == "float16" else 32)
+    cfg["precision"] = precision_of_dtype_name(dtype_name_of_flags(
+        model.get("bf16"), model.get("fp16"), _target_of(model.get("params_dtype")).rsplit(".", 1)[-1]))
     cfg["make_vocab_size_divisible_by"] = int(model.get("make_vocab_size_divisible_by") or 128)
     target = _target_of(model)
     if model.get("rope_scaling") is None and ("scale_factor" in model or "Llama31" in target or "Llama32" in target):
-        # older Megatron-Bridge: Llama31ModelProvider & co. carry NeMo 2's llama3 fields
-        cfg.update({"scale_positional_embedding": True, "scale_factor": float(model.get("scale_factor", 8.0)),
-                    "low_freq_factor": float(model.get("low_freq_factor", 1.0)),
-                    "high_freq_factor": float(model.get("high_freq_factor", 4.0)),
-                    "old_context_len": int(model.get("old_context_len", 8192))})
+        # older Megatron-Bridge: Llama31ModelProvider & co. carry NeMo 2's llama3 fields (so do NeMo 2's configs)
+        d = LLAMA3_DEFAULTS
+        cfg.update(_llama3_fields(Llama3Scaling(
+            float(model.get("scale_factor", d.factor)), float(model.get("low_freq_factor", d.low_freq_factor)),
+            float(model.get("high_freq_factor", d.high_freq_factor)),
+            int(model.get("old_context_len", d.original_max_positions)))))
     else:
         _apply_rope_scaling(cfg, model.get("rope_scaling"), model.get("rope_scaling_factor"))
     return cfg
@@ -738,18 +796,12 @@ def _refuse(where: str, what: str, value: Any) -> Any:
     raise UnsupportedError(f"{where}: {what}={value!r} is not supported")
 
 
-#: (gated linear unit, torch function name) → NeMo 1 ``activation``.
-_ACTIVATION_OF = {(True, "silu"): "fast-swiglu", (True, "gelu"): "fast-geglu", (False, "gelu"): "gelu",
-                  (True, "quick_gelu"): "quick-geglu",
-                  (False, "silu"): "silu", (False, "relu"): "relu", (True, "fast_gelu"): "geglu",
-                  (False, "squared_relu"): "squared-relu",
-                  (True, "openai_gelu"): "geglu"}
-#: Megatron-Core's tanh-GeLU functions (``activations.fast_gelu``, ``transformer.utils.openai_gelu``).
-_TANH_GELU = ("fast_gelu", "openai_gelu")
-
-
-def _activation(gated: bool, fn: str, where: str) -> str:
-    return _ACTIVATION_OF.get((gated, fn)) or _refuse(where, "activation_func", f"{fn} (gated={gated})")
+def _activation(gated: bool, fn: str, fused: bool, where: str) -> dict[str, Any]:
+    """NeMo 1's activation fields for a Megatron-Core ``activation_func`` (its last name),
+    ``gated_linear_unit`` and ``bias_activation_fusion`` (:mod:`nemo_convert.spec.activations`)."""
+    act = mcore_activation(fn, gated, fused=fused)
+    fields = NEMO_ACTIVATION_FIELDS.get(act) if act is not None else None
+    return dict(fields) if fields is not None else _refuse(where, "activation_func", f"{fn} (gated={gated})")
 
 
 def args_to_nemo(args: dict[str, Any], where: str) -> dict[str, Any]:
@@ -777,11 +829,12 @@ def args_to_nemo(args: dict[str, Any], where: str) -> dict[str, Any]:
         cfg["ffn_hidden_size"] = 4 * int(args["hidden_size"])
     norm = str(args.get("normalization") or "LayerNorm")
     cfg["normalization"] = {v: k for k, v in NORMALIZATIONS.items()}.get(norm) or _refuse(where, "normalization", norm)
-    cfg["activation"] = "fast-swiglu" if args.get("swiglu") else "gelu"
+    # core_transformer_config_from_args: --swiglu is gated SiLU, else GeLU fused as --bias-gelu-fusion says
+    cfg.update(_activation(True, "silu", False, where) if args.get("swiglu") else
+               _activation(False, "gelu", bool(args.get("bias_gelu_fusion", True)), where))
     cfg["share_embeddings_and_output_weights"] = not bool(args.get("untie_embeddings_and_output_weights", False))
-    dtype = args.get("params_dtype")
-    cfg["precision"] = "bf16" if args.get("bf16") or str(dtype) == "torch.bfloat16" else (
-        16 if args.get("fp16") or str(dtype) == "torch.float16" else 32)
+    cfg["precision"] = precision_of_dtype_name(dtype_name_of_flags(args.get("bf16"), args.get("fp16"),
+                                                                   str(args.get("params_dtype"))))
     cfg["make_vocab_size_divisible_by"] = int(args.get("make_vocab_size_divisible_by") or 128)
     _apply_rope_scaling(cfg, args.get("use_rope_scaling"), args.get("rope_scaling_factor"))
     _sliding_window_record(cfg)

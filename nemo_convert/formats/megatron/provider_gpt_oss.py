@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.errors import UnsupportedError
+from nemo_convert.spec import ModelSpec, YarnScaling, window_pattern
 
 #: The gated quick-GELU GPTOSSBridge sets (``x · sigmoid(1.702 x)``; ``megatron.core.activations``
 #: has the same function, read alike).
@@ -43,11 +44,11 @@ def is_gpt_oss(values: dict[str, Any]) -> bool:
     return values.get("softmax_type") == "learnable"
 
 
-def yarn_provider(cfg: dict[str, Any]) -> dict[str, Any]:
-    """GPTModel's YaRN fields of a NeMo config, for the provider (none without YaRN)."""
-    if cfg.get("position_embedding_type") != "yarn":
-        return {}
-    return {k: cfg.get(k) for k in YARN_FIELDS}
+def yarn_provider(yarn: YarnScaling) -> dict[str, Any]:
+    """GPTModel's YaRN fields of a config's YaRN (:class:`~nemo_convert.spec.YarnScaling`), for
+    the provider."""
+    return dict(zip(YARN_FIELDS, (yarn.factor, yarn.original_max_positions, yarn.beta_fast, yarn.beta_slow,
+                                  yarn.mscale, yarn.mscale_all_dim, yarn.truncate)))
 
 
 def _opt_float(v: Any) -> float | None:
@@ -71,12 +72,14 @@ def yarn_nemo(values: dict[str, Any], where: str) -> dict[str, Any]:
             "yarn_correction_range_round_to_int": bool(values.get("yarn_correction_range_round_to_int"))}
 
 
-def gpt_oss_provider(cfg: dict[str, Any]) -> dict[str, Any]:
-    """GPT-OSS's attention and GLU fields of a NeMo config, for the provider; experts with
+def gpt_oss_provider(spec: ModelSpec, cfg: dict[str, Any]) -> dict[str, Any]:
+    """GPT-OSS's attention and GLU fields of a model, for the provider; experts with
     biases need ``expert_tensor_parallel_size: 1`` in Megatron-Core; the auxiliary-loss
-    coefficient rides along (the bridge leaves it, and balances nothing: ``none``)."""
-    out: dict[str, Any] = {k: cfg.get(k) for k in GPT_OSS_FIELDS}
-    out["window_attn_skip_freq"] = [int(x) for x in cfg.get("window_attn_skip_freq") or []] or None
+    coefficient (a training knob, not math) rides along from the NeMo config (the bridge
+    leaves it, and balances nothing: ``none``)."""
+    a = spec.attention
+    pattern = [int(x) for x in a.window_pattern] if a.window_pattern is not None else None
+    out: dict[str, Any] = dict(zip(GPT_OSS_FIELDS, (a.softmax, spec.mlp.glu_offset, spec.mlp.clamp, pattern or None)))
     out["expert_tensor_parallel_size"] = 1
     out["moe_aux_loss_coeff"] = cfg.get("moe_aux_loss_coeff")  # HF's router_aux_loss_coef (training only)
     return out
@@ -86,14 +89,16 @@ def gpt_oss_nemo(values: dict[str, Any], layers: int, where: str) -> dict[str, A
     """GPT-OSS's fields of a provider section, for the NeMo config (the window pattern as a
     per-layer list, an int N meaning "every N-th layer full")."""
     freq = values.get("window_attn_skip_freq")
-    if isinstance(freq, int) and not isinstance(freq, bool) and freq > 0:
-        pattern: Any = [int((n + 1) % freq != 0) for n in range(layers)]
-    elif isinstance(freq, (list, tuple)) and len(freq) == layers:
-        pattern = [int(bool(x)) for x in freq]
-    elif freq is None:  # every layer windowed when there is a window
-        pattern = [1] * layers if values.get("window_size") else None
-    else:
+    flags = None
+    if (isinstance(freq, int) and not isinstance(freq, bool) and freq > 0) or (
+            isinstance(freq, (list, tuple)) and len(freq) == layers):
+        flags = window_pattern(freq, layers)
+    elif freq is not None:
         raise UnsupportedError(f"{where}: window_attn_skip_freq={freq!r} is not a window pattern of {layers} layers")
+    if flags is not None:
+        pattern: Any = [int(x) for x in flags]
+    else:  # every layer windowed when there is a window
+        pattern = [1] * layers if values.get("window_size") else None
     # HF's GptOssExperts always computes (up + 1) · gate · σ(1.702 · gate) with both clamped;
     # every linear has a bias (the family refuses attention_bias false)
     offset, clamp = values.get("glu_linear_offset"), values.get("activation_func_clamp_value")

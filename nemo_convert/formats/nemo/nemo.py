@@ -28,6 +28,7 @@ from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import (ParallelLayout, detect_ranks, embedding_on_last_stage, parse_rank_dir,
                                           rank_dir, split_layer_name)
 from nemo_convert.sharding.protocol import Strategies
+from nemo_convert.spec import recorded_vocab
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.tensors.torch_zip_source import TorchZipSource
 from nemo_convert.tensors.views import PrefixView  # noqa: F401  (re-exported)
@@ -133,7 +134,7 @@ def open_nemo(path: str, *, strategies: Strategies, trust_pickle: bool = False,
                                  "family's mapping, and no installed family handles this config (pass --family)")
             playout = ParallelLayout.make(sum(sizes), tp, pp, stage_sizes=sizes, tied=bool(tied),
                                           pipeline=strategies.pipeline)
-            vocab = (config.get("nemo_convert") or {}).get("vocab_size")
+            vocab = recorded_vocab(config)
             source = PerRankSource(container, prefix, playout, kinds, vocab=vocab, trust_pickle=trust_pickle,
                                    tensor_parallel=strategies.tensor, rank_view=rank_view, kind_of=kind_of)
             if kind_of is not None:
@@ -144,7 +145,7 @@ def open_nemo(path: str, *, strategies: Strategies, trust_pickle: bool = False,
         else:
             raise InputError(f"{path}: has {CONFIG_MEMBER} but no weights (model_weights/, model_weights.ckpt "
                              "or per-rank folders)")
-        vocab = (config.get("nemo_convert") or {}).get("vocab_size")
+        vocab = recorded_vocab(config)
         if vocab:
             vocab_names |= {k for k, v in kinds.items() if v is Parallel.VOCAB}
             source = VocabTrimView(source, vocab_names, int(vocab))

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 from nemo_convert.errors import InputError, ShapeError, UnsupportedError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import Parallel
+from nemo_convert.spec import head_dim
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy, materialize
 
@@ -174,7 +175,7 @@ class LegacyGPTNames:
             raise InputError(f"{where}: the config's num_attention_heads={heads} / hidden_size={hidden} do not "
                              f"describe a GPT split over {tp} tensor-parallel ranks")
         self._heads = heads // tp
-        self._head_dim = int(cfg.get("kv_channels") or hidden // heads)
+        self._head_dim = head_dim(cfg)
         self._regroup = bool(cfg.get("megatron_legacy"))
         act = str(cfg.get("activation") or "gelu")
         self._separate_up = act in _SEPARATE_GLU

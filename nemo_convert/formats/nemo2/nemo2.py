@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from nemo_convert.errors import InputError, UnsupportedError
+from nemo_convert.errors import ConfigError, InputError, UnsupportedError
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 from nemo_convert.formats.dist_checkpoint.sections import join_sections
 from nemo_convert.formats.megatron.megatron_config import MLA_PROVIDER, provider_to_nemo
@@ -51,32 +51,6 @@ def load_context_yaml(path: str) -> dict[str, Any]:
 
 def _target(v: Any) -> str:
     return v.get("_target_", "") if isinstance(v, dict) else str(v or "")
-
-
-#: Megatron-Core / NeMo 2 activation functions (``megatron.core.activations``,
-#: ``nemo.collections.llm.fn.activation``, ``torch.nn.functional``) → NeMo 1's
-#: ``activation`` (gated, not gated) and ``openai_gelu`` (the tanh GeLU).
-_NEMO2_ACTIVATIONS: dict[str, tuple[str, str, bool]] = {
-    "silu": ("fast-swiglu", "silu", False), "gelu": ("fast-geglu", "gelu", False),
-    "openai_gelu": ("fast-geglu", "gelu", True), "fast_gelu": ("fast-geglu", "gelu", True),
-    "gelu_impl": ("fast-geglu", "gelu", True), "relu": ("fast-reglu", "relu", False),
-    "squared_relu": ("squared-reluglu", "squared-relu", False), "quick_gelu": ("quick-geglu", "approx-gelu", False),
-}
-
-
-def _activation(c: dict[str, Any]) -> dict[str, Any]:
-    """NeMo 1's activation fields for a NeMo 2 config's ``activation_func``, ``gated_linear_unit``
-    and ``bias_activation_fusion`` (Megatron-Core's default False; it decides whether a GeLU runs
-    the tanh kernel)."""
-    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", _target(c.get("activation_func")))
-    act = names[-1] if names else ""
-    gated = bool(c.get("gated_linear_unit", False))
-    known = _NEMO2_ACTIVATIONS.get(act)
-    if known is None:
-        name = ("fast-swiglu" if act == "silu" else f"fast-{act}glu") if gated else (act or "gelu")
-        return {"activation": name}
-    return {"activation": known[0] if gated else known[1], "openai_gelu": known[2],
-            "bias_activation_fusion": bool(c.get("bias_activation_fusion", False))}
 
 
 _DEEPSEEK = "nemo.collections.llm.gpt.model.deepseek."
@@ -129,8 +103,34 @@ def _mla_nemo2(c: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+#: What an absent field of a NeMo 2 GPT ``model.yaml`` means (fiddle keeps only the arguments
+#: a config class was given; LlamaConfig's choices, NeMo 8cfedd7 ``llama.py`` — RMSNorm,
+#: rotary positions, no linear biases, untied — over Megatron-Core's TransformerConfig
+#: defaults for the rest, ``bias_activation_fusion`` included).
+NEMO2_GPT_DEFAULTS: dict[str, Any] = {
+    "normalization": "RMSNorm", "position_embedding_type": "rope", "add_bias_linear": False, "add_qkv_bias": False,
+    "share_embeddings_and_output_weights": False, "rotary_base": 10000.0, "rotary_percent": 1.0,
+    "init_method_std": 0.02, "layernorm_epsilon": 1e-5, "make_vocab_size_divisible_by": 128,
+    "gated_linear_unit": False, "bias_activation_fusion": False, "layernorm_zero_centered_gamma": False,
+}
+
+
+def _provider_values(c: dict[str, Any]) -> dict[str, Any]:
+    """A NeMo 2 GPT config as the provider-shaped values it is (NeMo 2's configs are
+    Megatron-Core ``TransformerConfig`` subclasses, the fields Megatron-Bridge's providers
+    have): the class defaults where absent, the context length under ``seq_length``, and
+    ``activation_func`` by its last name (fiddle may spell it as a Python tag, read inert)."""
+    values = {**NEMO2_GPT_DEFAULTS, **{k: v for k, v in c.items() if v is not None or k not in NEMO2_GPT_DEFAULTS}}
+    values["seq_length"] = c.get("seq_length") or c.get("max_position_embeddings") or 4096
+    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", _target(c.get("activation_func")))
+    if names:
+        values["activation_func"] = names[-1]
+    return values
+
+
 def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
-    """NeMo 2 ``model.yaml`` (the GPT family of configs) → NeMo 1 ``model_config`` fields."""
+    """NeMo 2 ``model.yaml`` (the GPT family of configs) → NeMo 1 ``model_config`` fields,
+    through the one provider table (:func:`~nemo_convert.formats.megatron.megatron_config.provider_to_nemo`)."""
     c: dict[str, Any] = model["config"] if isinstance(model.get("config"), dict) else {}
     if _target(c).startswith(_DEEPSEEK):
         return _mla_nemo2(c, model)
@@ -139,44 +139,16 @@ def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
                                "is rotary_scaling_factor (Megatron-Core 0.16's GPTModel reads yarn_rotary_scaling_"
                                "factor) with original context 131072 by default, where gpt-oss's and NeMo's own HF "
                                "export's is 4096, so which YaRN the checkpoint ran is not recorded")
-    heads = c.get("num_attention_heads")
-    seq = c.get("seq_length") or c.get("max_position_embeddings") or 4096
-    dtype = _target(c.get("params_dtype")).rsplit(".", 1)[-1]
-    precision: Any = "bf16" if c.get("bf16") or dtype == "bfloat16" else (16 if c.get("fp16") or dtype == "float16" else 32)
-    cfg: dict[str, Any] = {
-        "mcore_gpt": True,
-        "num_layers": c.get("num_layers"),
-        "hidden_size": c.get("hidden_size"),
-        "ffn_hidden_size": c.get("ffn_hidden_size"),
-        "num_attention_heads": heads,
-        "num_query_groups": c.get("num_query_groups") or heads,
-        "kv_channels": c.get("kv_channels"),
-        "encoder_seq_length": seq,
-        "max_position_embeddings": seq,
-        "init_method_std": c.get("init_method_std", 0.02),
-        "layernorm_epsilon": c.get("layernorm_epsilon", 1e-5),
-        "normalization": "rmsnorm" if "rms" in str(c.get("normalization", "RMSNorm")).lower() else "layernorm",
-        **_activation(c),
-        "layernorm_zero_centered_gamma": bool(c.get("layernorm_zero_centered_gamma", False)),
-        "bias": bool(c.get("add_bias_linear", False)),
-        "qkv_bias": bool(c.get("add_qkv_bias", False)),
-        "share_embeddings_and_output_weights": bool(c.get("share_embeddings_and_output_weights", False)),
-        "position_embedding_type": c.get("position_embedding_type", "rope"),
-        "rotary_percentage": c.get("rotary_percent", 1.0),
-        "rotary_base": c.get("rotary_base", 10000),
-        "seq_len_interpolation_factor": c.get("seq_len_interpolation_factor"),
-        "make_vocab_size_divisible_by": c.get("make_vocab_size_divisible_by", 128),
-        "precision": precision,
-        "nemo2_target": _target(model),
-    }
-    if c.get("scale_factor") is not None or "Llama31" in _target(c) or "Llama32" in _target(c):
-        cfg.update({"scale_positional_embedding": True, "scale_factor": c.get("scale_factor", 8.0),
-                    "low_freq_factor": c.get("low_freq_factor", 1.0),
-                    "high_freq_factor": c.get("high_freq_factor", 4.0),
-                    "old_context_len": c.get("old_context_len", 8192)})
-    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if cfg.get(k) is None]
+    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if c.get(k) is None]
     if missing:
         raise InputError(f"context/model.yaml lacks {', '.join(missing)} under config")
+    try:
+        cfg = provider_to_nemo(_provider_values(c), "context/model.yaml")
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"context/model.yaml: a model field is not understood ({type(exc).__name__}: {exc})") \
+            from None
+    cfg.pop("target", None)  # a NeMo 2 class: the family is NeMo 2's (nemo2_targets)
+    cfg["nemo2_target"] = _target(model)
     return cfg
 
 

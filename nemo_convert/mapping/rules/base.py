@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Any, ClassVar, Union
 
 from nemo_convert.errors import ConfigError
+from nemo_convert.spec.nemo import layer_pattern, layer_symbols
 
 
 class Parallel(str, Enum):
@@ -95,38 +96,6 @@ def cfg_get(cfg: dict[str, Any], path: str | None, default: Any = None) -> Any:
             return default
         cur = cur[part]
     return cur
-
-
-def layer_pattern(value: Any, layers: int) -> list[bool]:
-    """Megatron's per-layer pattern (``moe_layer_freq``): an int ``N`` selects every N-th
-    layer from 0 (1: all), a list gives one 0/1 per layer; None selects none."""
-    if value is None:
-        return [False] * layers
-    if isinstance(value, bool) or not isinstance(value, (int, list, tuple)):
-        raise ConfigError(f"layer pattern {value!r} is neither an int nor a list")
-    if isinstance(value, int):
-        if value < 1:
-            raise ConfigError(f"layer pattern {value} is not a positive frequency")
-        return [i % value == 0 for i in range(layers)]
-    if len(value) != layers:
-        raise ConfigError(f"layer pattern {list(value)} has {len(value)} entries for {layers} layers")
-    return [bool(v) for v in value]
-
-
-def layer_symbols(value: Any, layers: int) -> list[str]:
-    """A hybrid stack's per-layer pattern (Megatron-Core's ``hybrid_override_pattern``,
-    ``ssm/mamba_hybrid_layer_allocation.py``: one symbol per layer, ``M`` Mamba, ``*``
-    attention, ``-`` MLP, ``E`` mixture of experts) as one symbol per layer: a string, or
-    a list of one-character strings."""
-    if isinstance(value, str):
-        symbols = list(value)
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) and len(v) == 1 for v in value):
-        symbols = list(value)
-    else:
-        raise ConfigError(f"layer pattern {value!r} is neither a string nor a list of one-character symbols")
-    if len(symbols) != layers:
-        raise ConfigError(f"layer pattern {''.join(symbols)!r} has {len(symbols)} symbols for {layers} layers")
-    return symbols
 
 
 def condition_holds(cfg: dict[str, Any], when: str | None) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert import ModelFamily, NemoTarget, hookimpl
-from nemo_convert.families import GPT_CONFIG, Check, table_translation
+from nemo_convert.families import GPT_CONFIG, Check, never, table_translation
 from nemo_convert.mapping import FuseGated, FuseQKV, Mapping, Parallel, Rename, Tied
 
 NEMO_GPT = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
@@ -77,6 +77,9 @@ TOY_GPT = ModelFamily(
     mapping=toy_mapping,
     config_to_nemo=toy_config_to_nemo,
     config_to_hf=toy_config_to_hf,
+    # A .nemo NeMo wrote never holds a toy model: the family is chosen for a NeMo-native
+    # MegatronGPTModel config only with --family (its own .nemo files record it).
+    claims_nemo_config=never,
     description="Example family: HF ToyForCausalLM (Llama-shaped) <-> NeMo GPT",
 )
 
