@@ -63,6 +63,8 @@ CASES: dict[str, tuple[str | None, bool]] = {
     "mistral/mistralai__Mistral-7B-v0.3.json": (None, False),
     "mixtral/mistralai__Mixtral-8x7B-v0.1.json": (None, False),
     "nemotron/nemotron_4_4b_trtllm.json": (None, False),
+    "nemotron_h/Nemotron-H-8B-Base-8K.json": (None, False),
+    "nemotron_h/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json": (None, False),
     "phi3/microsoft__Phi-3-mini-4k-instruct.json": (None, False),
     "phi3/microsoft__Phi-3.5-mini-instruct.json": ("'longrope' has no Megatron-Core equivalent here (Megatron-Core "
                                                    "has no LongRoPE", False),
@@ -170,6 +172,15 @@ def shrink(name: str) -> dict[str, Any]:
         cfg.update(_decoder(cfg, layers=int(cfg["first_k_dense_replace"]) + 1), num_key_value_heads=4,
                    moe_intermediate_size=32, n_routed_experts=16, q_lora_rank=32, kv_lora_rank=16,
                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    elif family == "nemotron_h":
+        # tests/tiny_hybrid.py's sizes (mixer heads, groups, state; a shorter pattern with every
+        # kind of layer), with the experts' top-k kept as published
+        from tiny_hybrid import CONFIGS as HYBRID
+
+        sizes = next(s for f, s in HYBRID.values() if f == os.path.basename(name))
+        cfg.update({k: v for k, v in sizes.items() if k != "num_experts_per_tok"})
+        if "n_routed_experts" in cfg:
+            cfg["n_routed_experts"] = max(4, int(cfg["num_experts_per_tok"]))
     else:
         cfg.update(_decoder(cfg))
         if family == "phi3" and isinstance(cfg.get("rope_scaling"), dict):
@@ -197,7 +208,9 @@ def test_shrinking_keeps_every_other_key():
                  "head_dim", "kv_channels", "vocab_size", "moe_intermediate_size", "shared_expert_intermediate_size",
                  "num_experts", "num_local_experts", "n_routed_experts", "q_lora_rank", "kv_lora_rank",
                  "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "layer_types", "projection_dim", "n_embd",
-                 "n_layer", "n_head", "text_config", "vision_config", "text_config_dict", "vision_config_dict"}
+                 "n_layer", "n_head", "text_config", "vision_config", "text_config_dict", "vision_config_dict",
+                 "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "hybrid_override_pattern",
+                 "moe_shared_expert_intermediate_size", "max_position_embeddings"}
         assert {k for k in src if src[k] != small[k]} <= sizes, name
     v3 = shrink("deepseek_v3/DeepSeek-V3.json")
     assert (v3["num_hidden_layers"], v3["first_k_dense_replace"], v3["n_group"], v3["topk_group"]) == (4, 3, 8, 4)
@@ -213,7 +226,7 @@ CONFIG_CLASSES = {
     "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
     "gemma": "GemmaConfig", "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig",
     "qwen2_moe": "Qwen2MoeConfig", "deepseek_v3": "DeepseekV3Config", "nemotron": "NemotronConfig",
-    "gpt2": "GPT2Config", "clip": "CLIPConfig", "llava": "LlavaConfig",
+    "gpt2": "GPT2Config", "clip": "CLIPConfig", "llava": "LlavaConfig", "nemotron_h": "NemotronHConfig",
 }
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 #: Keys that name the checkpoint rather than the model (Kimi-K2 says ``model_type: kimi_k2``

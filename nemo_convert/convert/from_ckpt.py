@@ -33,6 +33,7 @@ from nemo_convert.errors import (
     ShapeError,
     UnsupportedError,
 )
+from nemo_convert.formats.dist_checkpoint.sections import join_sections
 from nemo_convert.formats.io.staging import check_target
 from nemo_convert.formats.nemo.nemo import VocabTrimView, artifact_name
 from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
@@ -243,7 +244,8 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
         artifacts, renamed, data_of, tok_warnings = pack_tokenizer_files(
             cfg, list(dict.fromkeys(bases)), allow_missing=allow_missing_tokenizer)
         warnings += tok_warnings
-        source = ck.weights(kinds, strategies=reg.strategies(), tied=embedding_on_last_stage(cfg))
+        source = join_sections(ck.weights(kinds, strategies=reg.strategies(), tied=embedding_on_last_stage(cfg)),
+                               kinds)
         tok = cfg.get("tokenizer") if isinstance(cfg.get("tokenizer"), dict) else {}
         spm = data_of.get("tokenizer.model") if tok.get("library", "sentencepiece") == "sentencepiece" else None
         vocab, vocab_note = true_vocab_size(cfg, source, kinds, src_tp, vocab_size, spm)
@@ -284,6 +286,7 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
             stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
                                par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
+                               extra_states=fam.nemo.dist_extra_states,
                                strategies=reg.strategies())
         total = ck.dropped_total
         files = [loc.rank_file(t, p) for p in range(loc.pp) for t in range(loc.tp)] \

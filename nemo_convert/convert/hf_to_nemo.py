@@ -244,6 +244,7 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
             stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
                                par=parallel or Parallelism(), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
+                               extra_states=fam.nemo.dist_extra_states,
                                workers=workers, strategies=reg.strategies(), compute=compute)
         notes += compute.notes(plan, ckpt.source)
     finally:

@@ -10,6 +10,7 @@ from nemo_convert.convert.common import SECTION, dir_sink
 from nemo_convert.convert.nemo_defaults import complete_nemo_config
 from nemo_convert.engine import NoProgress, Progress, RunStats, merge_stats, run_plan
 from nemo_convert.errors import InputError, UnsupportedError
+from nemo_convert.formats.dist_checkpoint.sections import sectioned
 from nemo_convert.formats.nemo.nemo import CONFIG_MEMBER, dump_yaml
 from nemo_convert.formats.nemo.nemo_ranks import WEIGHTS, RankWeightsWriter
 from nemo_convert.formats.nemo.nemo_weights import (DistLayout, DistWeightsWriter, LegacyWeightsWriter, dist_layout,
@@ -139,7 +140,8 @@ DIST_PART_BYTES = 1 << 30
 
 def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str, Parallel],
                  playout: ParallelLayout, padded: int | None, strategies: Strategies,
-                 unstacked: tuple[str, ...] = (), compute: Compute = CPU) -> list[WeightPart]:
+                 unstacked: tuple[str, ...] = (), compute: Compute = CPU,
+                 extra_states: tuple[str, ...] = ()) -> list[WeightPart]:
     """The output parts of the weights, defined by the plan alone (never by the number of
     processes), in archive order. ``plan`` is placed on ``compute``'s device already; the
     per-rank writer's splits are placed here."""
@@ -150,10 +152,13 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
         groups = split_balanced(sizes, max(2, -(-sum(sizes) // DIST_PART_BYTES)))
         shared: list[DistLayout] = []  # computed once, by the first part written
 
+        sections = sectioned(kinds)
+
         def dist_writer(sink: MemberSink, data_file: str) -> DistWeightsWriter:
-            if not shared:
+            if not shared and not sections:  # a sectioned layout is the writer's own (split infos)
                 shared.append(dist_layout(infos, tuple(unstacked)))
-            return DistWeightsWriter(sink, infos, data_file=data_file, unstacked=unstacked, layout=shared[0])
+            return DistWeightsWriter(sink, infos, data_file=data_file, unstacked=unstacked, sections=sections,
+                                     extra_states=extra_states, layout=shared[0] if shared else None)
         parts = []
         for k, idx in enumerate(groups):
             sub = Plan(plan.direction, [plan.tasks[i] for i in idx], plan.dropped, plan.check_finite)
@@ -198,7 +203,8 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
                kinds: dict[str, Parallel], par: Parallelism = Parallelism(), overwrite: bool = False,
                packed: bool = True, progress: Progress | None = None,
                artifacts: Sequence[tuple[str, bytes]] = (), workers: Workers = SINGLE,
-               unstacked: tuple[str, ...] = (), strategies: Strategies, compute: Compute = CPU) -> RunStats:
+               unstacked: tuple[str, ...] = (), strategies: Strategies, compute: Compute = CPU,
+               extra_states: tuple[str, ...] = ()) -> RunStats:
     """Stage and write a complete ``.nemo`` (config, artifacts, weights) at ``out``.
 
     ``cfg`` is completed with the parallel sizes and vocabulary sizes, and with the keys
@@ -227,7 +233,7 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
     complete_nemo_config(cfg)
     cfg[SECTION] = cfg.pop(SECTION)  # our section stays last, after NeMo's keys
     parts = weight_parts(layout, compute.place(plan, source), source, kinds, playout, padded, strategies,
-                         unstacked, compute)
+                         unstacked, compute, extra_states)
     progress = progress or NoProgress()
     mine = [p for i, p in enumerate(parts) if workers.owns(i)]
     progress.start("write", sum(p.nbytes for p in mine), 0)

@@ -103,6 +103,7 @@ def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int
             stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
                                par=Parallelism(tp, pp, stage_layers, ep), overwrite=overwrite, packed=packed,
                                progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
+                               extra_states=fam.nemo.dist_extra_states,
                                workers=workers, strategies=reg.strategies(), compute=compute)
         notes += compute.notes(plan, source)
     finally:

@@ -42,6 +42,7 @@ from nemo_convert.formats.megatron.megatron_dir import (
     train_state_bytes,
 )
 from nemo_convert.formats.nemo.nemo import dump_yaml
+from nemo_convert.formats.dist_checkpoint.sections import sectioned
 from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
 from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.formats.io.staging import staged_output
@@ -138,7 +139,7 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
     try:
         with staged_output(out, overwrite=overwrite, is_dir=True, kind="megatron-bridge") as stage:
             sink = DirectorySink(stage)
-            writer = DistWeightsWriter(sink, plan.outputs(), prefix="", folder=it)
+            writer = DistWeightsWriter(sink, plan.outputs(), prefix="", folder=it, sections=sectioned(kinds))
             try:
                 stats = run_plan(plan, source, writer.write, progress=progress, own_progress=False, lazy=True)
                 writer.add_extra_states()

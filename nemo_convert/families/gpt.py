@@ -101,6 +101,9 @@ class MoEBlock:
     :param expert_tp: whether experts are tensor-parallel (Megatron's expert TP = TP); with
         expert biases Megatron needs ``expert_tensor_parallel_size: 1``: every TP rank holds
         whole experts.
+    :param gated: the experts (and the shared expert) are gated MLPs (``gate``, ``up``);
+        False: one ``up`` ⇄ ``linear_fc1`` and the activation alone (Nemotron-H's squared
+        ReLU experts, ``up_proj`` / ``down_proj``).
     :param fused_block: the MLP module's name in transformers v5's fused layout
         (``{fused_block}.experts.gate_up_proj`` ``[E, 2I, H]`` rows ``[gate; up]`` per
         expert, ``{fused_block}.experts.down_proj`` ``[E, H, I]``, the router beside them);
@@ -123,6 +126,7 @@ class MoEBlock:
     fused_interleaved: bool = False
     expert_biases: bool = False
     expert_tp: bool = True
+    gated: bool = True
 
 
 #: Where a MoE family's import records the source's expert layout (``"fused"``; absent:
@@ -249,7 +253,16 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
     if moe.router_bias:
         rules.append(Rename(h + moe.router + ".bias", n + "mlp.router.bias", shape=("num_moe_experts",)))
     fc1, fc2 = (Parallel.GATED_FC1, Parallel.ROW) if moe.expert_tp else (Parallel.REPLICATED, Parallel.REPLICATED)
-    if fused:
+    if not moe.gated:
+        if fused:
+            raise UnsupportedError("the fused expert layout of an ungated MoE block is not mapped (one tensor per "
+                                   "expert and projection is)")
+        fc1 = Parallel.COLUMN if moe.expert_tp else Parallel.REPLICATED
+        rules += [Rename(x + moe.up + ".weight", nx + "linear_fc1.weight", fc1,
+                         shape=("moe_ffn_hidden_size", "hidden_size")),
+                  Rename(x + moe.down + ".weight", nx + "linear_fc2.weight", fc2,
+                         shape=("hidden_size", "moe_ffn_hidden_size"))]
+    elif fused:
         rules += [StackedExperts(h + "experts.gate_up_proj", nx + "linear_fc1.weight", fc1,
                                  transpose=moe.fused_transposed, interleaved=moe.fused_interleaved),
                   StackedExperts(h + "experts.down_proj", nx + "linear_fc2.weight", fc2,
@@ -268,7 +281,9 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
     if moe.shared:
         s, ns = h + moe.shared + ".", n + "mlp.shared_experts."
         rules += [FuseGated(s + "gate_proj.weight", s + "up_proj.weight", ns + "linear_fc1.weight",
-                            ffn="moe_shared_expert_intermediate_size"),
+                            ffn="moe_shared_expert_intermediate_size") if moe.gated else
+                  Rename(s + "up_proj.weight", ns + "linear_fc1.weight", Parallel.COLUMN,
+                         shape=("moe_shared_expert_intermediate_size", "hidden_size")),
                   Rename(s + "down_proj.weight", ns + "linear_fc2.weight", Parallel.ROW,
                          shape=("hidden_size", "moe_shared_expert_intermediate_size"))]
     if moe.shared_gate:

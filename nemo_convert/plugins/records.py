@@ -37,12 +37,16 @@ class NemoTarget:
         ``"legacy"`` (one ``model_weights.ckpt``), the layout NeMo itself uses.
     :param dist_unstacked: logical-name prefixes that the dist layout stores one key per
         layer instead of stacking (modules NeMo keeps per layer, like NeVA's HF tower).
+    :param dist_extra_states: modules outside the layers whose ``_extra_state`` the model
+        class saves in a dist checkpoint (Megatron-Core's ``MambaModel`` keeps its
+        ``output_layer``'s; ``GPTModel`` drops it)
     """
 
     target: str
     nemo2_targets: tuple[str, ...] = ()
     default_layout: Literal["dist", "legacy"] = "dist"
     dist_unstacked: tuple[str, ...] = ()
+    dist_extra_states: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ Rules (nemo-formats.md §6, megatron-compat.md): column-parallel along dim 0, ro
 along dim 1; QKV as contiguous dim-0 chunks (whole query groups per rank); gated fc1 with
 gate and up halves chunked separately (rank r holds ``[gate_r; up_r]``); embeddings and
 output layer along the vocabulary, padded to a multiple of ``divisible_by × TP`` on split
-and trimmed back on merge; everything else replicated.
+and trimmed back on merge; a tensor of named sections (:class:`~nemo_convert.mapping.rules.Sections`:
+the Mamba mixer's ``in_proj`` ``[z; x; B; C; dt]`` and ``conv1d`` ``[x; B; C]``) with every
+section chunked on its own, rank r holding ``[s0_r; s1_r; …]``; everything else replicated.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from nemo_convert.errors import ShapeError, UnsupportedError
 from nemo_convert.mapping import ops
-from nemo_convert.mapping.rules import Parallel
+from nemo_convert.mapping.rules import Parallel, Sections
 from nemo_convert.tensors.pieces import Lazy, materialize, rows
 
 if TYPE_CHECKING:
@@ -28,6 +30,36 @@ def _chunk(t: Lazy, dim: int, tp: int, rank: int, what: str) -> Lazy:
                                "tensor-parallel ranks")
     n = t.shape[dim] // tp
     return t.narrow(dim, rank * n, n)
+
+
+def _check_sections(kind: Sections, rows: int, tp: int, what: str) -> None:
+    if rows != kind.rows:
+        raise ShapeError(f"{what}: {rows} rows are not the sections {dict(zip(kind.names, kind.sizes))} "
+                         f"({kind.rows} rows)")
+    for k, (name, size) in enumerate(zip(kind.names, kind.sizes)):
+        blocks = kind.units[k] if kind.units is not None else size
+        if blocks % tp:
+            whole = f" in {blocks} whole blocks" if blocks != size else ""
+            raise UnsupportedError(f"{what}: section {name!r} of {size} rows{whole} does not split into {tp} "
+                                   "tensor-parallel ranks")
+
+
+def split_sections(t: Lazy, kind: Sections, tp: int, rank: int, what: str = "tensor") -> Lazy:
+    """Rank ``rank``'s rows of a sectioned tensor: the rank's chunk of every section, in
+    section order (deferred: only rows are picked)."""
+    _check_sections(kind, t.shape[0], tp, what)
+    return rows([t.narrow(0, start + rank * (n // tp), n // tp) for _, start, n in kind.spans()])
+
+
+def merge_sections(parts: Sequence[Lazy], kind: Sections, what: str = "tensor") -> Lazy:
+    """The global sectioned tensor from every rank's rows: section by section, rank by rank."""
+    tp = len(parts)
+    _check_sections(kind, sum(p.shape[0] for p in parts), tp, what)
+    pieces: list[Lazy] = []
+    for _, start, n in kind.spans():
+        local_start, local = start // tp, n // tp
+        pieces += [p.narrow(0, local_start, local) for p in parts]
+    return rows(pieces)
 
 
 class TensorParallel:
@@ -50,6 +82,8 @@ class TensorParallel:
             return t
         if kind is Parallel.REPLICATED:
             return t
+        if isinstance(kind, Sections):
+            return split_sections(t, kind, tp, rank, name)
         if kind in (Parallel.COLUMN, Parallel.QKV):
             return _chunk(t, 0, tp, rank, name)
         if kind is Parallel.ROW:
@@ -73,6 +107,8 @@ class TensorParallel:
                 if p.shape != first.shape:
                     raise ShapeError(f"{name}: replicated tensor differs in shape on TP rank {i}")
             return first
+        if isinstance(kind, Sections):
+            return merge_sections(parts, kind, name)
         if kind in (Parallel.COLUMN, Parallel.QKV):
             return rows(parts) if parts[0].dim() >= 1 else parts[0]
         if kind is Parallel.ROW:

@@ -79,6 +79,22 @@ def layer_pattern(value: Any, layers: int) -> list[bool]:
     return [bool(v) for v in value]
 
 
+def layer_symbols(value: Any, layers: int) -> list[str]:
+    """A hybrid stack's per-layer pattern (Megatron-Core's ``hybrid_override_pattern``,
+    ``ssm/mamba_hybrid_layer_allocation.py``: one symbol per layer, ``M`` Mamba, ``*``
+    attention, ``-`` MLP, ``E`` mixture of experts) as one symbol per layer: a string, or
+    a list of one-character strings."""
+    if isinstance(value, str):
+        symbols = list(value)
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) and len(v) == 1 for v in value):
+        symbols = list(value)
+    else:
+        raise ConfigError(f"layer pattern {value!r} is neither a string nor a list of one-character symbols")
+    if len(symbols) != layers:
+        raise ConfigError(f"layer pattern {''.join(symbols)!r} has {len(symbols)} symbols for {layers} layers")
+    return symbols
+
+
 def window_pattern(value: Any, layers: int) -> tuple[bool, ...] | None:
     """Megatron-Core's ``window_attn_skip_freq`` as one flag per layer (True: windowed): a
     list as given, an int N windowing layer ``n`` (1-based) unless ``n % N == 0``

@@ -34,6 +34,7 @@ from typing import Any, Callable
 from nemo_convert.errors import ConfigError, InputError, NemoConvertError
 from nemo_convert.formats.dist_checkpoint.distckpt_meta import MetadataIndex
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.dist_checkpoint.sections import join_sections
 from nemo_convert.formats.megatron.megatron_config import args_to_nemo, provider_to_nemo
 from nemo_convert.formats.nemo.nemo import NemoCheckpoint, VocabTrimView
 from nemo_convert.formats.nemo.nemo import _stage_sizes as stage_sizes
@@ -348,7 +349,7 @@ def open_megatron_dir(path: str, *, strategies: Strategies, iteration: int | Non
         kinds = kinds_for(cfg) if kinds_for is not None else {}
         source: TensorSource
         if dist is not None:
-            source = PrefixView(dist, "", keep=lambda k: not k.startswith(_NOT_MODEL))
+            source = join_sections(PrefixView(dist, "", keep=lambda k: not k.startswith(_NOT_MODEL)), kinds)
             extra = list(dist.extra_state_keys)
         else:
             rtp, rpp = max(t for t, _ in ranks) + 1, max(p for _, p in ranks) + 1

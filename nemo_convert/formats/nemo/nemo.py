@@ -13,6 +13,7 @@ import os
 from typing import Callable
 
 from nemo_convert.errors import InputError
+from nemo_convert.formats.dist_checkpoint.sections import join_sections
 from nemo_convert.formats.dist_checkpoint.zarr_read import open_dist_checkpoint
 from nemo_convert.formats.nemo2.nemo2 import open_nemo2
 from nemo_convert.formats.nemo.nemo_checkpoint import (  # noqa: F401  (re-exported)
@@ -92,7 +93,7 @@ def open_nemo(path: str, *, strategies: Strategies, trust_pickle: bool = False,
             dist = open_dist_checkpoint(lambda n: container.region(root + n),
                                         lambda: [n[len(root):] for n in container.names() if n.startswith(root)],
                                         name=f"{path}:model_weights")
-            source: TensorSource = PrefixView(dist, "model.")
+            source: TensorSource = join_sections(PrefixView(dist, "model."), kinds)
             layout = "dist"
             extra = list(getattr(dist, "extra_state_keys", []))
             backend = dist.BACKEND

@@ -19,8 +19,10 @@ import torch
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.formats.dist_checkpoint.distckpt_write import DistCheckpointWriter, write_dist_metadata
+from nemo_convert.formats.dist_checkpoint.sections import section_infos, section_parts
 from nemo_convert.formats.io.sink import MemberSink
 from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
+from nemo_convert.mapping.rules import Sections
 from nemo_convert.sharding.layout import split_layer_name
 from nemo_convert.tensors.base import TensorInfo
 
@@ -36,8 +38,12 @@ class WeightsWriter(Protocol):
 
 
 #: Module names of linear layers that are not spelled ``linear_*``: the MTP block's
-#: ``eh_proj`` (a column-parallel linear: Megatron-Core 0.16.1 saves its ``_extra_state``).
-OTHER_LINEARS = ("eh_proj",)
+#: ``eh_proj`` (a column-parallel linear: Megatron-Core 0.16.1 saves its ``_extra_state``);
+#: the Mamba mixer's ``mixer.in_proj`` and ``mixer.out_proj`` (column- and row-parallel
+#: linears, ``ssm/mamba_mixer.py`` lines 268–280 and 367–379: their ``sharded_state_dict``
+#: carries ``_extra_state`` beside the weight, which the mixer's own
+#: ``sharded_state_dict`` keeps, lines 1118–1135). Matched as the module's last components.
+OTHER_LINEARS = ("eh_proj", "mixer.in_proj", "mixer.out_proj")
 #: Logical-name prefixes Megatron-Core never stacks: the MTP block keeps every layer's keys
 #: (``MultiTokenPredictionBlock.sharded_state_dict``: ``mtp.layers.<k>.…``, experts ``[E, …]``).
 NEVER_STACKED = ("mtp.layers.",)
@@ -45,7 +51,7 @@ NEVER_STACKED = ("mtp.layers.",)
 
 def _is_linear(module: str) -> bool:
     last = module.rsplit(".", 1)[-1]
-    return last.startswith("linear_") or last in OTHER_LINEARS
+    return last.startswith("linear_") or any(module == o or module.endswith("." + o) for o in OTHER_LINEARS)
 
 
 def extra_state_modules(rests: Sequence[str]) -> list[str]:
@@ -160,20 +166,41 @@ class DistWeightsWriter:
     one writer may write only some of them into its data file (a *part*), with
     ``finalize=False``: the parts' records are merged by :func:`finish_dist`. Each
     logical tensor — one layer's, one expert's — is one chunk: nothing is stacked in memory.
+    A tensor of ``sections`` (:class:`~nemo_convert.mapping.rules.Sections`, by logical
+    name) is stored as one key per section (:mod:`~nemo_convert.formats.dist_checkpoint.sections`);
+    ``extra_states`` names modules outside the layers whose ``_extra_state`` the model class
+    saves too (``NemoTarget.dist_extra_states``).
     """
 
     def __init__(self, sink: MemberSink, infos: Sequence[TensorInfo], *, prefix: str = "model.",
                  folder: str = "model_weights", data_file: str = "__0_0.distcp",
-                 unstacked: tuple[str, ...] = (), layout: DistLayout | None = None) -> None:
+                 unstacked: tuple[str, ...] = (), sections: dict[str, Sections] | None = None,
+                 extra_states: tuple[str, ...] = (), layout: DistLayout | None = None) -> None:
         """``layout``: :func:`dist_layout` of ``infos`` and ``unstacked``, when the caller
-        has it already (the writers of several parts share one)."""
+        has it already (the writers of several parts share one; only without ``sections``)."""
         self._w = DistCheckpointWriter(sink, folder, data_file=data_file)
         self._prefix = prefix
-        self._places, self._keys = layout or dist_layout(infos, tuple(unstacked))
+        names = {i.name for i in infos}
+        # modules outside the layers whose _extra_state the model class keeps (MambaModel's output_layer)
+        self._extra_modules = tuple(m for m in extra_states if m + ".weight" in names)
+        self._sections = {k: v for k, v in (sections or {}).items() if k in names}
+        if self._sections:
+            layout = None
+        self._places, self._keys = layout or dist_layout(section_infos(infos, self._sections), tuple(unstacked))
+        # the modules' _extra_state items follow the parameters as modules hold them (whole)
+        self._modules = dist_layout(infos, tuple(unstacked))[1] if self._sections else self._keys
         for key, (counts, shape, dtype) in self._keys.items():
             self._w.declare(prefix + key, (*counts, *shape), dtype)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
+        kind = self._sections.get(name)
+        if kind is not None:
+            for key, part in section_parts(name, tensor, kind):
+                self._write_one(key, part)
+            return
+        self._write_one(name, tensor)
+
+    def _write_one(self, name: str, tensor: torch.Tensor) -> None:
         place = self._places[name]
         lead = len(place.index)
         chunk = tensor.reshape(*((1,) * lead), *tensor.shape) if lead else tensor
@@ -181,7 +208,7 @@ class DistWeightsWriter:
 
     def add_extra_states(self) -> None:
         """The ``_extra_state`` objects Megatron-Core requires (:func:`extra_state_items`)."""
-        for item in extra_state_items(self._keys):
+        for item in extra_state_items(self._modules) + [f"{m}._extra_state/shard_0_1" for m in self._extra_modules]:
             self._w.add_object(self._prefix + item, [None])
 
     def abort(self, exc: BaseException | None = None) -> None:

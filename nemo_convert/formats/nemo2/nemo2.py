@@ -16,6 +16,7 @@ import yaml
 
 from nemo_convert.errors import ConfigError, InputError, UnsupportedError
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.dist_checkpoint.sections import join_sections
 from nemo_convert.formats.megatron.megatron_config import MLA_PROVIDER, provider_to_nemo
 from nemo_convert.formats.nemo.nemo_checkpoint import KindsFor, NemoCheckpoint, VocabTrimView
 from nemo_convert.formats.io.tar_archive import DirectoryContainer
@@ -180,6 +181,7 @@ def open_nemo2(path: str, *, kinds_for: KindsFor | None = None) -> NemoCheckpoin
             ours["tokenizer_files"] = files
         cfg["nemo_convert"] = ours
         kinds = kinds_for(cfg) if kinds_for is not None else {}
+        source = join_sections(source, kinds)
         if vocab:
             source = VocabTrimView(source, {k for k, v in kinds.items() if v is Parallel.VOCAB}, int(vocab))
         return NemoCheckpoint(path, container, "", cfg, "dist", source, list(dist.extra_state_keys))

@@ -13,13 +13,15 @@ planner knows none by name. By kind: :mod:`.plain` (one tensor is one tensor),
 :mod:`.fused` (QKV, gated fc1, experts), :mod:`.special` (``Custom``, ``Tied``, ``Shared``).
 """
 
-from nemo_convert.mapping.rules.base import Axes, Parallel, cfg_get, condition_holds, layer_pattern
+from nemo_convert.mapping.rules.base import (Axes, Kind, Parallel, Sections, cfg_get, condition_holds, layer_pattern,
+                                             layer_symbols)
 from nemo_convert.mapping.rules.fused import FuseGated, FuseQKV, PackedQKV, StackedExperts
 from nemo_convert.mapping.rules.mapping import Mapping
 from nemo_convert.mapping.rules.plain import Offset, Rename, Reshape, Transposed
 from nemo_convert.mapping.rules.protocol import Direction, LazyFn, Origin, PlanContext, Rule, Task, TaskFn, same
 from nemo_convert.mapping.rules.special import Custom, Shared, TensorFn, Tied
 
-__all__ = ["Axes", "Custom", "Direction", "FuseGated", "FuseQKV", "LazyFn", "Mapping", "Offset", "Origin", "PackedQKV",
-           "Parallel", "PlanContext", "Rename", "Reshape", "Rule", "Shared", "StackedExperts", "Task", "TaskFn",
-           "TensorFn", "Tied", "Transposed", "cfg_get", "condition_holds", "layer_pattern", "same"]
+__all__ = ["Axes", "Custom", "Direction", "FuseGated", "FuseQKV", "Kind", "LazyFn", "Mapping", "Offset", "Origin",
+           "PackedQKV", "Parallel", "PlanContext", "Rename", "Reshape", "Rule", "Sections", "Shared",
+           "StackedExperts", "Task", "TaskFn", "TensorFn", "Tied", "Transposed", "cfg_get", "condition_holds",
+           "layer_pattern", "layer_symbols", "same"]
