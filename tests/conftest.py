@@ -19,7 +19,7 @@ def _measured_slow() -> set[str]:
     if os.environ.get("NEMO_CONVERT_MEASURE") or not os.path.exists(path):
         return set()
     with open(path) as f:
-        return {line.split("#", 1)[0].strip() for line in f if line.strip() and not line.startswith("#")}
+        return {line.rstrip("\n").rpartition("  # ")[0].strip() for line in f if line.strip() and not line.startswith("#")}
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]

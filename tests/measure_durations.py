@@ -27,7 +27,7 @@ from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIST = os.path.join(HERE, "measured_slow.txt")
-LINE = re.compile(r"^(?P<s>[\d.]+)s (?P<phase>call|setup|teardown)\s+(?P<node>\S+)$")
+LINE = re.compile(r"^(?P<s>[\d.]+)s (?P<phase>call|setup|teardown)\s+(?P<node>\S.*?)\s*$")  # ids may hold spaces
 #: A setup this long is a module's shared fixture (it moves to the next test when its first
 #: user is listed): the module's tests are listed together.
 MODULE_SETUP = 1.0
@@ -56,8 +56,8 @@ def listed() -> dict[str, float]:
     with open(LIST) as f:
         for line in f:
             if line.strip() and not line.startswith("#"):
-                node, _, rest = line.partition("#")
-                out[node.strip()] = float(rest.strip().split()[0])
+                node, _, rest = line.rstrip("\n").rpartition("  # ")
+                out[node.strip()] = float(rest.split()[0])
     return out
 
 
