@@ -76,7 +76,7 @@ def write_list(per: dict[str, float], threshold: float, note: str) -> list[str]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threshold", type=float, default=0.2, help="seconds (default 0.2)")
+    p.add_argument("--threshold", type=float, default=0.1, help="seconds (default 0.1)")
     p.add_argument("--from-log", help="a saved `pytest --durations=0`-style output instead of a run")
     p.add_argument("--add", action="store_true",
                    help="keep the tests listed now and add those of this measure (a second pass: a module fixture's "
