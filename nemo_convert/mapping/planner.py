@@ -10,13 +10,22 @@ expands itself into tasks and checks them (:mod:`nemo_convert.mapping.rules.prot
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from nemo_convert.errors import MappingError, ShapeError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import Mapping, Parallel, Rule
-from nemo_convert.mapping.rules.protocol import Direction, LazyFn, Origin, PlanContext, Task, TaskFn, same
+from nemo_convert.mapping.rules.protocol import (
+    Direction,
+    LazyFn,
+    Origin,
+    PlanContext,
+    Task,
+    TaskFn,
+    same,
+)
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 
 __all__ = ["Direction", "LazyFn", "Origin", "Plan", "Task", "TaskFn", "identity_plan", "nemo_origins",
@@ -120,14 +129,20 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
     return Plan(direction, tasks, dropped, pool=pool)
 
 
-def nemo_parallel_kinds(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Parallel]:
-    """The tensor-parallel kind of every NeMo tensor the mapping can produce (no I/O)."""
-    kinds: dict[str, Parallel] = {}
+def _applying_rules(mapping: Mapping, cfg: dict[str, Any]) -> Iterator[tuple[Rule, PlanContext]]:
+    """Every rule of the mapping that applies to ``cfg``, with its part's plan context."""
     for part in mapping.parts():
         ctx = PlanContext(cfg, part.axes(cfg))
         for rule in part.rules:
             if rule.applies(cfg):
-                kinds.update(rule.nemo_kinds(ctx))
+                yield rule, ctx
+
+
+def nemo_parallel_kinds(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Parallel]:
+    """The tensor-parallel kind of every NeMo tensor the mapping can produce (no I/O)."""
+    kinds: dict[str, Parallel] = {}
+    for rule, ctx in _applying_rules(mapping, cfg):
+        kinds.update(rule.nemo_kinds(ctx))
     return kinds
 
 
@@ -135,11 +150,8 @@ def nemo_origins(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Origin]:
     """Where every NeMo tensor the mapping can produce comes from on the HF side (no I/O):
     :meth:`Rule.origins` of every rule that applies."""
     origins: dict[str, Origin] = {}
-    for part in mapping.parts():
-        ctx = PlanContext(cfg, part.axes(cfg))
-        for rule in part.rules:
-            if rule.applies(cfg):
-                origins.update(rule.origins(ctx))
+    for rule, ctx in _applying_rules(mapping, cfg):
+        origins.update(rule.origins(ctx))
     return origins
 
 
