@@ -74,6 +74,22 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
                      "mtp.layers.0.transformer_layer.mlp.experts.local_experts.3.linear_fc2.weight",
                      "mtp.layers.0.transformer_layer.self_attention.linear_q_up_proj.layer_norm_weight",
                      "!decoder.layers.4.input_layernorm.weight")),
+    "glm4_moe": ("Glm4MoeConfig", dict(head_dim=32, partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=True,
+                                       moe_intermediate_size=48, n_routed_experts=4, num_experts_per_tok=2,
+                                       n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+                                       routed_scaling_factor=2.5, num_hidden_layers=4,
+                                       num_nextn_predict_layers=1),  # with GLM-4.5's MTP layer: add_mtp_layers
+                 {"qkv_bias": True, "bias": False, "qk_layernorm": True, "rotary_percentage": 0.5, "kv_channels": 32,
+                  "moe_layer_freq": [0, 1, 1, 1], "moe_router_score_function": "sigmoid",
+                  "moe_router_enable_expert_bias": True, "moe_router_topk_scaling_factor": 2.5,
+                  "moe_shared_expert_intermediate_size": 48, "mtp_num_layers": 1},
+                 ("decoder.layers.0.self_attention.linear_qkv.bias", "!decoder.layers.0.self_attention.linear_proj.bias",
+                  "decoder.layers.1.self_attention.q_layernorm.weight", "decoder.layers.0.mlp.linear_fc1.weight",
+                  "decoder.layers.2.mlp.router.expert_bias", "decoder.layers.1.mlp.shared_experts.linear_fc1.weight",
+                  "!decoder.layers.0.mlp.router.weight", "mtp.layers.0.eh_proj.weight",
+                  "mtp.layers.0.transformer_layer.self_attention.linear_qkv.bias",
+                  "mtp.layers.0.transformer_layer.self_attention.k_layernorm.weight",
+                  "mtp.layers.0.transformer_layer.mlp.router.expert_bias", "mtp.layers.0.final_layernorm.weight")),
     "gpt_oss": ("GptOssConfig", dict(head_dim=16, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
                                      sliding_window=8, layer_types=["sliding_attention", "full_attention"],
                                      swiglu_limit=0.5,
@@ -100,7 +116,7 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
 #: GPT-2's config names the same sizes its own way (and has no GQA).
 BASE_OF = {"gpt2": dict(n_embd=64, n_inner=96, n_layer=2, n_head=4, vocab_size=128, n_positions=64, bos_token_id=1,
                         eos_token_id=2, pad_token_id=0)}
-MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss")
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss", "glm4_moe")
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
 
 
@@ -262,6 +278,11 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("deepseek_v3", dict(scoring_func="softmax"), "scoring_func='softmax'"),
     ("deepseek_v3", dict(num_key_value_heads=2), "num_key_value_heads=2"),
     ("gpt_oss", dict(swiglu_alpha=1.5), "swiglu_alpha=1.5"),
+    ("glm4_moe", dict(norm_topk_prob=False), "norm_topk_prob=False"),
+    ("glm4_moe", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                       "partial_rotary_factor": 0.5}), "'yarn'"),
+    ("glm4_moe", dict(first_k_dense_replace=4), "num_nextn_predict_layers=1 with first_k_dense_replace=4"),
+    ("glm4_moe", dict(scoring_func="softmax"), "scoring_func='softmax'"),
     ("gpt_oss", dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 150000.0, "factor": 32.0}), "'dynamic'"),
     ("gpt_oss", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "attention_factor": 1.0}),
      "attention_factor=1.0"),

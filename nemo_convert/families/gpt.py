@@ -42,7 +42,9 @@ class GPTFeatures:
     :param packed_qkv: HF ``self_attn.qkv_proj`` = ``[q; k; v]`` (Phi-3) instead of q/k/v.
     :param packed_gate_up: HF ``mlp.gate_up_proj`` = ``[gate; up]`` (Phi-3).
     :param qk_norm: per-head RMSNorms of queries and keys (Qwen3): HF ``self_attn.q_norm`` /
-        ``k_norm`` ⇄ ``self_attention.q_layernorm`` / ``k_layernorm``.
+        ``k_norm`` ⇄ ``self_attention.q_layernorm`` / ``k_layernorm``, on the configs whose
+        ``qk_layernorm`` is true (a family whose table writes it from a switch, GLM-4.5's
+        ``use_qk_norm``, has them only where it is on).
     :param attention_sinks: a learned per-head logit joining every softmax (GPT-OSS
         ``self_attn.sinks``) ⇄ ``self_attention.core_attention.softmax_offset``
         (Megatron's ``softmax_type: learnable``).
@@ -194,7 +196,7 @@ def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
         rules.append(PackedQKV(a + "qkv_proj.weight", n + "linear_qkv.weight"))
     else:
         rules.append(FuseQKV(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight", n + "linear_qkv.weight"))
-    if features.qk_norm:
+    if features.qk_norm and spec.qk_norm:  # a config without them (GLM-4.5-Air's use_qk_norm: false) has none
         rules += [Rename(a + "q_norm.weight", n + "q_layernorm.weight", shape=("kv_channels",)),
                   Rename(a + "k_norm.weight", n + "k_layernorm.weight", shape=("kv_channels",))]
     rules.append(Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=("hidden_size", None)))
