@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -613,6 +614,32 @@ def test_moe_fused_hf_experts_import_alike_and_export_fused(tmp_path, models, fa
     api.export_hf(ranks, back)
     assert_same(fused, back)
     assert torch.equal(logits(src), logits(back))
+
+
+@pytest.mark.slow
+def test_mtp_layers_without_the_embedding_and_head_copies(tmp_path, models):
+    """GLM-4.6's files store the MTP layer without the copies of ``embed_tokens`` and
+    ``shared_head.head`` that GLM-4.5's (and DeepSeek-V3's) hold: the import records that,
+    keeps the MTP block, and the export writes the layer back without them, bit-exactly."""
+    from safetensors.torch import load_file, save_file
+
+    src = str(tmp_path / "src")
+    shutil.copytree(models["glm4_moe"], src)
+    path = os.path.join(src, "model.safetensors")
+    tensors = load_file(path)
+    layers = read_json(os.path.join(src, "config.json"))["num_hidden_layers"]
+    for name in ("embed_tokens.weight", "shared_head.head.weight"):
+        del tensors[f"model.layers.{layers}.{name}"]
+    save_file(tensors, path, metadata={"format": "pt"})
+    nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
+    api.import_hf(src, nemo, packed=False)
+    cfg = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
+    assert cfg["mtp_num_layers"] == 1 and cfg["nemo_convert"]["hf_mtp_copies"] is False
+    names = {t["name"] for t in api.inspect_checkpoint(nemo)["tensors"]}
+    assert "mtp.layers.0.eh_proj.weight" in names
+    api.export_hf(nemo, back)
+    assert_same(src, back)
+    assert f"model.layers.{layers}.embed_tokens.weight" not in hf_tensors(back)
 
 
 def test_deepseek_v3_fp8_block_scaled_weights_are_dequantized(tmp_path, models):

@@ -11,13 +11,14 @@ from nemo_convert.families.gpt import (NEMO_GPT_TARGET, GPTFeatures, MoEBlock, a
                                        gpt_family, gpt_mapping, mla_attention_rules, moe_mlp_rules, mtp_rules, never,
                                        norm_rules, table_translation)
 from nemo_convert.families.gpt_config import (DTYPE, EXPERTS_FFN, GELU_ERF, GELU_TANH, GPT_CONFIG, GPT_NEMO_CONSTANTS,
-                                              HF_MTP, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, MTP_LAYERS,
+                                              HF_MTP, HF_MTP_COPIES, MOE_HARMLESS,
+                                              MOE_NEMO_CONSTANTS, MOE_ROWS, MTP_LAYERS,
                                               NORM_TOPK_PROB, activation, activation_choice, dense_first_experts,
                                               linear_biases, moe_layers,
                                               no_per_layer_windows, num_experts, partial_rope, rope, sliding_window)
 
 __all__ = ["DTYPE", "EXPERTS_FFN", "GELU_ERF", "GELU_TANH", "GPT_CONFIG", "GPT_NEMO_CONSTANTS", "HARMLESS_KEYS",
-           "HF_MTP", "MOE_HARMLESS", "MOE_NEMO_CONSTANTS", "MOE_ROWS", "MTP_LAYERS", "NEMO_GPT_TARGET",
+           "HF_MTP", "HF_MTP_COPIES", "MOE_HARMLESS", "MOE_NEMO_CONSTANTS", "MOE_ROWS", "MTP_LAYERS", "NEMO_GPT_TARGET",
            "NORM_TOPK_PROB", "REQUIRED", "Check", "ConfigTable", "Derived", "Field", "GPTFeatures", "MoEBlock",
            "NemoCheck", "activation", "activation_choice", "attention_rules", "dense_first_experts", "dense_mlp_rules",
            "gpt_family",

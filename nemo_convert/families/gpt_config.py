@@ -452,6 +452,10 @@ def dense_first_experts(dense_default: int, shared_default: int = 1) -> Derived:
 #: ``.nemo`` leaves out: ``{"dropped": k}`` (``--drop-mtp``) or ``{"absent": k}`` (the
 #: source does not store them: transformers announces one MTP layer and never saves it).
 HF_MTP = "nemo_convert.hf_mtp"
+#: Recorded ``False`` when the source's MTP layers store no copies of the embedding and
+#: the head (``model.layers.{L+k}.embed_tokens`` / ``shared_head.head``: GLM-4.6's files),
+#: so that export writes none either; absent: they do (DeepSeek-V3's, GLM-4.5's).
+HF_MTP_COPIES = "nemo_convert.hf_mtp_copies"
 
 
 def _mtp_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
