@@ -83,7 +83,7 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
                  {"qkv_bias": True, "bias": False, "qk_layernorm": True, "rotary_percentage": 0.5, "kv_channels": 32,
                   "moe_layer_freq": [0, 1, 1, 1], "moe_router_score_function": "sigmoid",
                   "moe_router_enable_expert_bias": True, "moe_router_topk_scaling_factor": 2.5,
-                  "moe_shared_expert_intermediate_size": 48, "mtp_num_layers": 1},
+                  "moe_shared_expert_intermediate_size": 48, "mtp_num_layers": 1, "moe_router_dtype": "fp32"},
                  ("decoder.layers.0.self_attention.linear_qkv.bias", "!decoder.layers.0.self_attention.linear_proj.bias",
                   "decoder.layers.1.self_attention.q_layernorm.weight", "decoder.layers.0.mlp.linear_fc1.weight",
                   "decoder.layers.2.mlp.router.expert_bias", "decoder.layers.1.mlp.shared_experts.linear_fc1.weight",

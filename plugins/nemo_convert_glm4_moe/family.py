@@ -70,8 +70,10 @@ GLM4_MOE_CONFIG = GPT_CONFIG.extend(
     harmless=("output_router_logits",),
     nemo_constants={**MOE_NEMO_CONSTANTS, "moe_router_score_function": "sigmoid",
                     "moe_router_enable_expert_bias": True, "moe_router_pre_softmax": False,
-                    "moe_shared_expert_gate": False})
-
+                    "moe_shared_expert_gate": False,
+                    # HF routes in fp32 (the hub's gate weight and bias are kept in fp32, the
+                    # hidden state is cast: modeling_glm4_moe.py lines 284, 460)
+                    "moe_router_dtype": "fp32"})
 
 
 def _claims(cfg: dict[str, Any]) -> bool:
