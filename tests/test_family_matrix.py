@@ -794,3 +794,30 @@ def test_an_mtp_layer_megatron_would_build_otherwise_is_refused(tmp_path, models
         json.dump({**cfg, "first_k_dense_replace": cfg["num_hidden_layers"]}, f)
     with pytest.raises(UnsupportedError, match="num_nextn_predict_layers=1 with first_k_dense_replace=4"):
         api.import_hf(src, str(tmp_path / "m.nemo"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit, words", [
+    ({"bias": True}, "o_proj=True"),
+    ({"moe_layer_freq": [0, 1, 0, 1]}, "moe_layer_freq=[0, 1, 0, 1]"),
+    ({"moe_router_score_function": "softmax"}, "num_moe_experts=4 with its routing"),
+    ({"window_size": [3, 0]}, "window_size=[3, 0]"),
+])
+def test_glm4_moe_export_refuses_what_its_class_does_not_compute(edit, words):
+    """A NeMo config that Glm4MoeForCausalLM does not compute (an o_proj or MLP bias, a
+    dense layer after an MoE one, softmax routing, a sliding window) is refused by name on
+    export; the family's own config exports (whole-head RoPE too: ``partial_rotary_factor: 1.0``)."""
+    import transformers
+
+    from nemo_convert.plugins.manager import get_registry
+
+    cls_name, extra, _, _ = FAMILIES["glm4_moe"]
+    hf = json.loads(getattr(transformers, cls_name)(**{**BASE, **extra}).to_json_string())
+    fam = get_registry().family("glm4_moe")
+    cfg = fam.config_to_nemo(hf)
+    cfg.pop("nemo_convert", None)
+    assert fam.config_to_hf(dict(cfg))["partial_rotary_factor"] == 0.5
+    assert fam.config_to_hf({**cfg, "rotary_percentage": 1.0})["partial_rotary_factor"] == 1.0
+    with pytest.raises(UnsupportedError) as ei:
+        fam.config_to_hf({**cfg, **edit})
+    assert words in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
