@@ -503,6 +503,15 @@ def test_the_check_sees_glm4_moe_features(tmp_path: Any, edit: dict[str, Any], w
 
 
 @pytest.mark.slow
+def test_megatron_core_runs_glm45_air_without_qk_norms(tmp_path: Any) -> None:
+    """GLM-4.5-Air's shape: ``use_qk_norm: false`` (no q/k norm tensors on either side) and
+    ``routed_scaling_factor: 1.0``, at TP=2 with its MTP layer: HF's logits."""
+    proc = _run(tmp_path, "glm4_moe", tp=2, use_qk_norm=False, routed_scaling_factor=1.0)
+    assert proc.returncode == 0 and "MCORE-PARITY OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print(*[ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE")], sep="\n")
+
+
+@pytest.mark.slow
 def test_megatron_core_runs_gpt_oss_at_tp2(tmp_path: Any) -> None:
     """GPT-OSS at TP=2 with expert TP 1 (Megatron requires it for expert biases): attention
     split by heads (sinks too), every rank holds whole experts and adds their fc2 bias once."""
