@@ -75,6 +75,16 @@ GLM4_MOE_CONFIG = GPT_CONFIG.extend(
                     # hidden state is cast: modeling_glm4_moe.py lines 284, 460)
                     "moe_router_dtype": "fp32"})
 
+#: ``--to megatron-bridge``: refused by name. Megatron-Bridge's ``GLM45Bridge`` builds a
+#: ``GPTModelProvider`` with sigmoid routing, the expert bias, the routed scaling factor and
+#: ``mtp_num_layers`` (``src/megatron/bridge/models/glm/glm45_bridge.py`` at 067f987d, lines
+#: 57-94; ``add_qkv_bias``, ``qk_layernorm``, ``rotary_percent`` from ``conversion/model_bridge.py``
+#: lines 456-498); the provider table expresses that routing and MTP only with multi-latent
+#: attention (``ProviderFamily.mla``), so a GLM-4.5 provider would lose them.
+MEGATRON_BRIDGE = ("GLM45Bridge's GPTModelProvider (sigmoid routing with expert bias, routed scaling, MTP: "
+                   "glm/glm45_bridge.py lines 57-94) is not expressed by the provider table yet (it writes that "
+                   "routing and MTP only with multi-latent attention)")
+
 
 def _claims(cfg: dict[str, Any]) -> bool:
     """A NeMo-written GPT config is GLM-4.5's: sigmoid-routed experts over grouped-query
@@ -91,4 +101,5 @@ GLM4_MOE = gpt_family(
     claims=_claims,
     description="GLM-4.5 / 4.6 (GQA with q/k/v biases, half-rotary RoPE, dense first layers, sigmoid-routed experts "
                 "with bias, a shared expert, MTP)",
+    megatron_bridge=MEGATRON_BRIDGE,
 )
