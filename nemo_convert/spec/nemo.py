@@ -26,6 +26,12 @@ section's side channels, with NeMo's defaults applied once (NeMo ``8cfedd72``
   plain RoPE; :mod:`nemo_convert.families.yarn`);
 - experts (``num_moe_experts``): top-k 2, ``moe_ffn_hidden_size`` null = ``ffn_hidden_size``,
   ``moe_layer_freq`` 1 (every layer), softmax scores, no groups;
+- Gemma 2's fields, named as Megatron-Bridge's ``Gemma2ModelProvider`` names them
+  (Megatron-Bridge ``067f987d`` ``src/megatron/bridge/models/gemma/gemma2_provider.py``
+  lines 497-499): ``query_pre_attn_scalar`` (scores × its ``-0.5`` power, line 150),
+  ``attn_logit_softcapping`` and ``final_logit_softcapping`` (``c·tanh(x/c)``, null or
+  absent: none); the sublayer post-norms, which Megatron-Bridge puts in its layer spec
+  (lines 441-463), not in a config field: our record ``nemo_convert.post_norms``;
 - ``precision`` 32.
 """
 
@@ -317,6 +323,8 @@ def spec_of(cfg: Mapping[str, Any]) -> ModelSpec:
                             window_pattern=window_pattern(cfg.get("window_attn_skip_freq"), geometry.layers),
                             softmax=str(cfg.get("softmax_type") or "vanilla"), mla=mla,
                             normalized_scores=bool(cfg.get("normalize_attention_scores", True)),
+                            query_pre_attn_scalar=_opt_float(cfg, "query_pre_attn_scalar"),
+                            logit_softcap=_opt_float(cfg, "attn_logit_softcapping"),
                             headscale=bool(cfg.get("headscale")), kind=str(cfg.get("attention_type") or "multihead")),
         positions=positions,
         rope=_rope(cfg, positions, mla is not None),
@@ -326,9 +334,11 @@ def spec_of(cfg: Mapping[str, Any]) -> ModelSpec:
         embedding=Embedding(tied=bool(cfg.get("share_embeddings_and_output_weights")),
                             scaled=bool(cfg.get("apply_embedding_scaling"))),
         block=Block(str(cfg.get("transformer_block_type") or "pre_ln"),
-                    bool(cfg.get("apply_residual_connection_post_layernorm"))),
+                    bool(cfg.get("apply_residual_connection_post_layernorm")),
+                    bool(section(cfg).get("post_norms"))),
         moe=_moe(cfg, geometry.layers),
         mtp_layers=_int(cfg, "mtp_num_layers", 0),
+        final_logit_softcap=_opt_float(cfg, "final_logit_softcapping"),
         precision=dtype_name_of_precision(cfg.get("precision", 32)),
         unsupported=unsupported(cfg),
     )
