@@ -31,7 +31,11 @@ section's side channels, with NeMo's defaults applied once (NeMo ``8cfedd72``
   lines 497-499): ``query_pre_attn_scalar`` (scores × its ``-0.5`` power, line 150),
   ``attn_logit_softcapping`` and ``final_logit_softcapping`` (``c·tanh(x/c)``, null or
   absent: none); the sublayer post-norms, which Megatron-Bridge puts in its layer spec
-  (lines 441-463), not in a config field: our record ``nemo_convert.post_norms``;
+  (lines 441-463), not in a config field: our record ``nemo_convert.post_norms``. NeMo 1
+  wrote the same model as ``name: megatron_gemma2`` (its layer spec, NeMo ``8c8bf720``
+  ``megatron_gpt_model.py`` ``get_specs``) with the three numbers in
+  ``mcore_customization_config`` (``scripts/checkpoint_converters/convert_gemma2_hf_to_nemo.py``
+  ``adjust_nemo_config``); both spellings are read, ours first;
 - ``precision`` 32.
 """
 
@@ -160,6 +164,15 @@ def _float(cfg: Mapping[str, Any], key: str, default: float) -> float:
 
 def _opt_float(cfg: Mapping[str, Any], key: str) -> float | None:
     return None if cfg.get(key) is None else _float(cfg, key, 0.0)
+
+
+def _customised(cfg: Mapping[str, Any], key: str) -> float | None:
+    """A Gemma 2 field: top-level (Megatron-Bridge's name), else in NeMo 1's
+    ``mcore_customization_config`` (module docstring)."""
+    if cfg.get(key) is not None:
+        return _opt_float(cfg, key)
+    custom = cfg.get("mcore_customization_config")
+    return _opt_float(custom, key) if isinstance(custom, Mapping) else None
 
 
 def linear_biases(cfg: Mapping[str, Any]) -> tuple[bool, bool, bool]:
@@ -323,8 +336,8 @@ def spec_of(cfg: Mapping[str, Any]) -> ModelSpec:
                             window_pattern=window_pattern(cfg.get("window_attn_skip_freq"), geometry.layers),
                             softmax=str(cfg.get("softmax_type") or "vanilla"), mla=mla,
                             normalized_scores=bool(cfg.get("normalize_attention_scores", True)),
-                            query_pre_attn_scalar=_opt_float(cfg, "query_pre_attn_scalar"),
-                            logit_softcap=_opt_float(cfg, "attn_logit_softcapping"),
+                            query_pre_attn_scalar=_customised(cfg, "query_pre_attn_scalar"),
+                            logit_softcap=_customised(cfg, "attn_logit_softcapping"),
                             headscale=bool(cfg.get("headscale")), kind=str(cfg.get("attention_type") or "multihead")),
         positions=positions,
         rope=_rope(cfg, positions, mla is not None),
@@ -335,10 +348,10 @@ def spec_of(cfg: Mapping[str, Any]) -> ModelSpec:
                             scaled=bool(cfg.get("apply_embedding_scaling"))),
         block=Block(str(cfg.get("transformer_block_type") or "pre_ln"),
                     bool(cfg.get("apply_residual_connection_post_layernorm")),
-                    bool(section(cfg).get("post_norms"))),
+                    bool(section(cfg).get("post_norms")) or cfg.get("name") == "megatron_gemma2"),
         moe=_moe(cfg, geometry.layers),
         mtp_layers=_int(cfg, "mtp_num_layers", 0),
-        final_logit_softcap=_opt_float(cfg, "final_logit_softcapping"),
+        final_logit_softcap=_customised(cfg, "final_logit_softcapping"),
         precision=dtype_name_of_precision(cfg.get("precision", 32)),
         unsupported=unsupported(cfg),
     )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_convert.families import (GPT_CONFIG, Check, Field, GPTFeatures, activation, gpt_family, layer_windows,
+from nemo_convert.families import (GPT_CONFIG, Check, Derived, Field, GPTFeatures, activation, gpt_family, layer_windows,
                                    linear_biases, query_pre_attn_scalar, softcap)
 from nemo_convert.spec import spec_of
 
@@ -54,6 +54,15 @@ def _window_size_key(hf: dict[str, Any]) -> str | None:
     return f"sliding_window_size={value!r} differs from sliding_window={hf.get('sliding_window', 4096)!r}"
 
 
+def _nemo1_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+    """NeMo 1's spelling beside ours, so that NeMo 1 restores the ``.nemo`` with its Gemma 2
+    layer spec: ``name: megatron_gemma2`` and ``mcore_customization_config`` (NeMo ``8c8bf720``
+    ``scripts/checkpoint_converters/convert_gemma2_hf_to_nemo.py``, ``adjust_nemo_config``)."""
+    keys = (("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0), ("query_pre_attn_scalar", 256))
+    return {"name": "megatron_gemma2",
+            "mcore_customization_config": {k: hf[k] if k in hf else d for k, d in keys}}
+
+
 GEMMA2_CONFIG = GPT_CONFIG.extend(
     activation("gelu_pytorch_tanh", "geglu", key="hidden_activation"),
     Check(("hidden_act",), _hidden_act),
@@ -68,6 +77,7 @@ GEMMA2_CONFIG = GPT_CONFIG.extend(
     softcap("final_logit_softcapping", 30.0),
     layer_windows(_alternating),
     Check(("sliding_window_size",), _window_size_key),
+    Derived((), _nemo1_to_nemo, lambda cfg: {}),
     Check(("use_bidirectional_attention",), lambda hf: "use_bidirectional_attention=True"
           if hf.get("use_bidirectional_attention") else None),
     # transformers' generation cache choice (a sliding + full "hybrid" cache): not the model's math

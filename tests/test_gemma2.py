@@ -1,0 +1,72 @@
+"""Gemma 2's config facts beyond the family matrix: NeMo 1's spelling of the same model, the
+alternating default windows, and what the other families refuse of it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+
+from nemo_convert.errors import UnsupportedError
+from nemo_convert.spec import first_difference, spec_of
+
+HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hub_configs", "gemma2")
+
+
+def _config(name: str = "google__gemma-2-27b.json") -> dict:
+    from nemo_convert_gemma2.family import GEMMA2
+
+    with open(os.path.join(HUB, name)) as f:
+        return GEMMA2.config_to_nemo(json.load(f))
+
+
+def test_nemo1_spelling_is_the_same_model():
+    """NeMo 1's converter wrote ``name: megatron_gemma2`` and the three numbers under
+    ``mcore_customization_config`` (no post-norm record of ours): the same spec."""
+    ours = _config()
+    assert ours["name"] == "megatron_gemma2"
+    assert ours["mcore_customization_config"] == {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                                                  "query_pre_attn_scalar": 144}
+    nemo1 = copy.deepcopy(ours)
+    for k in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
+        del nemo1[k]
+    del nemo1["nemo_convert"]["post_norms"]
+    assert first_difference(spec_of(ours), spec_of(nemo1)) is None
+    nemo1["name"] = "megatron_gpt"
+    assert first_difference(spec_of(ours), spec_of(nemo1))[0] == "nemo_convert.post_norms"
+
+
+def test_gemma2_2b_windows_every_even_layer_by_default():
+    """google/gemma-2-2b has no ``layer_types``: Gemma2Config's default alternates from a
+    sliding layer 0 (configuration_gemma2.py lines 93-97)."""
+    spec = spec_of(_config("google__gemma-2-2b.json"))
+    assert spec.attention.window == 4096
+    assert spec.attention.window_pattern == tuple(i % 2 == 0 for i in range(26))
+    assert (spec.attention.logit_softcap, spec.final_logit_softcap, spec.block.post_norms) == (50.0, 30.0, True)
+
+
+@pytest.mark.parametrize("family", ["gemma", "llama"])
+def test_other_families_refuse_to_export_gemma2_by_name(family):
+    from nemo_convert.plugins.manager import get_registry
+
+    cfg = _config()
+    record = get_registry().families[family].record
+    reason = record.refuses_nemo_config(cfg)
+    assert reason is not None and "\n" not in reason, reason
+    with pytest.raises(UnsupportedError):
+        record.config_to_hf(cfg)
+
+
+def test_null_soft_caps_mean_none():
+    """``attn_logit_softcapping: null`` is no cap in transformers (``if softcap is not None``),
+    unlike an absent key (Gemma2Config's default 50)."""
+    from nemo_convert_gemma2.family import GEMMA2
+
+    with open(os.path.join(HUB, "google__gemma-2-9b.json")) as f:
+        hf = json.load(f)
+    hf["attn_logit_softcapping"] = None
+    assert spec_of(GEMMA2.config_to_nemo(hf)).attention.logit_softcap is None
+    del hf["attn_logit_softcapping"]
+    assert spec_of(GEMMA2.config_to_nemo(hf)).attention.logit_softcap == 50.0
