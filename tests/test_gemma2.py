@@ -70,3 +70,17 @@ def test_null_soft_caps_mean_none():
     assert spec_of(GEMMA2.config_to_nemo(hf)).attention.logit_softcap is None
     del hf["attn_logit_softcapping"]
     assert spec_of(GEMMA2.config_to_nemo(hf)).attention.logit_softcap == 50.0
+
+
+@pytest.mark.slow
+def test_megatron_bridge_directory_is_refused_by_name(tmp_path):
+    """No Gemma 2 provider is written yet: ``--to megatron-bridge`` says why, writes nothing."""
+    from test_family_matrix import make_model
+
+    from nemo_convert import api
+
+    src = make_model(str(tmp_path / "hf"), "gemma2")
+    with pytest.raises(UnsupportedError, match="'gemma2' cannot be written with --to megatron-bridge: "
+                                               "Megatron-Bridge's Gemma2ModelProvider carries query_pre_attn_scalar"):
+        api.import_hf(src, str(tmp_path / "mb"), to="megatron-bridge")
+    assert not os.path.exists(tmp_path / "mb")

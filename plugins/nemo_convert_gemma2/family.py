@@ -87,6 +87,14 @@ GEMMA2_CONFIG = GPT_CONFIG.extend(
 )
 
 
+#: Not written yet: Megatron-Bridge's ``Gemma2ModelProvider`` (``067f987d``
+#: ``src/megatron/bridge/models/gemma/gemma2_provider.py`` lines 466-499) carries
+#: ``query_pre_attn_scalar`` and both soft-caps, and its layer spec the post-norms and the
+#: odd-layer windows (lines 127-129, 441-463); the provider writer has no rows for them.
+MEGATRON_BRIDGE = ("Megatron-Bridge's Gemma2ModelProvider carries query_pre_attn_scalar and the attention and "
+                   "final soft-caps, which nemo-convert's provider writer does not write yet")
+
+
 def _claims(cfg: dict[str, Any]) -> bool:
     spec = spec_of(cfg)
     return spec.block.post_norms and not spec.attention.qk_norm
@@ -95,5 +103,6 @@ def _claims(cfg: dict[str, Any]) -> bool:
 GEMMA2 = gpt_family(
     "gemma2", architecture="Gemma2ForCausalLM", model_type="gemma2", config=GEMMA2_CONFIG,
     features=GPTFeatures(zero_centred_norms=True, post_norms=True), claims=_claims,
+    megatron_bridge=MEGATRON_BRIDGE,
     description="Gemma 2 (four norms a layer, soft-capped scores and logits, query_pre_attn_scalar, windows)",
 )
