@@ -84,3 +84,24 @@ def test_megatron_bridge_directory_is_refused_by_name(tmp_path):
                                                "Megatron-Bridge's Gemma2ModelProvider carries query_pre_attn_scalar"):
         api.import_hf(src, str(tmp_path / "mb"), to="megatron-bridge")
     assert not os.path.exists(tmp_path / "mb")
+
+
+def test_a_nemo1_gemma2_is_read_as_nemo1_computes_it():
+    """NeMo 1's converter wrote ``window_size: [sliding_window_size, 0]`` and no window
+    pattern; its Gemma 2 attention windows the 0-based odd layers (NeMo ``8cfedd72``
+    ``gemma2_modules.py`` lines 82-84), the other half from transformers. Export writes
+    that pattern as ``layer_types``: the HF model computes what NeMo 1 did."""
+    from nemo_convert_gemma2.family import GEMMA2
+
+    cfg = _config("google__gemma-2-2b.json")
+    for k in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "window_attn_skip_freq"):
+        del cfg[k]
+    cfg["nemo_convert"] = {"vocab_size": 256000}
+    cfg["window_size"] = [4096, 0]
+    spec = spec_of(cfg)
+    assert spec.attention.window == 4096 and spec.block.post_norms
+    assert spec.attention.window_pattern == tuple(i % 2 == 1 for i in range(26))
+    hf = GEMMA2.config_to_hf(cfg)
+    assert hf["layer_types"][:3] == ["full_attention", "sliding_attention", "full_attention"]
+    assert (hf["sliding_window"], hf["query_pre_attn_scalar"], hf["final_logit_softcapping"]) == (4096, 256, 30.0)
+    assert first_difference(spec, spec_of(GEMMA2.config_to_nemo(hf))) is None

@@ -14,7 +14,7 @@ from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, F
 from nemo_convert.families.yarn import MLA_PLAIN, yarn_to_hf, yarn_to_nemo
 from nemo_convert.hf_config import precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
-from nemo_convert.spec import (LLAMA3_DEFAULTS, Llama3Scaling, Rope, YarnScaling, geometry_of,
+from nemo_convert.spec import (LLAMA3_DEFAULTS, Llama3Scaling, ModelSpec, Rope, YarnScaling, geometry_of,
                                linear_biases as bias_pattern, megatron_window, provenance_of, rope_of, sliding_window as window_of,
                                spec_of)
 
@@ -242,12 +242,13 @@ def no_per_layer_windows(hf: dict[str, Any]) -> str | None:
     return None
 
 
-def softcap(key: str, default: float | None) -> Derived:
+def softcap(key: str, default: float | None, of: Callable[[ModelSpec], float | None]) -> Derived:
     """A tanh soft-cap ``c·tanh(x / c)`` (Gemma 2's ``attn_logit_softcapping`` on the
     attention scores, ``final_logit_softcapping`` on the logits) ⇄ the NeMo field of the
     same name (Megatron-Bridge's provider fields). Absent means the HF class's ``default``;
     null means no cap (transformers applies none: ``if softcap is not None``), so null is
-    kept as null, unlike a :class:`Field`'s default for null."""
+    kept as null, unlike a :class:`Field`'s default for null. ``of`` reads the cap from the
+    spec on export (either NeMo spelling, :mod:`nemo_convert.spec.nemo`)."""
 
     def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
         value = hf[key] if key in hf else default
@@ -258,8 +259,7 @@ def softcap(key: str, default: float | None) -> Derived:
         return {key: float(value)}
 
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-        value = cfg.get(key)
-        return {key: None if value is None else float(value)}
+        return {key: of(spec_of(cfg))}
 
     return Derived((key,), to_nemo, to_hf)
 
@@ -274,7 +274,12 @@ def query_pre_attn_scalar(default: float) -> Field:
             raise UnsupportedError(f"query_pre_attn_scalar={v!r} is not a positive number")
         return v
 
-    return Field("query_pre_attn_scalar", "query_pre_attn_scalar", default, to_nemo=number, to_hf=number)
+    def spelled(cfg: dict[str, Any]) -> Any:  # NeMo 1's mcore_customization_config (spec reader)
+        value = spec_of(cfg).attention.query_pre_attn_scalar
+        return int(value) if value is not None and float(value).is_integer() else value
+
+    return Field("query_pre_attn_scalar", "query_pre_attn_scalar", default, to_nemo=number, to_hf=number,
+                 nemo_default=spelled)
 
 
 LAYER_KINDS = ("sliding_attention", "full_attention")

@@ -166,6 +166,18 @@ def _opt_float(cfg: Mapping[str, Any], key: str) -> float | None:
     return None if cfg.get(key) is None else _float(cfg, key, 0.0)
 
 
+def _window_pattern(cfg: Mapping[str, Any], layers: int) -> tuple[bool, ...] | None:
+    """The windowed layers: ``window_attn_skip_freq``; without it, NeMo 1's Gemma 2 layer
+    spec (``name: megatron_gemma2``) windows the layers whose 1-based number is even
+    (NeMo ``8cfedd72`` ``nemo/collections/nlp/models/language_modeling/megatron/gemma2/
+    gemma2_modules.py`` lines 82-84: 0-based odd layers, where transformers windows the even
+    ones); else every layer."""
+    value = cfg.get("window_attn_skip_freq")
+    if value is None and cfg.get("name") == "megatron_gemma2":
+        return tuple(n % 2 == 1 for n in range(layers))
+    return window_pattern(value, layers)
+
+
 def _customised(cfg: Mapping[str, Any], key: str) -> float | None:
     """A Gemma 2 field: top-level (Megatron-Bridge's name), else in NeMo 1's
     ``mcore_customization_config`` (module docstring)."""
@@ -333,7 +345,7 @@ def spec_of(cfg: Mapping[str, Any]) -> ModelSpec:
         geometry=geometry,
         attention=Attention(qkv_bias=qkv, proj_bias=proj, qk_norm=bool(cfg.get("qk_layernorm")),
                             window=window, window_lookahead=lookahead,
-                            window_pattern=window_pattern(cfg.get("window_attn_skip_freq"), geometry.layers),
+                            window_pattern=_window_pattern(cfg, geometry.layers),
                             softmax=str(cfg.get("softmax_type") or "vanilla"), mla=mla,
                             normalized_scores=bool(cfg.get("normalize_attention_scores", True)),
                             query_pre_attn_scalar=_customised(cfg, "query_pre_attn_scalar"),
