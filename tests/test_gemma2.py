@@ -105,3 +105,42 @@ def test_a_nemo1_gemma2_is_read_as_nemo1_computes_it():
     assert hf["layer_types"][:3] == ["full_attention", "sliding_attention", "full_attention"]
     assert (hf["sliding_window"], hf["query_pre_attn_scalar"], hf["final_logit_softcapping"]) == (4096, 256, 30.0)
     assert first_difference(spec, spec_of(GEMMA2.config_to_nemo(hf))) is None
+
+
+@pytest.mark.slow
+def test_a_nemo1_gemma2_folder_exports_without_family(tmp_path):
+    """A ``.nemo`` in NeMo 1's spelling (no record of ours, ``name: megatron_gemma2``, the
+    caps under ``mcore_customization_config``) is recognised as Gemma 2 and exports with the
+    source's tensors; its window pattern is NeMo 1's (test above)."""
+    import yaml
+    from test_family_matrix import make_model
+    from tiny_models import hf_tensors
+
+    from nemo_convert import api
+
+    src = make_model(str(tmp_path / "hf"), "gemma2")
+    nemo = str(tmp_path / "m")
+    api.import_hf(src, nemo, packed=False)
+    path = os.path.join(nemo, "model_config.yaml")
+    with open(path) as f:
+        cfg = yaml.safe_load(f)
+    for k in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "window_attn_skip_freq"):
+        del cfg[k]
+    cfg["nemo_convert"] = {"vocab_size": cfg["nemo_convert"]["vocab_size"]}
+    cfg["window_size"] = [4, 0]
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    back = str(tmp_path / "back")
+    assert api.export_hf(nemo, back).family == "gemma2"
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert sorted(a) == sorted(b) and all(torch_equal(a[k], b[k]) for k in a)
+    with open(os.path.join(back, "config.json")) as f:
+        hf = json.load(f)
+    assert (hf["layer_types"], hf["sliding_window"], hf["attn_logit_softcapping"]) == (
+        ["full_attention", "sliding_attention"], 4, 1.5)
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return bool(torch.equal(x, y))
