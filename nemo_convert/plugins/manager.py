@@ -54,7 +54,7 @@ class Registry:
         self.sharding_strategies = self._collect("nemo_convert_sharding_strategies", ShardingStrategy)
         self.verifiers = self._collect("nemo_convert_verifiers", Verifier)
 
-    def _collect(self, hook_name: str, kind: type) -> dict[str, Provided]:
+    def _collect(self, hook_name: str, kind: type[Any]) -> dict[str, Provided]:
         out: dict[str, Provided] = {}
         hook = getattr(self._pm.hook, hook_name)
         for impl in hook.get_hookimpls():
