@@ -125,4 +125,4 @@ DEEPSEEK_V3 = gpt_family(
     claims=lambda cfg: spec_of(cfg).attention.mla is not None,
     nemo2_targets=("nemo.collections.llm.gpt.model.deepseek.DeepSeekModel",),
     description="DeepSeek-V3 (MLA, dense first layers, sigmoid-routed experts with bias, shared experts)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

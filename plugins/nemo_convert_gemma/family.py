@@ -80,4 +80,4 @@ GEMMA = gpt_family(
     claims=lambda cfg: spec_of(cfg).embedding.scaled or spec_of(cfg).norm.zero_centred,
     nemo2_targets=("nemo.collections.llm.gpt.model.gemma.GemmaModel",),
     description="Gemma 2B/7B (GeGLU, zero-centred RMSNorm, tied embeddings scaled by sqrt(hidden))",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -143,7 +143,7 @@ GPT2 = gpt_family(
     "gpt2", architecture="GPT2LMHeadModel", model_type="gpt2", config=GPT2_CONFIG, mapping=gpt2_mapping,
     claims=lambda cfg: spec_of(cfg).positions == "learned_absolute",
     description="GPT-2, NeMo's GPT-3-style models (learned positions, LayerNorm and linear biases, GeLU, tied)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)
 
 
 def hf_names_of(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:

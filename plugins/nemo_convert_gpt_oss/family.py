@@ -98,4 +98,4 @@ GPT_OSS = gpt_family(
     claims=lambda cfg: spec_of(cfg).attention.softmax == "learnable",  # attention sinks
     nemo2_targets=("nemo.collections.llm.gpt.model.gpt_oss.GPTOSSModel",),
     description="GPT-OSS (attention sinks, biases, alternating windows, fused interleaved experts with biases)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

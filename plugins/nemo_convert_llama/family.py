@@ -26,4 +26,4 @@ LLAMA = gpt_family(
     nemo2_targets=("nemo.collections.llm.gpt.model.llama.LlamaModel",),
     trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS),  # TensorRT-LLM's LLaMAForCausalLM
     description="Llama 2/3/3.1/3.2 (MHA, GQA, tied embeddings, llama3/linear RoPE scaling)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

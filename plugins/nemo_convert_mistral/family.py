@@ -28,4 +28,4 @@ MISTRAL = gpt_family(
     nemo2_targets=("nemo.collections.llm.gpt.model.mistral.MistralModel",),
     trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS),  # MODEL_MAP: MistralForCausalLM → LLaMAForCausalLM
     description="Mistral 7B / NeMo 12B (GQA, sliding window as window_size=[W-1, 0])",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -26,4 +26,4 @@ MIXTRAL = gpt_family(
     nemo2_targets=("nemo.collections.llm.gpt.model.mixtral.MixtralModel",),
     trtllm=gpt_trtllm("MixtralForCausalLM", LLAMA_MOE_FIELDS),  # MODEL_MAP: → LLaMAForCausalLM with `moe`
     description="Mixtral 8x7B / 8x22B (GQA, top-k softmax-routed experts, sliding window)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

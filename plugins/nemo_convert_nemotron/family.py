@@ -98,4 +98,4 @@ NEMOTRON = gpt_family(
     claims=_claims,
     nemo2_targets=("nemo.collections.llm.gpt.model.nemotron.NemotronModel",),
     description="Nemotron-3/4, Minitron (squared-ReLU MLP, zero-centred LayerNorm with bias, partial RoPE, GQA)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

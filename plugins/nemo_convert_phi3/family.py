@@ -22,4 +22,4 @@ PHI3 = gpt_family(
     claims=never,  # NeMo 1 has no Phi-3; NeMo 2 names it (nemo2_targets)
     nemo2_targets=("nemo.collections.llm.gpt.model.phi3mini.Phi3Model",),
     description="Phi-3 mini/medium 4k (fused qkv_proj and gate_up_proj, sliding window)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -46,4 +46,4 @@ QWEN2 = gpt_family(
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
     trtllm=gpt_trtllm("Qwen2ForCausalLM", qwen_fields("qwen2")),  # TensorRT-LLM's QWenForCausalLM
     description="Qwen2 / Qwen2.5 (GQA, q/k/v biases, tied or not)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -30,4 +30,4 @@ QWEN2_MOE = gpt_family(
     claims=lambda cfg: (moe := spec_of(cfg).moe) is not None and moe.shared_gate,  # a gated shared expert
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
     description="Qwen2-MoE / Qwen1.5-MoE (q/k/v biases, routed experts + sigmoid-gated shared expert)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

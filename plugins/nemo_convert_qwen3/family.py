@@ -33,4 +33,4 @@ QWEN3 = gpt_family(
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",),
     trtllm=gpt_trtllm("Qwen3ForCausalLM", qwen_fields("qwen3")),  # TensorRT-LLM's QWenForCausalLM
     description="Qwen3 dense (GQA, q/k RMSNorm, head_dim of its own)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -35,4 +35,4 @@ QWEN3_MOE = gpt_family(
     claims=lambda cfg: spec_of(cfg).attention.qk_norm and spec_of(cfg).moe is not None,
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",),
     description="Qwen3-MoE (q/k RMSNorm, softmax-routed experts, mixed dense/MoE stacks)",
-    megatron_bridge=MEGATRON_BRIDGE,)
+    megatron_bridge=MEGATRON_BRIDGE)
