@@ -937,3 +937,19 @@ def test_chunk_layout_templates_give_the_layouts_of_a_full_read(tmp_path: Any, m
     assert got[-3] is None  # the index's CRC fails: refused, as without templates
     assert got[-2] is not None and got[-2].crc32 == got[2].crc32 ^ 1  # the directory's CRC is the record's
     fmap.close()
+
+
+def test_objects_written_in_batches_are_the_same_bytes_and_load(tmp_path: Any, monkeypatch: Any) -> None:
+    """The BYTE_IO objects are gathered with their padding and written in batches: a
+    batch size smaller than one object gives the same files, which torch's reader loads."""
+    from nemo_convert.formats.dist_checkpoint import distckpt_write
+
+    tensors = gpt_tensors()
+    write_gpt(DirectorySink(str(tmp_path / "big")), tensors)
+    monkeypatch.setattr(distckpt_write, "_OBJECTS_BATCH", 7)
+    write_gpt(DirectorySink(str(tmp_path / "small")), tensors)
+    for name in (".metadata", "__0_0.distcp"):
+        assert (tmp_path / "big" / "model_weights" / name).read_bytes() == \
+            (tmp_path / "small" / "model_weights" / name).read_bytes()
+    sd = torch_load(str(tmp_path / "small" / "model_weights"), tensors, extra_state_keys())
+    assert all(sd[k] == [None] for k in extra_state_keys()) and len(extra_state_keys()) > 1
