@@ -198,8 +198,14 @@ def test_args_table() -> None:
     assert cfg["scale_positional_embedding"] is True and cfg["scale_factor"] == 32.0
     assert args_to_nemo(vars(megatron_lm_args(group_query_attention=False)), "x")["num_query_groups"] == 4
     assert args_to_nemo(vars(megatron_lm_args(bf16=True, params_dtype=torch.bfloat16)), "x")["precision"] == "bf16"
-    with pytest.raises(UnsupportedError, match="moe_router_score_function='sigmoid'"):
-        args_to_nemo(vars(megatron_lm_args(num_experts=8, moe_router_score_function="sigmoid")), "x")
+    # sigmoid routing without MLA (GLM-4.5's) is read; which family runs it is the registry's choice
+    routed = args_to_nemo(vars(megatron_lm_args(num_experts=8, moe_router_score_function="sigmoid",
+                                                moe_router_enable_expert_bias=True, moe_router_num_groups=2,
+                                                moe_router_group_topk=1)), "x")
+    assert (routed["moe_router_score_function"], routed["moe_router_enable_expert_bias"],
+            routed["moe_router_num_groups"], routed["moe_router_group_topk"]) == ("sigmoid", True, 2, 1)
+    with pytest.raises(UnsupportedError, match="moe_router_enable_expert_bias=True"):  # with softmax scores
+        args_to_nemo(vars(megatron_lm_args(num_experts=8, moe_router_enable_expert_bias=True)), "x")
     with pytest.raises(UnsupportedError, match="position_embedding_type='learned_absolute'"):
         args_to_nemo(vars(megatron_lm_args(position_embedding_type="learned_absolute")), "x")
 
@@ -469,6 +475,17 @@ FAMILY_PROVIDERS: dict[str, dict] = {
                 "moe_router_pre_softmax": False, "moe_layer_freq": 1, "expert_tensor_parallel_size": 1,
                 "moe_router_load_balancing_type": "none", "share_embeddings_and_output_weights": False,
                 "normalization": "RMSNorm"},
+    # glm/glm45_bridge.py (067f987d) lines 57-94 over conversion/model_bridge.py 456-498: the GPT provider
+    # with sigmoid routing, expert bias, routed scaling, the MTP layer count and half-rotary RoPE
+    "glm4_moe": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "add_qkv_bias": True,
+                 "add_bias_linear": False, "qk_layernorm": True, "rotary_percent": 0.5, "kv_channels": 32,
+                 "activation_func": SILU, "num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 48,
+                 "moe_layer_freq": [0, 1, 1, 1], "moe_shared_expert_intermediate_size": 48,
+                 "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                 "moe_router_topk_scaling_factor": 2.5, "moe_router_num_groups": 1, "moe_router_group_topk": 1,
+                 "moe_router_pre_softmax": False, "moe_router_dtype": "fp32", "moe_aux_loss_coeff": 0.001,
+                 "moe_router_load_balancing_type": "seq_aux_loss", "mtp_num_layers": 1,
+                 "share_embeddings_and_output_weights": False},
 }
 #: The tiny models as each provider's bridge takes them (Megatron-Bridge's Nemotron has no biases).
 PROVIDER_MODEL_OVERRIDES: dict = {"nemotron": dict(attention_bias=False, mlp_bias=False)}
@@ -658,7 +675,6 @@ def test_megatron_lm_dense_family_directories(family_models, tmp_path, family, o
 @pytest.mark.parametrize("family, words", [
     ("mixtral", "Megatron-Bridge has no Mixtral bridge"),
     ("qwen2_moe", "Megatron-Bridge has no Qwen2-MoE bridge"),
-    ("glm4_moe", "GLM45Bridge's GPTModelProvider"),
 ])
 def test_moe_families_without_a_confirmed_provider_are_refused_by_name(tmp_path, family, words) -> None:
     from test_family_matrix import make_model

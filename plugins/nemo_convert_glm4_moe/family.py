@@ -39,8 +39,9 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.errors import UnsupportedError
-from nemo_convert.families import (GPT_CONFIG, MOE_NEMO_CONSTANTS, Derived, Field, GPTFeatures, MoEBlock,
-                                   dense_first_experts, gpt_family, linear_bias_pattern, partial_rope)
+from nemo_convert.families import (AUTOCAST_BF16, DENSE, GPT_CONFIG, GPT_PROVIDER, MOE_NEMO_CONSTANTS, NO_LINEAR_BIAS,
+                                   SILU, Derived, Field, GPTFeatures, MoEBlock, ProviderFamily, dense_first_experts,
+                                   gpt_family, linear_bias_pattern, partial_rope)
 from nemo_convert.spec import rope_of, spec_of
 
 
@@ -75,15 +76,24 @@ GLM4_MOE_CONFIG = GPT_CONFIG.extend(
                     # hidden state is cast: modeling_glm4_moe.py lines 284, 460)
                     "moe_router_dtype": "fp32"})
 
-#: ``--to megatron-bridge``: refused by name. Megatron-Bridge's ``GLM45Bridge`` builds a
-#: ``GPTModelProvider`` with sigmoid routing, the expert bias, the routed scaling factor and
-#: ``mtp_num_layers`` (``src/megatron/bridge/models/glm/glm45_bridge.py`` at 067f987d, lines
-#: 57-94; ``add_qkv_bias``, ``qk_layernorm``, ``rotary_percent`` from ``conversion/model_bridge.py``
-#: lines 456-498); the provider table expresses that routing and MTP only with multi-latent
-#: attention (``ProviderFamily.mla``), so a GLM-4.5 provider would lose them.
-MEGATRON_BRIDGE = ("GLM45Bridge's GPTModelProvider (sigmoid routing with expert bias, routed scaling, MTP: "
-                   "glm/glm45_bridge.py lines 57-94) is not expressed by the provider table yet (it writes that "
-                   "routing and MTP only with multi-latent attention)")
+#: ``--to megatron-bridge``: Megatron-Bridge's ``GLM45Bridge`` (``src/megatron/bridge/models/glm/glm45_bridge.py``
+#: at 067f987d, lines 57-94) builds a ``GPTModelProvider`` with RMSNorm, a gated linear unit, no
+#: linear biases, untied embeddings, sigmoid routing with the expert bias (``routing``: with the
+#: routed scaling factor and groups from the spec), ``mtp_num_layers`` (``mtp``) and the training
+#: knobs below; ``add_qkv_bias``, ``qk_layernorm`` and ``rotary_percent`` come from the base
+#: bridge's table (``conversion/model_bridge.py`` lines 456-498).
+MEGATRON_BRIDGE = ProviderFamily(
+    GPT_PROVIDER, DENSE + NO_LINEAR_BIAS + (
+        ("activation_func", SILU), ("share_embeddings_and_output_weights", False),
+        ("moe_router_score_function", "sigmoid"), ("moe_router_enable_expert_bias", True),
+        ("moe_router_pre_softmax", False), ("moe_shared_expert_gate", False)),
+    extra=AUTOCAST_BF16 + (
+        ("moe_shared_expert_overlap", True), ("moe_token_dispatcher_type", "alltoall"),
+        ("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_grouped_gemm", True), ("moe_permute_fusion", True),
+        ("moe_router_dtype", "fp32"), ("moe_router_bias_update_rate", 0), ("moe_aux_loss_coeff", 0.001),
+        ("persist_layer_norm", True), ("bias_activation_fusion", True), ("bias_dropout_fusion", True),
+        ("hidden_dropout", 0.0), ("mtp_loss_scaling_factor", 0.3)),
+    moe=True, shared_experts=True, routing=True, mtp=True)
 
 
 def _claims(cfg: dict[str, Any]) -> bool:

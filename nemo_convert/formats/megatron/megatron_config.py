@@ -302,9 +302,9 @@ def _inexpressible(s: ModelSpec, pf: ProviderFamily) -> dict[str, Any]:
             ("activation_func_clamp_value", mlp.clamp, None),
             ("window_attn_skip_freq", None if a.window_pattern is None else [int(x) for x in a.window_pattern], None),
         ) if v != neutral})
-    if s.mtp_layers and not pf.mla:
+    if s.mtp_layers and not (pf.mla or pf.mtp):
         bad["mtp_num_layers"] = s.mtp_layers
-    if moe is not None and pf.moe and not pf.mla:
+    if moe is not None and pf.moe and not (pf.mla or pf.routing):
         bad.update({k: v for k, v, neutral in (
             ("moe_router_score_function", moe.score_function, "softmax"),
             ("moe_router_enable_expert_bias", moe.expert_bias, False),
@@ -379,6 +379,11 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, providers: ProviderTab
         model["expert_model_parallel_size"] = int(ep)
     if pf.mla:
         model.update(_mla_provider(s, cfg, family))
+    else:
+        if pf.routing:
+            model.update(_routing_provider(s, cfg))
+        if pf.mtp:
+            model["mtp_num_layers"] = s.mtp_layers or None  # the bridges' num_nextn_predict_layers or None
     if pf.gpt_oss:
         model.update(gpt_oss_provider(s, cfg))
     if isinstance(rope.scaling, YarnScaling) and s.attention.mla is None:
@@ -440,15 +445,20 @@ def _mla_provider(s: ModelSpec, cfg: dict[str, Any], family: str) -> dict[str, A
     else:
         out.update(MLA_BRIDGE_PLAIN)
     out.update({"kv_channels": dims["qk_pos_emb_head_dim"], "multi_latent_attention": True,
-                "moe_router_score_function": moe.score_function,
-                "moe_router_enable_expert_bias": moe.expert_bias,
-                "moe_router_topk_scaling_factor": moe.topk_scaling,
-                "moe_router_num_groups": moe.groups,
-                "moe_router_group_topk": moe.group_topk or 1,
+                **_routing_provider(s, cfg),
                 "moe_aux_loss_coeff": float((provenance_of(cfg).hf_config or {}).get("aux_loss_alpha", 0.0001)),
                 # deepseek_v3_bridge.py line 97: the MTP block's layer count (None: none)
                 "mtp_num_layers": s.mtp_layers or None})
     return out
+
+
+def _routing_provider(s: ModelSpec, cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-style routing as Megatron-Core's router fields (:attr:`ProviderFamily.routing`;
+    groups as given, 1 when ungrouped, as DeepSeekV3Bridge and GLM45Bridge write them)."""
+    moe = _moe(s)
+    return {"moe_router_score_function": moe.score_function, "moe_router_enable_expert_bias": moe.expert_bias,
+            "moe_router_topk_scaling_factor": moe.topk_scaling, "moe_router_num_groups": moe.groups,
+            "moe_router_group_topk": moe.group_topk or 1}
 
 
 def _req_float(v: float | None) -> float:
@@ -463,9 +473,10 @@ def _refuse_non_neutral(values: dict[str, Any], where: str) -> None:
     if mla and not (values.get("num_moe_experts") or values.get("num_experts")):
         raise UnsupportedError(f"{where}: multi_latent_attention=True changes the model's math and is not "
                                "supported without experts (no family here runs dense multi-latent attention)")
+    routed = _sigmoid_routed(values)
     for k, neutral in {**NEUTRAL, **MOE_NEUTRAL}.items():
         v = values.get(k)
-        if k in _EXPERT_COUNTS or (mla and k in DEEPSEEK_ROUTING) or (is_gpt_oss(values) and k in GPT_OSS_FIELDS):
+        if k in _EXPERT_COUNTS or ((mla or routed) and k in DEEPSEEK_ROUTING) or (is_gpt_oss(values) and k in GPT_OSS_FIELDS):
             continue  # read by _moe_nemo / _mla_nemo / gpt_oss_nemo
         if v is not None and v != neutral:
             raise UnsupportedError(f"{where}: {k}={v!r} changes the model's math and is not supported")
@@ -496,6 +507,29 @@ def _moe_nemo(cfg: dict[str, Any], values: dict[str, Any], side: str, where: str
                 "moe_router_load_balancing_type": str(balance or "aux_loss"),
                 "moe_token_dispatcher_type": str(values.get("moe_token_dispatcher_type") or "allgather"),
                 "moe_grouped_gemm": bool(values.get("moe_grouped_gemm", False))})
+    if _sigmoid_routed(values):
+        cfg.update(_routing_nemo(values))
+        if values.get("mtp_num_layers"):
+            cfg["mtp_num_layers"] = int(values["mtp_num_layers"])
+
+
+def _sigmoid_routed(values: dict[str, Any]) -> bool:
+    """Experts routed by sigmoid scores without multi-latent attention (GLM45Bridge's
+    ``GPTModelProvider``): its router fields and MTP are read (:func:`_routing_nemo`)."""
+    return (not values.get("multi_latent_attention") and values.get("moe_router_score_function") == "sigmoid"
+            and bool(values.get("num_moe_experts") or values.get("num_experts")))
+
+
+def _routing_nemo(values: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-style routing's NeMo fields from Megatron-Core's router fields (groups of 1
+    mean ungrouped; an absent scaling factor is 1)."""
+    groups = int(values.get("moe_router_num_groups") or 1)
+    factor_k = values.get("moe_router_topk_scaling_factor")
+    return {"moe_router_score_function": "sigmoid",
+            "moe_router_enable_expert_bias": bool(values.get("moe_router_enable_expert_bias", False)),
+            "moe_router_topk_scaling_factor": float(factor_k) if factor_k is not None else 1.0,
+            "moe_router_num_groups": groups if groups > 1 else None,
+            "moe_router_group_topk": int(values["moe_router_group_topk"]) if groups > 1 else None}
 
 
 def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:

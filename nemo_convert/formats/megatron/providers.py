@@ -72,6 +72,12 @@ class ProviderFamily:
     :param moe, mla, gpt_oss, shared_experts: what the provider expresses: experts,
         multi-latent attention with DeepSeek's routing and MTP, GPT-OSS's sinks / window
         pattern / clamped GLU (:mod:`.provider_gpt_oss`), shared experts.
+    :param routing: without multi-latent attention, the router fields of DeepSeek-style
+        routing (``moe_router_score_function``, ``moe_router_enable_expert_bias``,
+        ``moe_router_topk_scaling_factor``, ``moe_router_num_groups`` /
+        ``moe_router_group_topk``), written from the spec.
+    :param mtp: without multi-latent attention, ``mtp_num_layers`` (the multi-token
+        prediction block).
     """
 
     target: str
@@ -86,6 +92,8 @@ class ProviderFamily:
     mla: bool = False
     gpt_oss: bool = False
     shared_experts: bool = False
+    routing: bool = False
+    mtp: bool = False
 
 
 #: A family's declaration: its provider, a refusal's reason, or nothing (not confirmed).
