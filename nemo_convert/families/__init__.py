@@ -14,9 +14,10 @@ from nemo_convert.families.gpt_config import (DTYPE, EXPERTS_FFN, GELU_ERF, GELU
                                               HF_MTP, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, MTP_LAYERS,
                                               NORM_TOPK_PROB, activation, activation_choice, linear_biases, moe_layers,
                                               no_per_layer_windows, num_experts, partial_rope, rope, sliding_window)
+from nemo_convert.families.mla_config import MLA_ROWS
 
 __all__ = ["DTYPE", "EXPERTS_FFN", "GELU_ERF", "GELU_TANH", "GPT_CONFIG", "GPT_NEMO_CONSTANTS", "HARMLESS_KEYS",
-           "HF_MTP", "MOE_HARMLESS", "MOE_NEMO_CONSTANTS", "MOE_ROWS", "MTP_LAYERS", "NEMO_GPT_TARGET",
+           "HF_MTP", "MLA_ROWS", "MOE_HARMLESS", "MOE_NEMO_CONSTANTS", "MOE_ROWS", "MTP_LAYERS", "NEMO_GPT_TARGET",
            "NORM_TOPK_PROB", "REQUIRED", "Check", "ConfigTable", "Derived", "Field", "GPTFeatures", "MoEBlock",
            "NemoCheck", "activation", "activation_choice", "attention_rules", "dense_mlp_rules", "gpt_family",
            "gpt_mapping", "linear_bias_pattern", "linear_biases", "mla_attention_rules", "mlp_activation",
