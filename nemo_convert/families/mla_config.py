@@ -16,6 +16,12 @@ Megatron-Core 0.16.1 ``transformer/transformer_config.py`` ``MLATransformerConfi
 ``qk_head_dim`` (the no-position part), ``qk_pos_emb_head_dim``, ``v_head_dim``; NeMo keeps
 ``kv_channels`` = ``v_head_dim`` beside them. MLA has one key and value per head: a
 ``num_key_value_heads`` other than the heads is refused by name.
+
+An absent key means the config class's default, the same in ``DeepseekV2Config``
+(``configuration_deepseek_v2.py`` lines 105–117) and ``DeepseekV3Config``
+(``configuration_deepseek_v3.py`` lines 92–96): ``q_lora_rank`` 1536 (only an explicit null
+means no query LoRA), ``kv_lora_rank`` 512, ``qk_nope_head_dim`` 128, ``qk_rope_head_dim`` 64,
+``v_head_dim`` 128.
 """
 
 from __future__ import annotations
@@ -29,11 +35,18 @@ from nemo_convert.spec import spec_of
 #: HF MLA key → Megatron-Core MLA field (the four sizes; ``q_lora_rank`` may be null).
 MLA_SIZES = {"kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_head_dim",
              "qk_rope_head_dim": "qk_pos_emb_head_dim", "v_head_dim": "v_head_dim"}
+#: What an absent key means (module docstring).
+MLA_DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128}
+
+
+def _size(hf: dict[str, Any], key: str) -> Any:
+    return hf[key] if key in hf else MLA_DEFAULTS[key]
 
 
 def _sizes_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {nemo: int(hf[key]) for key, nemo in MLA_SIZES.items()}
-    q = hf.get("q_lora_rank")
+    out: dict[str, Any] = {nemo: int(_size(hf, key)) for key, nemo in MLA_SIZES.items()}
+    q = _size(hf, "q_lora_rank")
     out["q_lora_rank"] = int(q) if q else None
     out["kv_channels"] = out["v_head_dim"]
     return out
@@ -51,8 +64,8 @@ def _sizes_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _derived_sizes(hf: dict[str, Any]) -> str | None:
     """``head_dim`` / ``qk_head_dim`` as transformers derives them, and one key/value per head."""
-    pos = int(hf["qk_rope_head_dim"])
-    whole = int(hf["qk_nope_head_dim"]) + pos
+    pos = int(_size(hf, "qk_rope_head_dim"))
+    whole = int(_size(hf, "qk_nope_head_dim")) + pos
     for key, want in (("head_dim", pos), ("qk_head_dim", whole)):
         if hf.get(key) is not None and int(hf[key]) != want:
             return f"{key}={hf[key]} (multi-latent attention derives {want} from qk_nope_head_dim and qk_rope_head_dim)"

@@ -39,13 +39,24 @@ from nemo_convert.families import (GPT_CONFIG, MLA_ROWS, MOE_NEMO_CONSTANTS, Che
 from nemo_convert.spec import spec_of
 
 
+#: What an absent key means: ``DeepseekV2Config``'s defaults (transformers 5.24
+#: ``configuration_deepseek_v2.py`` lines 104–119).
+DEFAULTS = {"n_routed_experts": 64, "moe_intermediate_size": 1407, "n_shared_experts": 2, "first_k_dense_replace": 0,
+            "topk_method": "greedy"}
+
+
+def _get(hf: dict[str, Any], key: str) -> Any:
+    return hf[key] if key in hf else DEFAULTS[key]
+
+
 def _experts_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
-    layers, dense = int(hf["num_hidden_layers"]), int(hf.get("first_k_dense_replace") or 0)
-    if int(hf["n_routed_experts"]) < 1:
-        raise UnsupportedError(f"n_routed_experts={hf['n_routed_experts']} (DeepSeek-V2 routes experts)")
-    ffn, shared = int(hf["moe_intermediate_size"]), int(hf.get("n_shared_experts") or 0)
+    layers, dense = int(hf["num_hidden_layers"]), int(_get(hf, "first_k_dense_replace") or 0)
+    experts = int(_get(hf, "n_routed_experts"))
+    if experts < 1:
+        raise UnsupportedError(f"n_routed_experts={experts} (DeepSeek-V2 routes experts)")
+    ffn, shared = int(_get(hf, "moe_intermediate_size")), int(_get(hf, "n_shared_experts") or 0)
     pattern = [int(i >= dense) for i in range(layers)]
-    return {"num_moe_experts": int(hf["n_routed_experts"]), "moe_ffn_hidden_size": ffn,
+    return {"num_moe_experts": experts, "moe_ffn_hidden_size": ffn,
             "moe_shared_expert_intermediate_size": ffn * shared or None,
             "moe_layer_freq": 1 if all(pattern) else pattern}
 
@@ -66,14 +77,14 @@ def _experts_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _routing_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
-    method = hf.get("topk_method") or "greedy"
+    method = _get(hf, "topk_method")
     if method == "greedy":  # transformers reads no group key then
         return {"moe_router_num_groups": None, "moe_router_group_topk": None}
     if method != "group_limited_greedy":
         raise UnsupportedError(f"topk_method={method!r} (DeepseekV2ForCausalLM routes 'greedy' or "
                                "'group_limited_greedy')")
     groups, keep = int(hf.get("n_group") or 0), int(hf.get("topk_group") or 0)
-    experts, topk = int(hf["n_routed_experts"]), int(hf["num_experts_per_tok"])
+    experts, topk = int(_get(hf, "n_routed_experts")), int(hf["num_experts_per_tok"])
     if groups < 1 or keep < 1 or experts % groups or keep > groups:
         raise UnsupportedError(f"topk_method='group_limited_greedy' with n_group={hf.get('n_group')}, "
                                f"topk_group={hf.get('topk_group')} for {experts} experts")
