@@ -1,6 +1,6 @@
 """DeepSeek-V2 in Megatron-Core 0.16.1: the dist ``.nemo`` of a tiny random
 ``DeepseekV2ForCausalLM`` (the family matrix's row: MLA without the query LoRA, or with it,
-group-limited softmax routing with ``routed_scaling_factor`` 1.5 and no renormalisation, two
+group-limited softmax routing (top-3 of 8 experts from 2 of 4 groups) with ``routed_scaling_factor`` 1.5 and no renormalisation, two
 shared experts, a dense first layer, YaRN with ``mscale = mscale_all_dim = 0.707`` and an
 original context of 8 positions, shorter than the 12 test ids) is loaded into Megatron-Core's
 own ``GPTModel`` with the MLA / MoE local spec, on the CPU under gloo, by
@@ -58,3 +58,51 @@ def test_the_check_sees_a_wrong_routing_or_rope_field(tmp_path: Any, edit: dict[
     delta = _parts(_run(tmp_path, "deepseek_v2", edit, **Q_LORA))
     print(f"deepseek_v2, {what}: max|dlogit| = {delta:.3g}")
     assert delta > 1e-3, delta
+
+
+@pytest.mark.parametrize("experts, groups, keep, topk, same", [
+    (8, 4, 2, 2, True),      # the family matrix's row: accepted
+    (16, 8, 4, 4, True),     # 4 // 4 = 1: accepted
+    (160, 8, 3, 6, False),   # DeepSeek-V2 / V2.5 (6 of 160 from 3 of 8 groups): refused
+    (16, 4, 2, 4, False),    # 4 // 2 = 2: refused
+])
+def test_group_limited_routing_agrees_exactly_where_accepted(experts: int, groups: int, keep: int, topk: int,
+                                                             same: bool) -> None:
+    """transformers 5.24's ``DeepseekV2TopkRouter`` (``group_limited_greedy``) and
+    Megatron-Core 0.16.1's ``topk_routing_with_score_function`` (softmax before top-k, the
+    groups, the scaling factor) on the same router logits: the same experts and weights
+    exactly when ``topk // topk_group`` is 1 — where the family accepts the config — and other
+    experts for DeepSeek-V2 / V2.5's routing, which it refuses."""
+    import torch
+    from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
+    from nemo_convert_deepseek_v2.family import _routing_to_nemo
+    from transformers import DeepseekV2Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import (
+        DeepseekV2TopkRouter,
+    )
+
+    from nemo_convert.errors import UnsupportedError
+
+    cfg = DeepseekV2Config(hidden_size=32, num_attention_heads=4, n_routed_experts=experts, num_experts_per_tok=topk,
+                           topk_method="group_limited_greedy", n_group=groups, topk_group=keep,
+                           routed_scaling_factor=1.5)
+    router = DeepseekV2TopkRouter(cfg)
+    g = torch.Generator().manual_seed(experts + topk)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+    x = torch.randn(256, 32, generator=g)
+    with torch.no_grad():
+        logits, hf_w, hf_i = router(x)
+        probs, routing_map = topk_routing_with_score_function(logits, topk, use_pre_softmax=True, num_groups=groups,
+                                                              group_topk=keep, scaling_factor=1.5)
+    hf = torch.zeros_like(probs).scatter(1, hf_i, hf_w)
+    assert torch.equal(hf.ne(0), routing_map) == same
+    if same:
+        assert torch.equal(hf, probs)
+    hf_config = {"num_hidden_layers": 2, "n_routed_experts": experts, "num_experts_per_tok": topk,
+                 "topk_method": "group_limited_greedy", "n_group": groups, "topk_group": keep}
+    if same:
+        assert _routing_to_nemo(hf_config) == {"moe_router_num_groups": groups, "moe_router_group_topk": keep}
+    else:
+        with pytest.raises(UnsupportedError, match="transformers scores a group by its largest expert score"):
+            _routing_to_nemo(hf_config)

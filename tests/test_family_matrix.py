@@ -58,11 +58,12 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
                    "decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
                    "decoder.layers.0.self_attention.linear_qkv.bias")),
     # V2-Lite's shape (no query LoRA) with group-limited routing where Megatron-Core agrees
-    # (top-2 of 8 experts from 2 of 4 groups) and YaRN exercised (original 8 < the 12 ids)
+    # (top-3 of 8 experts from 2 of 4 groups: greedy would often pick from a third) and YaRN
+    # exercised (original 8 < the 12 ids)
     "deepseek_v2": ("DeepseekV2Config", dict(num_hidden_layers=4, num_key_value_heads=4, moe_intermediate_size=48,
                                              q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16,
                                              qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
-                                             num_experts_per_tok=2, n_shared_experts=2, first_k_dense_replace=1,
+                                             num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1,
                                              topk_method="group_limited_greedy", n_group=4, topk_group=2,
                                              routed_scaling_factor=1.5, rope_parameters={
                                                  "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
