@@ -18,8 +18,12 @@ import yaml
 
 from nemo_convert import api
 from nemo_convert.errors import InputError, UnsafePickleError, UnsupportedError
-from nemo_convert.formats.megatron.megatron_config import args_to_nemo, nemo_to_provider, provider_family
+from nemo_convert.formats.megatron.megatron_config import args_to_nemo, nemo_to_provider
+from nemo_convert.plugins.manager import get_registry
 from tiny_models import edit_config, hf_tensors, read_json
+
+#: The installed families' Megatron-Bridge providers (what the CLI and the API use).
+PROVIDERS = get_registry().providers()
 
 
 def logical(path: str, **kw) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
@@ -169,12 +173,13 @@ def test_nemo_tp2_pp2_to_megatron_bridge_one_command(tiny_llama, tmp_path, cli, 
 
 def test_refusals_are_by_name(tiny_llama, tmp_path) -> None:
     with pytest.raises(UnsupportedError, match="'phi3' cannot be written .* no Phi-3 bridge"):
-        provider_family("phi3")
+        PROVIDERS.of("phi3")
     with pytest.raises(UnsupportedError, match="'clip' has no confirmed Megatron-Bridge model provider"):
-        provider_family("clip")
+        PROVIDERS.of("clip")
     with pytest.raises(UnsupportedError, match="multi_latent_attention"):
         nemo_to_provider({"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2,
-                          "multi_latent_attention": True}, "llama", vocab_size=8, params_dtype=torch.float32)
+                          "multi_latent_attention": True}, "llama", providers=PROVIDERS, vocab_size=8,
+                         params_dtype=torch.float32)
     src = tiny_llama()
     with pytest.raises(UnsupportedError, match="does not divide the vocabulary"):
         api.import_hf(src, str(tmp_path / "mb"), to="megatron-bridge", parallel=api.Parallelism(3, 1))
@@ -560,7 +565,7 @@ def test_family_refusals_by_name(family_models, tmp_path) -> None:
             api.inspect_checkpoint(out)
     with pytest.raises(UnsupportedError, match="apply_embedding_scaling=True does not match"):
         nemo_to_provider({"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2, "apply_embedding_scaling": True},
-                         "llama", vocab_size=8, params_dtype=torch.float32)
+                         "llama", providers=PROVIDERS, vocab_size=8, params_dtype=torch.float32)
 
 
 def test_args_table_dense_families() -> None:
@@ -792,15 +797,15 @@ def test_moe_refusals_when_writing(family_models, tmp_path) -> None:
     base = {"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2, "ffn_hidden_size": 16, "qk_layernorm": True,
             "bias": False, "num_moe_experts": 4, "moe_router_topk": 2, "activation": "fast-swiglu",
             "normalization": "rmsnorm", "position_embedding_type": "rope"}  # what Qwen3-MoE's table writes
-    assert nemo_to_provider(base, "qwen3_moe", vocab_size=8, params_dtype=torch.float32)["num_moe_experts"] == 4
+    assert nemo_to_provider(base, "qwen3_moe", providers=PROVIDERS, vocab_size=8, params_dtype=torch.float32)["num_moe_experts"] == 4
     for over, words in ((dict(moe_shared_expert_intermediate_size=8), "moe_shared_expert_intermediate_size=8"),
                         (dict(moe_router_score_function="sigmoid"), "moe_router_score_function='sigmoid'"),
                         (dict(moe_router_enable_expert_bias=True), "moe_router_enable_expert_bias=True"),
                         (dict(num_moe_experts=None), "no num_moe_experts")):
         with pytest.raises(UnsupportedError, match=words):
-            nemo_to_provider({**base, **over}, "qwen3_moe", vocab_size=8, params_dtype=torch.float32)
+            nemo_to_provider({**base, **over}, "qwen3_moe", providers=PROVIDERS, vocab_size=8, params_dtype=torch.float32)
     with pytest.raises(UnsupportedError, match="num_moe_experts=4"):
-        nemo_to_provider(base, "qwen3", vocab_size=8, params_dtype=torch.float32)
+        nemo_to_provider(base, "qwen3", providers=PROVIDERS, vocab_size=8, params_dtype=torch.float32)
 
 
 def test_mla_provider_reading_refuses_what_deepseek_v3_does_not_run(family_models, tmp_path) -> None:
@@ -836,12 +841,14 @@ def test_megatron_lm_moe_directories_without_a_bridge(tmp_path, monkeypatch, fam
     """Mixtral and Qwen2-MoE have no Megatron-Bridge provider, but Megatron-LM trains them:
     a torch_dist save with their MoE arguments (the weights laid out here through a
     test-only provider entry) exports as that family, tensors and logits equal."""
-    from nemo_convert.formats.megatron import megatron_config as mc
+    from nemo_convert.formats.megatron.providers import GPT_PROVIDER, ProviderFamily, ProviderTable
+    from nemo_convert.plugins.manager import Registry
     from test_family_matrix import logits, make_model
 
-    monkeypatch.setitem(mc.PROVIDER_FAMILIES, family, mc.ProviderFamily(mc.GPT_PROVIDER, moe=True,
-                                                                        shared_experts=True))  # Qwen2-MoE's
-    monkeypatch.delitem(mc.NO_PROVIDER, family)
+    declared = Registry.providers
+    test_only = ProviderFamily(GPT_PROVIDER, moe=True, shared_experts=True)  # Qwen2-MoE's shared experts
+    monkeypatch.setattr(Registry, "providers",
+                        lambda self: ProviderTable({**declared(self).families, family: test_only}))
     src = make_model(str(tmp_path / "hf"), family)
     mb = str(tmp_path / "mb")
     api.import_hf(src, mb, to="megatron-bridge")

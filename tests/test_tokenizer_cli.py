@@ -52,7 +52,7 @@ def _members(path: str) -> dict[str, bytes]:
 
 
 def _config(path: str) -> dict[str, Any]:
-    ck = open_nemo(path, strategies=get_registry().strategies())
+    ck = open_nemo(path, strategies=get_registry().strategies(), providers=get_registry().providers())
     try:
         return ck.config
     finally:

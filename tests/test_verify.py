@@ -91,7 +91,7 @@ def test_streams_one_task_at_a_time(llama: dict[str, str]) -> None:
     from nemo_convert.plugins.manager import get_registry
 
     reg = get_registry()
-    ck = open_nemo(llama["dist"], strategies=reg.strategies(), kinds_for=kinds_for(reg))
+    ck = open_nemo(llama["dist"], strategies=reg.strategies(), providers=reg.providers(), kinds_for=kinds_for(reg))
     try:
         fam = reg.family_for_nemo_config(ck.config)
         view = HFView(ck.source, plan_conversion(fam.mapping(ck.config), ck.config, ck.source, "to_hf"))

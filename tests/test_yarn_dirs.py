@@ -17,6 +17,7 @@ from test_yarn import IDS, V5
 from tiny_models import hf_tensors, read_json
 
 from nemo_convert import api
+from nemo_convert.plugins.manager import get_registry
 
 #: DeepSeek-V3's YaRN as the tiny model has it (tests/test_yarn.py): the provider's fields.
 PROVIDER_YARN = {"rope_type": "yarn", "rotary_scaling_factor": 4.0, "original_max_position_embeddings": 16,
@@ -196,7 +197,7 @@ def test_nemo2_deepseek_classes(tmp_path: Any) -> None:
     from nemo_convert.formats.nemo2.nemo2 import nemo2_to_nemo1_config
 
     v3 = nemo2_to_nemo1_config({"_target_": "nemo.collections.llm.gpt.model.deepseek.DeepSeekModel", "config": {
-        "_target_": "nemo.collections.llm.gpt.model.deepseek.DeepSeekV3Config"}})
+        "_target_": "nemo.collections.llm.gpt.model.deepseek.DeepSeekV3Config"}}, get_registry().providers())
     assert {k: v3[k] for k in PROVIDER_YARN} == {
         "rope_type": "yarn", "rotary_scaling_factor": 40.0, "original_max_position_embeddings": 4096,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
@@ -204,7 +205,8 @@ def test_nemo2_deepseek_classes(tmp_path: Any) -> None:
             v3["moe_layer_freq"][:4], v3["precision"]) == (61, 256, "sigmoid", 128, [0, 0, 0, 1], "bf16")
     with pytest.raises(UnsupportedError, match="NeMo 2 config class nemo.collections.llm.gpt.model.deepseek."
                                                "DeepSeekV2Config is not supported"):
-        nemo2_to_nemo1_config({"config": {"_target_": "nemo.collections.llm.gpt.model.deepseek.DeepSeekV2Config"}})
+        nemo2_to_nemo1_config({"config": {"_target_": "nemo.collections.llm.gpt.model.deepseek.DeepSeekV2Config"}},
+                              get_registry().providers())
 
 
 # -- GPT-OSS: GPTModelProvider with GPTModel's YaRN -----------------------------------------
@@ -314,4 +316,5 @@ def test_nemo2_gpt_oss_is_refused_by_name() -> None:
     with pytest.raises(UnsupportedError, match="NeMo 2's GPTOSSConfig20B is not read: its YaRN is "
                                                "rotary_scaling_factor"):
         nemo2_to_nemo1_config({"_target_": "nemo.collections.llm.gpt.model.gpt_oss.GPTOSSModel", "config": {
-            "_target_": "nemo.collections.llm.gpt.model.gpt_oss.GPTOSSConfig20B", "num_layers": 24}})
+            "_target_": "nemo.collections.llm.gpt.model.gpt_oss.GPTOSSConfig20B", "num_layers": 24}},
+            get_registry().providers())

@@ -61,7 +61,7 @@ def open_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = False,
         q = open_qnemo(path)
         return Checkpoint(path, "qnemo", q.config, q.source, None, q)
     reg = registry if registry is not None else get_registry()
-    nemo = open_model_checkpoint(path, strategies=reg.strategies(), trust_pickle=trust_pickle,
+    nemo = open_model_checkpoint(path, strategies=reg.strategies(), providers=reg.providers(), trust_pickle=trust_pickle,
                                  kinds_for=kinds_for(reg), iteration=iteration)
     return Checkpoint(path, getattr(nemo, "kind", "nemo"), nemo.config, nemo.source, nemo.layout, nemo)
 

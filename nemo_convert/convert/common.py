@@ -89,5 +89,6 @@ def open_nemo_source(src: str, registry: Registry, *, family: str | None, comput
     require_kind(src, ("nemo", "nemo2", "megatron"), "a .nemo")
     strategies = registry.strategies()
     return open_model_checkpoint(src, trust_pickle=trust_pickle, kinds_for=kinds_for(registry, family),
+                                 providers=registry.providers(),
                                  strategies=strategies.with_tensor(compute.tensor_parallel(strategies.tensor)),
                                  iteration=iteration)

@@ -280,7 +280,7 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
             stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
                                           par=Parallelism(tp, pp, stage_layers), overwrite=overwrite,
                                           progress=progress, tokenizer=_tokenizer_files(data_of),
-                                          strategies=reg.strategies(), notes=notes)
+                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes)
             layout = TARGET
         else:
             stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,

@@ -236,7 +236,7 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
             stats = write_megatron_bridge(out, cfg, plan, ckpt.source, family=fam.name, kinds=kinds,
                                           par=parallel or Parallelism(), overwrite=overwrite, progress=progress,
                                           tokenizer={n: _read(p) for n, p in ckpt.extra_files.items()},
-                                          strategies=reg.strategies(), notes=notes)
+                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes)
             layout = TARGET
         else:
             warnings += restore_warnings(cfg)

@@ -96,7 +96,7 @@ def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int
             stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
                                           par=Parallelism(tp, pp, stage_layers, ep), overwrite=overwrite,
                                           progress=progress, tokenizer=tokenizer_files(ckpt),
-                                          strategies=reg.strategies(), notes=notes)
+                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes)
             layout = TARGET
         else:
             artifacts = carried_artifacts(ckpt, cfg)

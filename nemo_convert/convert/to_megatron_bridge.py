@@ -29,7 +29,8 @@ from nemo_convert.convert.nemo_write import Parallelism, Strategies, check_geome
 from nemo_convert.engine import NoProgress, Progress, RunStats, run_plan
 from nemo_convert.errors import UnsupportedError
 from nemo_convert.formats.dist_checkpoint.distckpt_write import write_dist_metadata
-from nemo_convert.formats.megatron.megatron_config import nemo_to_provider, provider_family
+from nemo_convert.formats.megatron.megatron_config import nemo_to_provider
+from nemo_convert.formats.megatron.providers import ProviderTable
 from nemo_convert.formats.megatron.megatron_dir import (
     LATEST_TRAIN_STATE,
     OURS,
@@ -95,14 +96,16 @@ def tokenizer_section(files: dict[str, bytes], out: str, notes: list[str]) -> di
 def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, *, family: str,
                           kinds: dict[str, Parallel], par: Parallelism = Parallelism(), overwrite: bool = False,
                           progress: Progress | None = None, tokenizer: dict[str, bytes] | None = None,
-                          strategies: Strategies, notes: list[str] | None = None) -> RunStats:
-    """Stage and write a complete Megatron-Bridge checkpoint directory at ``out``.
+                          strategies: Strategies, providers: ProviderTable,
+                          notes: list[str] | None = None) -> RunStats:
+    """Stage and write a complete Megatron-Bridge checkpoint directory at ``out``, with
+    ``family``'s provider as it declares it (``providers``: the registry's).
 
     Everything that can fail is checked first (the family's provider, the config fields,
     TP × PP against the geometry); the weights are then streamed one task at a time.
     """
     notes = notes if notes is not None else []
-    provider_family(family)
+    providers.of(family)
     if par.stage_layers is not None:
         raise UnsupportedError("--stage-layers is not recorded in a Megatron-Bridge run_config.yaml; use an even "
                                "pipeline split")
@@ -116,7 +119,7 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
         raise UnsupportedError(f"tensor-parallel size {par.tp} does not divide the vocabulary ({vocab}); "
                                "Megatron-Bridge does not pad it (should_pad_vocab: false)")
     check_geometry(cfg, plan, kinds, par, vocab, strategies)
-    model = nemo_to_provider(cfg, family, vocab_size=vocab, params_dtype=params_dtype_of(cfg, plan),
+    model = nemo_to_provider(cfg, family, providers=providers, vocab_size=vocab, params_dtype=params_dtype_of(cfg, plan),
                              tp=par.tp, pp=par.pp, ep=par.ep)
     origin, mtp = provenance_of(cfg), spec_of(cfg).mtp_layers
     if origin.mtp_dropped or origin.mtp_absent:

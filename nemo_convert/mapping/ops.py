@@ -66,7 +66,7 @@ class BufferPool:
         return ring[turn]
 
 
-def _expect(t: torch.Tensor, dim0: int, what: str, rest: tuple[int, ...] | None = None) -> None:
+def _expect(t: Lazy, dim0: int, what: str, rest: tuple[int, ...] | None = None) -> None:
     if t.dim() == 0 or t.shape[0] != dim0 or (rest is not None and tuple(t.shape[1:]) != rest):
         want = (dim0,) + (rest if rest is not None else tuple(t.shape[1:]))
         raise ShapeError(f"{what} has shape {list(t.shape)}, but the config implies {list(want)}")

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from nemo_convert.errors import MappingError, ShapeError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import Mapping, Parallel, Rule
+from nemo_convert.mapping.rules.base import Kind
 from nemo_convert.mapping.rules.protocol import (
     Direction,
     LazyFn,
@@ -45,7 +46,7 @@ class Plan:
     def outputs(self) -> list[TensorInfo]:
         return [i for t in self.tasks for i in t.infos]
 
-    def parallel_of(self) -> dict[str, Parallel]:
+    def parallel_of(self) -> dict[str, Kind]:
         return {o: p for t in self.tasks for o, p in zip(t.outputs, t.parallel)}
 
     @property
@@ -138,9 +139,9 @@ def _applying_rules(mapping: Mapping, cfg: dict[str, Any]) -> Iterator[tuple[Rul
                 yield rule, ctx
 
 
-def nemo_parallel_kinds(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Parallel]:
+def nemo_parallel_kinds(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Kind]:
     """The tensor-parallel kind of every NeMo tensor the mapping can produce (no I/O)."""
-    kinds: dict[str, Parallel] = {}
+    kinds: dict[str, Kind] = {}
     for rule, ctx in _applying_rules(mapping, cfg):
         kinds.update(rule.nemo_kinds(ctx))
     return kinds
@@ -155,7 +156,7 @@ def nemo_origins(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Origin]:
     return origins
 
 
-def identity_plan(source: TensorSource, kinds: dict[str, Parallel]) -> Plan:
+def identity_plan(source: TensorSource, kinds: dict[str, Kind]) -> Plan:
     """Every tensor of ``source`` copied unchanged (resharding, layout changes)."""
     tasks = [Task((k,), (k,), same, (kinds.get(k, Parallel.REPLICATED),), (source.info(k),),
                   label="copy", lazy_fn=same) for k in source.keys()]

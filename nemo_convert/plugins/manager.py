@@ -18,6 +18,7 @@ from typing import Any, Iterable, cast
 import pluggy
 
 from nemo_convert.errors import NemoConvertError, PluginError, UnsupportedError
+from nemo_convert.formats.megatron.providers import ProviderTable
 from nemo_convert.formats.nemo.nemo_targets import canonical_target
 from nemo_convert.plugins import hookspecs
 from nemo_convert.plugins.records import CommandOption, ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
@@ -53,7 +54,7 @@ class Registry:
         self.sharding_strategies = self._collect("nemo_convert_sharding_strategies", ShardingStrategy)
         self.verifiers = self._collect("nemo_convert_verifiers", Verifier)
 
-    def _collect(self, hook_name: str, kind: type) -> dict[str, Provided]:
+    def _collect(self, hook_name: str, kind: type[Any]) -> dict[str, Provided]:
         out: dict[str, Provided] = {}
         hook = getattr(self._pm.hook, hook_name)
         for impl in hook.get_hookimpls():
@@ -169,6 +170,12 @@ class Registry:
         if not found:
             raise PluginError(f"no sharding strategy for axis {axis!r} is installed")
         return found[0].record
+
+    def providers(self) -> ProviderTable:
+        """The Megatron-Bridge providers the families declare (``ModelFamily.megatron_bridge``):
+        what ``--to megatron-bridge`` writes and which provider classes a directory is read by."""
+        return ProviderTable({name: p.record.megatron_bridge for name, p in self.families.items()
+                              if p.record.megatron_bridge is not None})
 
     def strategies(self) -> Strategies:
         """The strategies every reader and writer of a sharded layout uses: the one of

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, Un
 
 if TYPE_CHECKING:  # pragma: no cover
     from nemo_convert.families.trtllm import TrtllmTable
+    from nemo_convert.formats.megatron.providers import ProviderFamily
     from nemo_convert.mapping.rules import Mapping
     from nemo_convert.sharding.protocol import ExpertSharding, PipelineSharding, TensorSharding
 
@@ -122,6 +123,10 @@ class ModelFamily:
     :param trtllm: optional :class:`~nemo_convert.families.trtllm.TrtllmTable` for
         ``quantize``: NeMo logical names → TensorRT-LLM names and config fields (the GPT
         base's for a confirmed GPT-base family; the HF side comes from ``mapping``).
+    :param megatron_bridge: what ``--to megatron-bridge`` writes: a
+        :class:`~nemo_convert.formats.megatron.providers.ProviderFamily` (the family's
+        Megatron-Bridge provider, confirmed against Megatron-Bridge's bridge for it), a
+        string (why the family is refused), or ``None`` (refused: no confirmed provider).
     """
 
     name: str
@@ -134,6 +139,7 @@ class ModelFamily:
     hf: HFSide = HFSide()
     options: FamilyOptions = FamilyOptions()
     trtllm: "TrtllmTable | None" = None
+    megatron_bridge: "ProviderFamily | str | None" = None
     description: str = ""
     claims_nemo_config: Callable[[dict[str, Any]], bool] | None = None
     refuses_nemo_config: Callable[[dict[str, Any]], str | None] | None = None

@@ -99,7 +99,7 @@ def _open_side(path: str, family: str | None, reg: Registry, trust_pickle: bool,
         except BaseException:
             hf.close()
             raise
-    ck = open_model_checkpoint(path, strategies=reg.strategies(), trust_pickle=trust_pickle,
+    ck = open_model_checkpoint(path, strategies=reg.strategies(), providers=reg.providers(), trust_pickle=trust_pickle,
                                kinds_for=kinds_for(reg, family))
     try:
         fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)

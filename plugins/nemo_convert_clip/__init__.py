@@ -8,7 +8,7 @@ transformers) is imported when ``verify`` runs it (CONTRIBUTING.md, "Start-up ti
 
 from typing import Any
 
-from nemo_convert import CommandOption, Verifier, hookimpl
+from nemo_convert import CommandOption, ModelFamily, Verifier, hookimpl
 from nemo_convert_clip.family import CLIP
 
 
@@ -38,10 +38,10 @@ ZERO_SHOT = Verifier(
 
 
 @hookimpl
-def nemo_convert_model_families():  # type: ignore[no-untyped-def]
+def nemo_convert_model_families() -> list[ModelFamily]:
     return [CLIP]
 
 
 @hookimpl
-def nemo_convert_verifiers():  # type: ignore[no-untyped-def]
+def nemo_convert_verifiers() -> list[Verifier]:
     return [ZERO_SHOT]

@@ -22,14 +22,14 @@ H = "hidden_size"
 
 def _layer_rules() -> tuple[Any, ...]:
     """One pre-LN transformer layer, the same in both towers (MHA: one query group per head)."""
-    qkv = {"groups": "num_attention_heads"}
+    groups = "num_attention_heads"  # one key and value per head
     return (
         Rename(E + "layer_norm1.weight", D + "self_attention.linear_qkv.layer_norm_weight", shape=(H,)),
         Rename(E + "layer_norm1.bias", D + "self_attention.linear_qkv.layer_norm_bias", shape=(H,)),
         FuseQKV(E + "self_attn.q_proj.weight", E + "self_attn.k_proj.weight", E + "self_attn.v_proj.weight",
-                D + "self_attention.linear_qkv.weight", **qkv),
+                D + "self_attention.linear_qkv.weight", groups=groups),
         FuseQKV(E + "self_attn.q_proj.bias", E + "self_attn.k_proj.bias", E + "self_attn.v_proj.bias",
-                D + "self_attention.linear_qkv.bias", **qkv),
+                D + "self_attention.linear_qkv.bias", groups=groups),
         Rename(E + "self_attn.out_proj.weight", D + "self_attention.linear_proj.weight", Parallel.ROW,
                shape=(H, H)),
         Rename(E + "self_attn.out_proj.bias", D + "self_attention.linear_proj.bias", shape=(H,)),

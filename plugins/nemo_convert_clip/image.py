@@ -160,13 +160,13 @@ def read_image(path: str) -> tuple[torch.Tensor, str]:
             raise InputError(f"{path}: cannot read the image ({exc})") from None
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            raw = f.read()
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        return read_png(data), "builtin"
-    if data[:2] in (b"P6", b"P5"):
-        return read_pnm(data), "builtin"
+    if raw[:8] == b"\x89PNG\r\n\x1a\n":
+        return read_png(raw), "builtin"
+    if raw[:2] in (b"P6", b"P5"):
+        return read_pnm(raw), "builtin"
     raise UnsupportedError(f"{path}: without Pillow only PNG and binary PPM/PGM images are read "
                            "(pip install pillow for other formats)")
 

@@ -101,8 +101,9 @@ def zero_shot(folder: str, image: str, texts: Sequence[str], *,
         raise InputError(f"{folder}: transformers cannot load it as a CLIPModel ({type(exc).__name__}: "
                          f"{exc})") from None
     model.eval()
-    pixel_values, reader = clip_preprocess(image, int(model.config.vision_config.image_size))
-    ids, mask = tokenize([folder, *tokenizer_folders], texts, int(model.config.text_config.max_position_embeddings))
+    config: Any = model.config  # a CLIPConfig: its sub-configs are CLIPVisionConfig / CLIPTextConfig
+    pixel_values, reader = clip_preprocess(image, int(config.vision_config.image_size))
+    ids, mask = tokenize([folder, *tokenizer_folders], texts, int(config.text_config.max_position_embeddings))
     with torch.no_grad():
         img = _features(model.get_image_features(pixel_values=pixel_values))
         txt = _features(model.get_text_features(input_ids=ids, attention_mask=mask))
@@ -119,7 +120,7 @@ def check_zero_shot_options(options: dict[str, Any]) -> None:
         raise InputError("--texts needs --clip-image")
     if not texts:
         raise InputError("the CLIP check needs texts (--texts \"a dog\" \"a cat\" …)")
-    if not os.path.isfile(image):
+    if image is None or not os.path.isfile(image):
         raise InputError(f"{image}: no such image file")
 
 

@@ -16,8 +16,8 @@ MTP block (``GPTFeatures(mtp=True)``: :func:`~nemo_convert.families.gpt.mtp_rule
 from typing import Any
 
 from nemo_convert.errors import ConfigError, UnsupportedError
-from nemo_convert.families import (GPT_CONFIG, MOE_NEMO_CONSTANTS, Check, Derived, Field, GPTFeatures, MoEBlock,
-                                   gpt_family, rope)
+from nemo_convert.families import (Check, DENSE, Derived, Field, GPTFeatures, GPT_CONFIG, MLA_PROVIDER,
+                                   MOE_NEMO_CONSTANTS, MoEBlock, NO_LINEAR_BIAS, ProviderFamily, SILU, gpt_family, rope)
 from nemo_convert.spec import spec_of
 
 
@@ -88,6 +88,19 @@ def _hub_routing(hf: dict[str, Any]) -> str | None:
     return None
 
 
+#: ``--to megatron-bridge``: Megatron-Bridge v0.6.0 ``deepseek/deepseek_v3_bridge.py`` lines 44-99 builds an
+#: ``MLAModelProvider`` with sigmoid routing, expert bias, ungated shared experts and the knobs below.
+MEGATRON_BRIDGE = ProviderFamily(
+    MLA_PROVIDER, DENSE + NO_LINEAR_BIAS + (
+        ("activation_func", SILU), ("qk_layernorm", True), ("share_embeddings_and_output_weights", False),
+        ("multi_latent_attention", True), ("moe_router_score_function", "sigmoid"),
+        ("moe_router_enable_expert_bias", True), ("moe_shared_expert_gate", False)),
+    extra=(("moe_grouped_gemm", True), ("moe_router_pre_softmax", True), ("moe_token_dispatcher_type", "alltoall"),
+           ("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_shared_expert_overlap", True),
+           ("moe_router_dtype", "fp32"), ("moe_permute_fusion", True), ("hidden_dropout", 0.0),
+           ("make_vocab_size_divisible_by", 1280)), moe=True, mla=True, shared_experts=True,
+    modules=("megatron.bridge.models.deepseek.",))
+
 DEEPSEEK_V3 = gpt_family(
     "deepseek_v3", architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3",
     config=GPT_CONFIG.extend(
@@ -112,4 +125,4 @@ DEEPSEEK_V3 = gpt_family(
     claims=lambda cfg: spec_of(cfg).attention.mla is not None,
     nemo2_targets=("nemo.collections.llm.gpt.model.deepseek.DeepSeekModel",),
     description="DeepSeek-V3 (MLA, dense first layers, sigmoid-routed experts with bias, shared experts)",
-)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.errors import UnsupportedError
-from nemo_convert.families import GPT_CONFIG, Check, Derived, Field, GPTFeatures, gpt_family, linear_biases
+from nemo_convert.families import (Check, DENSE, DENSE_CLASS_DEFAULTS, Derived, FAST_GELU, Field, GPTFeatures,
+                                   GPT_CONFIG, NO_LINEAR_BIAS, ProviderFamily, gpt_family, linear_biases)
 from nemo_convert.spec import spec_of
 
 #: ``hidden_act`` values transformers' ``GemmaConfig`` runs as the tanh GeLU.
@@ -60,10 +61,23 @@ GEMMA_CONFIG = GPT_CONFIG.extend(
     nemo_constants={"layernorm_zero_centered_gamma": True, "openai_gelu": True, "apply_embedding_scaling": True},
 )
 
+#: ``--to megatron-bridge``: Megatron-Bridge v0.6.0 ``gemma/gemma_bridge.py`` lines 31-78 builds a
+#: ``GemmaModelProvider`` (``gemma/gemma_provider.py`` lines 27-54: its defaults) whose ``provide()``
+#: scales the embedding by sqrt(hidden) (lines 56-80): read back as ``apply_embedding_scaling``.
+GEMMA_PROVIDER = "megatron.bridge.models.gemma.gemma_provider.GemmaModelProvider"
+MEGATRON_BRIDGE = ProviderFamily(
+    GEMMA_PROVIDER, DENSE + NO_LINEAR_BIAS + (("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
+                                              ("share_embeddings_and_output_weights", True)),
+    nemo=(("apply_embedding_scaling", True),),
+    defaults=tuple({**DENSE_CLASS_DEFAULTS, "activation_func": FAST_GELU, "seq_length": 8192, "kv_channels": 256,
+                    "share_embeddings_and_output_weights": True, "layernorm_zero_centered_gamma": True,
+                    "layernorm_epsilon": 1e-6, "bf16": True, "params_dtype": "torch.bfloat16"}.items()),
+    modules=("megatron.bridge.models.gemma.",))
+
 GEMMA = gpt_family(
     "gemma", architecture="GemmaForCausalLM", model_type="gemma", config=GEMMA_CONFIG,
     features=GPTFeatures(zero_centred_norms=True),
     claims=lambda cfg: spec_of(cfg).embedding.scaled or spec_of(cfg).norm.zero_centred,
     nemo2_targets=("nemo.collections.llm.gpt.model.gemma.GemmaModel",),
     description="Gemma 2B/7B (GeGLU, zero-centred RMSNorm, tied embeddings scaled by sqrt(hidden))",
-)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from nemo_convert import FamilyOptions
 from nemo_convert.errors import ConfigError
-from nemo_convert.families import (GELU_ERF, GELU_TANH, GPT_CONFIG, Check, Derived, Field, activation_choice,
+from nemo_convert.families import (Check, Derived, Field, GELU_ERF, GELU_TANH, GPT_CONFIG, activation_choice,
                                    gpt_family, set_path)
 from nemo_convert.mapping import Mapping
 from nemo_convert.mapping.rules import PackedQKV, Parallel, Rename, Rule, Tied, Transposed
@@ -136,11 +136,14 @@ GPT2_CONFIG = GPT_CONFIG.extend(
                     "nemo_convert.linear_biases": {"attention": True, "mlp": True}},
 )
 
+#: ``--to megatron-bridge`` is refused: no provider to confirm against.
+MEGATRON_BRIDGE = "Megatron-Bridge has no GPT-2 bridge (v0.6.0: src/megatron/bridge/models/ has no gpt2/)"
+
 GPT2 = gpt_family(
     "gpt2", architecture="GPT2LMHeadModel", model_type="gpt2", config=GPT2_CONFIG, mapping=gpt2_mapping,
     claims=lambda cfg: spec_of(cfg).positions == "learned_absolute",
     description="GPT-2, NeMo's GPT-3-style models (learned positions, LayerNorm and linear biases, GeLU, tied)",
-)
+    megatron_bridge=MEGATRON_BRIDGE)
 
 
 def hf_names_of(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_convert.families import (EXPERTS_FFN, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, Check,
-                                   Derived, Field, GPTFeatures, MoEBlock, activation, gpt_family, num_experts, rope)
+from nemo_convert.families import (Check, Derived, EXPERTS_FFN, Field, GPTFeatures, GPT_CONFIG, GPT_PROVIDER,
+                                   MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, MoEBlock, ProviderFamily, QUICK_GELU,
+                                   activation, gpt_family, num_experts, rope)
 from nemo_convert.hf_config import read_rope
 from nemo_convert.spec import megatron_window, spec_of
 
@@ -66,6 +67,16 @@ def _openai_topk(hf: dict[str, Any]) -> str | None:
     return None
 
 
+#: ``--to megatron-bridge``: Megatron-Bridge v0.6.0 ``gpt_oss/gpt_oss_bridge.py`` lines 57-101
+#: (``nemo_convert.formats.megatron.provider_gpt_oss``).
+MEGATRON_BRIDGE = ProviderFamily(
+    GPT_PROVIDER, (("normalization", "RMSNorm"), ("gated_linear_unit", True), ("activation_func", QUICK_GELU),
+                   ("add_bias_linear", True), ("softmax_type", "learnable"),
+                   ("share_embeddings_and_output_weights", False)),
+    extra=(("moe_grouped_gemm", True), ("moe_token_dispatcher_type", "alltoall"), ("moe_permute_fusion", True),
+           ("moe_router_load_balancing_type", "none"), ("bias_activation_fusion", True),
+           ("bias_dropout_fusion", False), ("hidden_dropout", 0.0)), moe=True, gpt_oss=True)
+
 GPT_OSS = gpt_family(
     "gpt_oss", architecture="GptOssForCausalLM", model_type="gpt_oss",
     config=GPT_CONFIG.extend(
@@ -87,4 +98,4 @@ GPT_OSS = gpt_family(
     claims=lambda cfg: spec_of(cfg).attention.softmax == "learnable",  # attention sinks
     nemo2_targets=("nemo.collections.llm.gpt.model.gpt_oss.GPTOSSModel",),
     description="GPT-OSS (attention sinks, biases, alternating windows, fused interleaved experts with biases)",
-)
+    megatron_bridge=MEGATRON_BRIDGE)

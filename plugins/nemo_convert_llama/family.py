@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_convert.families import gpt_family, gpt_mapping
+from nemo_convert.families import DENSE, GPT_PROVIDER, ProviderFamily, gpt_family, gpt_mapping
 from nemo_convert.families.trtllm import LLAMA_FIELDS, gpt_trtllm
 from nemo_convert.mapping import Mapping
 from nemo_convert_llama.config import LLAMA_CONFIG
@@ -17,9 +17,13 @@ def llama_mapping(cfg: dict[str, Any]) -> Mapping:
     return _MAPPING(cfg)
 
 
+#: ``--to megatron-bridge``: Megatron-Bridge v0.6.0 ``llama/llama_bridge.py`` builds the generic
+#: ``GPTModelProvider`` with RMSNorm, a gated linear unit and RoPE.
+MEGATRON_BRIDGE = ProviderFamily(GPT_PROVIDER, DENSE)
+
 LLAMA = gpt_family(
     "llama", architecture="LlamaForCausalLM", model_type="llama", config=LLAMA_CONFIG,
     nemo2_targets=("nemo.collections.llm.gpt.model.llama.LlamaModel",),
     trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS),  # TensorRT-LLM's LLaMAForCausalLM
     description="Llama 2/3/3.1/3.2 (MHA, GQA, tied embeddings, llama3/linear RoPE scaling)",
-)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -5,9 +5,21 @@ see W keys (itself and W-1 before), and Megatron's window counts the keys *befor
 NeMo's own importer writes ``[W, 0]`` (one key too many); see docs/families/mistral.md.
 """
 
-from nemo_convert.families import GPT_CONFIG, gpt_family, sliding_window
+from nemo_convert.families import (DENSE, DENSE_CLASS_DEFAULTS, GPT_CONFIG, ProviderFamily, SILU, gpt_family,
+                                   sliding_window)
 from nemo_convert.families.trtllm import LLAMA_FIELDS, gpt_trtllm
 from nemo_convert.spec import spec_of
+
+#: ``--to megatron-bridge``: Megatron-Bridge v0.6.0 ``mistral/mistral_bridge.py`` lines 56-59 builds a
+#: ``MistralModelProvider`` (``mistral/mistral_provider.py`` lines 28-56: its defaults) with
+#: ``window_size = [sliding_window - 1, 0]`` and ``cp_comm_type: a2a`` beside it (context parallel only).
+MISTRAL_PROVIDER = "megatron.bridge.models.mistral.mistral_provider.MistralModelProvider"
+MEGATRON_BRIDGE = ProviderFamily(
+    MISTRAL_PROVIDER, DENSE + (("activation_func", SILU),), extra_with_window=(("cp_comm_type", "a2a"),),
+    defaults=tuple({**DENSE_CLASS_DEFAULTS, "num_query_groups": 8, "ffn_hidden_size": 14336, "seq_length": 32768,
+                    "rotary_base": 1000000.0, "bf16": True, "params_dtype": "torch.bfloat16",
+                    "window_size": None}.items()),
+    modules=("megatron.bridge.models.mistral.",))
 
 MISTRAL = gpt_family(
     "mistral", architecture="MistralForCausalLM", model_type="mistral",
@@ -16,4 +28,4 @@ MISTRAL = gpt_family(
     nemo2_targets=("nemo.collections.llm.gpt.model.mistral.MistralModel",),
     trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS),  # MODEL_MAP: MistralForCausalLM → LLaMAForCausalLM
     description="Mistral 7B / NeMo 12B (GQA, sliding window as window_size=[W-1, 0])",
-)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -6,10 +6,14 @@ softmax, top-k, then renormalises = Megatron's top-k then softmax
 (``moe_router_pre_softmax: false``). ``intermediate_size`` is the experts' ffn.
 """
 
-from nemo_convert.families import (EXPERTS_FFN, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS, GPTFeatures,
+from nemo_convert.families import (EXPERTS_FFN, GPTFeatures, GPT_CONFIG, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS,
                                    MoEBlock, gpt_family, num_experts, sliding_window)
 from nemo_convert.families.trtllm import LLAMA_MOE_FIELDS, gpt_trtllm
 from nemo_convert.spec import spec_of
+
+#: ``--to megatron-bridge`` is refused: no provider to confirm against.
+MEGATRON_BRIDGE = ("Megatron-Bridge has no Mixtral bridge or provider in any release (v0.1.0 to v0.6.0: no "
+                   "MixtralForCausalLM in src/megatron/bridge/models/)")
 
 MIXTRAL = gpt_family(
     "mixtral", architecture="MixtralForCausalLM", model_type="mixtral",
@@ -22,4 +26,4 @@ MIXTRAL = gpt_family(
     nemo2_targets=("nemo.collections.llm.gpt.model.mixtral.MixtralModel",),
     trtllm=gpt_trtllm("MixtralForCausalLM", LLAMA_MOE_FIELDS),  # MODEL_MAP: → LLaMAForCausalLM with `moe`
     description="Mixtral 8x7B / 8x22B (GQA, top-k softmax-routed experts, sliding window)",
-)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_convert.families import (GPT_CONFIG, Check, Field, GPTFeatures, NemoCheck, activation, gpt_family,
-                                   linear_biases, partial_rope)
+from nemo_convert.families import (Check, Field, GPTFeatures, GPT_CONFIG, GPT_PROVIDER, NO_LINEAR_BIAS, NemoCheck,
+                                   ProviderFamily, SQUARED_RELU, activation, gpt_family, linear_biases, partial_rope)
 from nemo_convert.spec import spec_of
 
 
@@ -83,10 +83,19 @@ def _claims(cfg: dict[str, Any]) -> bool:
     return spec.norm.kind == "layernorm" and spec.positions == "rope"
 
 
+#: ``--to megatron-bridge``: Megatron-Bridge v0.6.0 ``nemotron/nemotron_bridge.py`` lines 56-72 keeps the
+#: ``GPTModelProvider`` with LayerNorm, squared ReLU (not gated), no linear biases, zero-centred
+#: norms and the fusion switches below.
+MEGATRON_BRIDGE = ProviderFamily(
+    GPT_PROVIDER, (("normalization", "LayerNorm"), ("gated_linear_unit", False), ("position_embedding_type", "rope"),
+                   ("activation_func", SQUARED_RELU), ("layernorm_zero_centered_gamma", True)) + NO_LINEAR_BIAS,
+    extra=(("masked_softmax_fusion", True), ("persist_layer_norm", True), ("cross_entropy_loss_fusion", True),
+           ("apply_rope_fusion", True), ("hidden_dropout", 0.0), ("attention_dropout", 0.0)))
+
 NEMOTRON = gpt_family(
     "nemotron", architecture="NemotronForCausalLM", model_type="nemotron", config=NEMOTRON_CONFIG,
     features=GPTFeatures(gated_mlp=False, norm_bias=True),
     claims=_claims,
     nemo2_targets=("nemo.collections.llm.gpt.model.nemotron.NemotronModel",),
     description="Nemotron-3/4, Minitron (squared-ReLU MLP, zero-centred LayerNorm with bias, partial RoPE, GQA)",
-)
+    megatron_bridge=MEGATRON_BRIDGE)

@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.errors import UnsupportedError
-from nemo_convert.families import GPT_CONFIG, Check, Derived, Field, MoEBlock, activation
+from nemo_convert.families import Check, Derived, Field, GPT_CONFIG, MoEBlock, activation
 from nemo_convert.families.hybrid import MOE, PATTERN, HybridBlocks, HYBRID_NEMO_CONSTANTS, hybrid_family
 from nemo_convert.families.hybrid_config import HYBRID_PATTERN, MIXER_HARMLESS, MIXER_ROWS, _pattern_from_hf
 from nemo_convert.spec import spec_of

@@ -6,7 +6,12 @@ already Megatron's ``linear_fc1``. ``sliding_window`` is Mistral's. longrope / s
 (the 128k models) is refused.
 """
 
-from nemo_convert.families import GPT_CONFIG, GPTFeatures, gpt_family, never, rope, sliding_window
+from nemo_convert.families import GPTFeatures, GPT_CONFIG, gpt_family, never, rope, sliding_window
+
+#: ``--to megatron-bridge`` is refused: no provider to confirm against.
+MEGATRON_BRIDGE = ("Megatron-Bridge has no Phi-3 bridge or provider in any release (v0.6.0: "
+                   "src/megatron/bridge/models/ "
+                   "has no phi/)")
 
 PHI3 = gpt_family(
     "phi3", architecture="Phi3ForCausalLM", model_type="phi3",
@@ -17,4 +22,4 @@ PHI3 = gpt_family(
     claims=never,  # NeMo 1 has no Phi-3; NeMo 2 names it (nemo2_targets)
     nemo2_targets=("nemo.collections.llm.gpt.model.phi3mini.Phi3Model",),
     description="Phi-3 mini/medium 4k (fused qkv_proj and gate_up_proj, sliding window)",
-)
+    megatron_bridge=MEGATRON_BRIDGE)

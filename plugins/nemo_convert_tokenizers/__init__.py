@@ -4,14 +4,14 @@ any third-party plugin; the work is done by :mod:`nemo_convert.tokenizers`."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from nemo_convert import TokenizerPatcher, hookimpl
 from nemo_convert.errors import InputError
 from nemo_convert.tokenizers import PatchReport, add_tokens_hf, add_tokens_sentencepiece, detect_tokenizer_kind
 
 
-def _is_kind(kind: str):  # type: ignore[no-untyped-def]
+def _is_kind(kind: str) -> Callable[[str], bool]:
     def detect(path: str) -> bool:
         try:
             return detect_tokenizer_kind(path) == kind

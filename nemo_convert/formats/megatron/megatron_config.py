@@ -71,10 +71,12 @@ defaulting to ``ffn_hidden_size``, lines 1016–1018) pass into the NeMo config,
 family registry decides (Mixtral, Qwen3-MoE, Qwen2-MoE by their claims); routing the table
 does not express is refused by name (:data:`MOE_NEUTRAL`).
 
-A family added later fits by adding a row to :data:`FIELDS` (a field that passes through
-unchanged) or to :data:`PROVIDER_FAMILIES` (a family whose provider is confirmed). A field
-that changes the math and that the table does not know is refused by name
-(:data:`NEUTRAL`).
+Which provider a family writes is the family's own declaration (``ModelFamily.megatron_bridge``,
+a :class:`~nemo_convert.formats.megatron.providers.ProviderFamily`, collected by the registry
+into a :class:`~nemo_convert.formats.megatron.providers.ProviderTable` that every function here
+takes); the facts above are cited beside each family's declaration. A field that passes through
+unchanged is a row of :data:`FIELDS`; a field that changes the math and that the table does not
+know is refused by name (:data:`NEUTRAL`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.formats.megatron.providers import (FAST_GELU, MLA_CLASS_DEFAULTS,
+                                                      SILU, SQUARED_RELU, ProviderFamily, ProviderTable)
 from nemo_convert.formats.megatron.provider_gpt_oss import (GPT_OSS_FIELDS, QUICK_GELU, gpt_oss_nemo, gpt_oss_provider,
                                                              is_gpt_oss, yarn_nemo, yarn_provider)
 from nemo_convert.mapping.ops import largest_pow2_divisor
@@ -94,8 +98,6 @@ from nemo_convert.spec.activations import NEMO_ACTIVATION_FIELDS
 if TYPE_CHECKING:
     import torch
 
-#: Megatron-Bridge's generic GPT provider: what its ``LlamaBridge`` builds.
-GPT_PROVIDER = "megatron.bridge.models.gpt_provider.GPTModelProvider"
 #: NeMo 1's GPT model class (the ``target`` of a ``.nemo`` config): which family handles
 #: the config is decided by the registry, as for any ``.nemo``.
 NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
@@ -105,134 +107,6 @@ NEMO_GPT_TARGET = "nemo.collections.nlp.models.language_modeling.megatron_gpt_mo
 #: ``pretrain``: ``args.model_type = model_type``; ``pretrain_gpt.py`` passes
 #: ``ModelType.encoder_or_decoder``, value 1 in every release; see ``MEGATRON_ENUMS``).
 DECODER_MODEL_TYPE = "ModelType.encoder_or_decoder"
-
-
-MISTRAL_PROVIDER = "megatron.bridge.models.mistral.mistral_provider.MistralModelProvider"
-GEMMA_PROVIDER = "megatron.bridge.models.gemma.gemma_provider.GemmaModelProvider"
-#: Megatron-Bridge's multi-latent-attention provider (``mla_provider.py``: Megatron-Core's
-#: ``MLATransformerConfig`` + ``GPTModelProvider``): what ``DeepSeekV3Bridge`` builds.
-MLA_PROVIDER = "megatron.bridge.models.mla_provider.MLAModelProvider"
-#: Megatron-Bridge ≤ 0.3's own Qwen providers (``qwen/qwen_provider.py``, v0.3.0 lines 49–68
-#: and 257–281): read, never written (0.4 and later write ``GPTModelProvider``).
-QWEN2_PROVIDER_OLD = "megatron.bridge.models.qwen.qwen_provider.Qwen2ModelProvider"
-QWEN3_PROVIDER_OLD = "megatron.bridge.models.qwen.qwen_provider.Qwen3ModelProvider"
-#: Megatron-Core's tanh GeLU, Gemma's activation in Megatron-Bridge.
-FAST_GELU = "megatron.core.activations.fast_gelu"
-SILU = "torch.nn.functional.silu"
-#: Megatron-Core's squared ReLU, Nemotron's activation in Megatron-Bridge.
-SQUARED_RELU = "megatron.core.activations.squared_relu"
-
-
-@dataclass(frozen=True)
-class ProviderFamily:
-    """A family whose Megatron-Bridge provider is confirmed: its ``_target_``, the
-    provider fields that are constants for the family (a config that needs another value
-    is refused), the NeMo fields the provider implies (``nemo``: e.g. Gemma's embedding
-    scaling, which ``GemmaModelProvider.provide`` applies) and what the bridge sets that
-    does not change the math (``extra``); ``gpt_oss``: the provider carries GPT-OSS's sinks,
-    window pattern and clamped GLU (:mod:`.provider_gpt_oss`); ``shared_experts``: its MoE
-    has shared experts."""
-
-    target: str
-    fixed: tuple[tuple[str, Any], ...] = ()
-    nemo: tuple[tuple[str, Any], ...] = ()
-    extra: tuple[tuple[str, Any], ...] = ()
-    moe: bool = False
-    mla: bool = False
-    gpt_oss: bool = False
-    shared_experts: bool = False
-
-
-_DENSE = (("normalization", "RMSNorm"), ("gated_linear_unit", True), ("position_embedding_type", "rope"))
-_NO_LINEAR_BIAS = (("add_bias_linear", False),)
-_AUTOCAST_BF16 = (("autocast_dtype", {"_target_": "torch.bfloat16", "_call_": False}),)
-
-#: The families ``--to megatron-bridge`` writes. Others are refused by name until their
-#: provider is confirmed against Megatron-Bridge's bridge for them.
-PROVIDER_FAMILIES: dict[str, ProviderFamily] = {
-    "llama": ProviderFamily(GPT_PROVIDER, _DENSE),
-    "mistral": ProviderFamily(MISTRAL_PROVIDER, _DENSE + (("activation_func", SILU),)),
-    "qwen2": ProviderFamily(GPT_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (("add_qkv_bias", True),
-                                                                       ("activation_func", SILU)),
-                            extra=_AUTOCAST_BF16),
-    "qwen3": ProviderFamily(GPT_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (("add_qkv_bias", False),
-                                                                       ("qk_layernorm", True),
-                                                                       ("activation_func", SILU)),
-                            extra=_AUTOCAST_BF16),
-    "qwen3_moe": ProviderFamily(GPT_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (("add_qkv_bias", False),
-                                                                           ("qk_layernorm", True),
-                                                                           ("activation_func", SILU)),
-                                extra=_AUTOCAST_BF16 + (("moe_grouped_gemm", True),
-                                                        ("moe_router_load_balancing_type", "aux_loss"),
-                                                        ("moe_aux_loss_coeff", 1e-3),
-                                                        ("moe_token_dispatcher_type", "alltoall"),
-                                                        ("moe_permute_fusion", True)), moe=True),
-    "deepseek_v3": ProviderFamily(MLA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
-        ("activation_func", SILU), ("qk_layernorm", True), ("share_embeddings_and_output_weights", False),
-        ("multi_latent_attention", True), ("moe_router_score_function", "sigmoid"),
-        ("moe_router_enable_expert_bias", True), ("moe_shared_expert_gate", False)),
-        extra=(("moe_grouped_gemm", True), ("moe_router_pre_softmax", True), ("moe_token_dispatcher_type", "alltoall"),
-               ("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_shared_expert_overlap", True),
-               ("moe_router_dtype", "fp32"), ("moe_permute_fusion", True), ("hidden_dropout", 0.0),
-               ("make_vocab_size_divisible_by", 1280)), moe=True, mla=True, shared_experts=True),
-    "nemotron": ProviderFamily(GPT_PROVIDER, (("normalization", "LayerNorm"), ("gated_linear_unit", False),
-                                              ("position_embedding_type", "rope"), ("activation_func", SQUARED_RELU),
-                                              ("layernorm_zero_centered_gamma", True)) + _NO_LINEAR_BIAS,
-                               extra=(("masked_softmax_fusion", True), ("persist_layer_norm", True),
-                                      ("cross_entropy_loss_fusion", True), ("apply_rope_fusion", True),
-                                      ("hidden_dropout", 0.0), ("attention_dropout", 0.0))),
-    # Megatron-Bridge v0.6.0 gpt_oss/gpt_oss_bridge.py lines 57-101 (provider_gpt_oss.py)
-    "gpt_oss": ProviderFamily(GPT_PROVIDER, (("normalization", "RMSNorm"), ("gated_linear_unit", True),
-                                             ("activation_func", QUICK_GELU), ("add_bias_linear", True),
-                                             ("softmax_type", "learnable"), ("share_embeddings_and_output_weights", False)),
-                              extra=(("moe_grouped_gemm", True), ("moe_token_dispatcher_type", "alltoall"),
-                                     ("moe_permute_fusion", True), ("moe_router_load_balancing_type", "none"),
-                                     ("bias_activation_fusion", True), ("bias_dropout_fusion", False),
-                                     ("hidden_dropout", 0.0)), moe=True, gpt_oss=True),
-    "gemma": ProviderFamily(GEMMA_PROVIDER, _DENSE + _NO_LINEAR_BIAS + (
-        ("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
-        ("share_embeddings_and_output_weights", True)), nemo=(("apply_embedding_scaling", True),)),
-}
-#: Families refused with the reason (no provider to confirm).
-NO_PROVIDER: dict[str, str] = {
-    "phi3": "Megatron-Bridge has no Phi-3 bridge or provider in any release (v0.6.0: src/megatron/bridge/models/ "
-            "has no phi/)",
-    "mixtral": "Megatron-Bridge has no Mixtral bridge or provider in any release (v0.1.0 to v0.6.0: no "
-               "MixtralForCausalLM in src/megatron/bridge/models/)",
-    "qwen2_moe": "Megatron-Bridge has no Qwen2-MoE bridge or provider in any release (v0.6.0: qwen/ bridges "
-                 "Qwen2 and Qwen3-MoE only)",
-    "gpt2": "Megatron-Bridge has no GPT-2 bridge (v0.6.0: src/megatron/bridge/models/ has no gpt2/)",
-}
-
-#: What an absent field of a known provider class means (the class's own defaults; absent
-#: keys: :data:`PROVIDER_DEFAULTS`, i.e. ``GPTModelProvider``'s). Sources: Megatron-Bridge
-#: v0.6.0 ``mistral/mistral_provider.py`` lines 28–56, ``gemma/gemma_provider.py`` lines
-#: 27–54; v0.3.0 ``qwen/qwen_provider.py`` lines 49–68, 257–281.
-_DENSE_DEFAULTS = {"normalization": "RMSNorm", "activation_func": SILU, "gated_linear_unit": True,
-                   "position_embedding_type": "rope", "add_bias_linear": False,
-                   "share_embeddings_and_output_weights": False}
-_QWEN_DEFAULTS = {**_DENSE_DEFAULTS, "layernorm_epsilon": 1e-6, "rotary_base": 1000000.0, "bf16": True,
-                  "params_dtype": "torch.bfloat16"}
-TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
-    GPT_PROVIDER: {},
-    MISTRAL_PROVIDER: {**_DENSE_DEFAULTS, "num_query_groups": 8, "ffn_hidden_size": 14336, "seq_length": 32768,
-                       "rotary_base": 1000000.0, "bf16": True, "params_dtype": "torch.bfloat16", "window_size": None},
-    GEMMA_PROVIDER: {**_DENSE_DEFAULTS, "activation_func": FAST_GELU, "seq_length": 8192, "kv_channels": 256,
-                     "share_embeddings_and_output_weights": True, "layernorm_zero_centered_gamma": True,
-                     "layernorm_epsilon": 1e-6, "bf16": True, "params_dtype": "torch.bfloat16"},
-    QWEN2_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": True, "seq_length": 4096},
-    MLA_PROVIDER: {"multi_latent_attention": True, "q_lora_rank": 512, "kv_lora_rank": 512, "qk_head_dim": 128,
-                   "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "normalization": "RMSNorm", "rope_type": "yarn",
-                   "rotary_scaling_factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
-                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0},  # megatron-core 0.16.1
-    # transformer_config.py lines 2013-2059 (MLATransformerConfig)
-    QWEN3_PROVIDER_OLD: {**_QWEN_DEFAULTS, "add_qkv_bias": False, "qk_layernorm": True, "kv_channels": 128,
-                         "num_query_groups": 8, "seq_length": 40960},
-}
-#: Provider modules whose other classes (Gemma 2/3, Qwen MoE, …) this table does not know.
-_FAMILY_MODULES = ("megatron.bridge.models.gemma.", "megatron.bridge.models.qwen.", "megatron.bridge.models.mistral.",
-                   "megatron.bridge.models.phi.", "megatron.bridge.models.deepseek.",
-                   "megatron.bridge.models.mla_provider.")
 
 
 Getter = Callable[[ModelSpec, dict[str, Any]], Any]
@@ -363,7 +237,7 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim
 #: MLA's RoPE: ``rope_type`` and MLATransformerConfig's YaRN fields, same names in the NeMo
 #: config (nemo_convert/families/yarn.py) and the provider; what Megatron-LM's arguments
 #: lack (core_v0.16.1 arguments.py lines 2735-2740 have --rotary-scaling-factor, --mscale,
-#: --mscale-all-dim, line 2049 --rope-type) is the class's default (TARGET_DEFAULTS).
+#: --mscale-all-dim, line 2049 --rope-type) is the class's default (MLA_CLASS_DEFAULTS).
 MLA_YARN = ("rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
             "mscale_all_dim")
 #: What DeepSeekV3Bridge writes for a config without YaRN (model_bridge.py lines 604-614):
@@ -407,17 +281,6 @@ def _target_of(v: Any) -> str:
 
 
 # ------------------------------------------------------------------- NeMo → provider
-def provider_family(family: str) -> ProviderFamily:
-    """The confirmed provider of ``family``, or a one-line refusal naming it."""
-    spec = PROVIDER_FAMILIES.get(family)
-    if spec is None and family in NO_PROVIDER:
-        raise UnsupportedError(f"family {family!r} cannot be written with --to megatron-bridge: {NO_PROVIDER[family]}")
-    if spec is None:
-        raise UnsupportedError(f"family {family!r} has no confirmed Megatron-Bridge model provider; --to "
-                               f"megatron-bridge supports: {', '.join(sorted(PROVIDER_FAMILIES))}")
-    return spec
-
-
 def _inexpressible(s: ModelSpec, pf: ProviderFamily) -> dict[str, Any]:
     """What the model computes that the family's provider does not express, by the NeMo
     field holding it: experts, MLA, MTP or GPT-OSS's attention and GLU where the provider
@@ -455,12 +318,13 @@ def _inexpressible(s: ModelSpec, pf: ProviderFamily) -> dict[str, Any]:
     return bad
 
 
-def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, params_dtype: torch.dtype,
-                     tp: int = 1, pp: int = 1, ep: int = 1) -> dict[str, Any]:
+def nemo_to_provider(cfg: dict[str, Any], family: str, *, providers: ProviderTable, vocab_size: int,
+                     params_dtype: torch.dtype, tp: int = 1, pp: int = 1, ep: int = 1) -> dict[str, Any]:
     """The ``model:`` section of ``run_config.yaml`` for a NeMo 1 config: what
     Megatron-Bridge's bridge derives from the HF config (module docstring), as a table over
-    the config's :class:`~nemo_convert.spec.ModelSpec`."""
-    pf = provider_family(family)
+    the config's :class:`~nemo_convert.spec.ModelSpec`, with ``family``'s declared provider
+    (``providers``: the registry's)."""
+    pf = providers.of(family)
     s = spec_of(cfg)
     bad = _inexpressible(s, pf)
     if bad:
@@ -519,8 +383,8 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, vocab_size: int, param
         model.update(gpt_oss_provider(s, cfg))
     if isinstance(rope.scaling, YarnScaling) and s.attention.mla is None:
         model.update(yarn_provider(rope.scaling))
-    if "window_size" in model and pf.target == MISTRAL_PROVIDER:
-        model["cp_comm_type"] = "a2a"  # what MistralBridge sets beside a window (context parallel only)
+    if "window_size" in model:
+        model.update(dict(pf.extra_with_window))
     for k, v in pf.fixed:
         have = _target_of(model[k]) if k == "activation_func" else model.get(k, FIXED_ABSENT.get(k, v))
         if have != v:
@@ -673,7 +537,7 @@ def _mla_rope(values: dict[str, Any], where: str) -> dict[str, Any]:
     ``rope_type: rope`` with a softmax factor (MLA applies mscale(factor, mscale_all_dim)² for
     both types, multi_latent_attention.py line 125) has no HF spelling and is refused."""
     rope = values.get("rope_type") or "yarn"
-    yarn: dict[str, Any] = {k: values[k] if values.get(k) is not None else TARGET_DEFAULTS[MLA_PROVIDER][k]
+    yarn: dict[str, Any] = {k: values[k] if values.get(k) is not None else MLA_CLASS_DEFAULTS[k]
                             for k in MLA_YARN}
     factor, all_dim = float(yarn["rotary_scaling_factor"]), float(yarn["mscale_all_dim"])
     if rope == "rope" and factor > 1.0 and all_dim:
@@ -733,14 +597,16 @@ def _sliding_window_record(cfg: dict[str, Any]) -> None:
         cfg["nemo_convert"] = {**(cfg.get("nemo_convert") or {}), "sliding_window": window_keys(ws)}
 
 
-def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
+def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable) -> dict[str, Any]:
     """NeMo 1 config fields from a ``run_config.yaml`` ``model:`` section (plain YAML);
-    fields it leaves out mean its provider class's defaults (:data:`TARGET_DEFAULTS`)."""
+    fields it leaves out mean its provider class's defaults (``providers``: the classes the
+    installed families declare, :meth:`ProviderTable.class_defaults`)."""
     target = _target_of(model)
-    known = TARGET_DEFAULTS.get(target)
-    if known is None and target.startswith(_FAMILY_MODULES):
+    classes = providers.class_defaults()
+    known = classes.get(target)
+    if known is None and target.startswith(providers.family_modules()):
         raise UnsupportedError(f"{where}: model provider {target} is not supported (known: "
-                               + ", ".join(t.rsplit(".", 1)[-1] for t in TARGET_DEFAULTS) + ")")
+                               + ", ".join(sorted(t.rsplit(".", 1)[-1] for t in classes)) + ")")
     model = {**(known or {}), **model}
     missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if model.get(k) is None]
     if missing:
@@ -761,9 +627,7 @@ def provider_to_nemo(model: dict[str, Any], where: str) -> dict[str, Any]:
         raise UnsupportedError(f"{where}: activation_func quick_gelu without GPT-OSS's attention sinks is not a "
                                "model any family here runs")
     cfg.update(_activation(gated, fn, bool(model.get("bias_activation_fusion", False)), where))
-    for spec in PROVIDER_FAMILIES.values():
-        if spec.target == target:
-            cfg.update(dict(spec.nemo))
+    cfg.update(providers.implied_nemo(target))
     if cfg.get("layernorm_zero_centered_gamma") and cfg["normalization"] == "rmsnorm" and not cfg.get(
             "apply_embedding_scaling"):
         raise UnsupportedError(f"{where}: layernorm_zero_centered_gamma without GemmaModelProvider's embedding "

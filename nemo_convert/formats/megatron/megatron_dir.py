@@ -36,6 +36,7 @@ from nemo_convert.formats.dist_checkpoint.distckpt_meta import MetadataIndex
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 from nemo_convert.formats.dist_checkpoint.sections import join_sections
 from nemo_convert.formats.megatron.megatron_config import args_to_nemo, provider_to_nemo
+from nemo_convert.formats.megatron.providers import ProviderTable
 from nemo_convert.formats.nemo.nemo import NemoCheckpoint, VocabTrimView
 from nemo_convert.formats.nemo.nemo import _stage_sizes as stage_sizes
 from nemo_convert.formats.nemo2.nemo2 import load_context_yaml
@@ -269,12 +270,13 @@ def _legacy_ranks(folder: str) -> dict[tuple[int, int], str]:
     return ranks
 
 
-def open_megatron_dir(path: str, *, strategies: Strategies, iteration: int | None = None,
+def open_megatron_dir(path: str, *, strategies: Strategies, providers: ProviderTable, iteration: int | None = None,
                       trust_pickle: bool = False,
                       kinds_for: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> MegatronCheckpoint:
     """Open a Megatron-Bridge or Megatron-LM checkpoint directory lazily; tensors come
     out under NeMo's logical names, optimizer and RNG state are left out (and noted).
-    Per-rank ``mp_rank_XX`` files are merged with ``strategies`` (the registry's)."""
+    Per-rank ``mp_rank_XX`` files are merged with ``strategies`` (the registry's); a
+    Megatron-Bridge ``run_config.yaml`` is read with ``providers`` (the registry's)."""
     folder = resolve_iteration(path, iteration)
     container = DirectoryContainer(folder)
     closers: list[Callable[[], None]] = [container.close]
@@ -325,7 +327,7 @@ def open_megatron_dir(path: str, *, strategies: Strategies, iteration: int | Non
             values, where = args, f"{folder}: args"
         try:
             if kind == "megatron-bridge":
-                cfg = provider_to_nemo(values, where)
+                cfg = provider_to_nemo(values, where, providers)
                 vocab = int(values["vocab_size"]) if values.get("vocab_size") else None
             else:
                 cfg = args_to_nemo(values, folder)

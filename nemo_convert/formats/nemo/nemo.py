@@ -27,6 +27,7 @@ from nemo_convert.formats.io.tar_archive import Container, find_member, open_nem
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.sharding.layout import (ParallelLayout, detect_ranks, embedding_on_last_stage, parse_rank_dir,
                                           rank_dir, split_layer_name)
+from nemo_convert.formats.megatron.providers import ProviderTable
 from nemo_convert.sharding.protocol import Strategies
 from nemo_convert.spec import recorded_vocab
 from nemo_convert.tensors.base import TensorSource
@@ -63,7 +64,7 @@ def _stage_sizes(container: Container, prefix: str, tp_pp: tuple[int, int], trus
     return sizes
 
 
-def open_nemo(path: str, *, strategies: Strategies, trust_pickle: bool = False,
+def open_nemo(path: str, *, strategies: Strategies, providers: ProviderTable, trust_pickle: bool = False,
               kinds_for: KindsFor | None = None) -> NemoCheckpoint:
     """Open a ``.nemo`` (tar, gzipped tar, or folder) without extracting it.
 
@@ -73,11 +74,12 @@ def open_nemo(path: str, *, strategies: Strategies, trust_pickle: bool = False,
     the model family); it is needed to merge per-rank files and to trim padding.
     ``strategies`` are the registry's sharding strategies (``Registry.strategies()``):
     per-rank slices are merged by its tensor-parallel strategy (a conversion places it on
-    its ``--device``), its pipeline strategy lays out the stages.
+    its ``--device``), its pipeline strategy lays out the stages. ``providers`` (the
+    registry's Megatron-Bridge providers) read a NeMo 2 folder's config.
     """
     if os.path.isdir(path) and os.path.isdir(os.path.join(path, "weights")) \
             and os.path.isdir(os.path.join(path, "context")):
-        return open_nemo2(path, kinds_for=kinds_for)
+        return open_nemo2(path, providers=providers, kinds_for=kinds_for)
     container = open_nemo_container(path)
     try:
         cfg_name = find_member(container, CONFIG_MEMBER)

@@ -17,7 +17,8 @@ import yaml
 from nemo_convert.errors import ConfigError, InputError, UnsupportedError
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 from nemo_convert.formats.dist_checkpoint.sections import join_sections
-from nemo_convert.formats.megatron.megatron_config import MLA_PROVIDER, provider_to_nemo
+from nemo_convert.formats.megatron.megatron_config import provider_to_nemo
+from nemo_convert.formats.megatron.providers import MLA_PROVIDER, ProviderTable
 from nemo_convert.formats.nemo.nemo_checkpoint import KindsFor, NemoCheckpoint, VocabTrimView
 from nemo_convert.formats.io.tar_archive import DirectoryContainer
 from nemo_convert.mapping.rules import Parallel
@@ -91,14 +92,14 @@ NEMO2_MLA_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _mla_nemo2(c: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+def _mla_nemo2(c: dict[str, Any], model: dict[str, Any], providers: ProviderTable) -> dict[str, Any]:
     """A NeMo 2 DeepSeek config, read as the MLA provider it equals field for field."""
     cls = _target(c)
     if cls not in NEMO2_MLA_DEFAULTS:
         raise UnsupportedError(f"context/model.yaml: NeMo 2 config class {cls} is not supported (known: "
                                + ", ".join(k.rsplit(".", 1)[-1] for k in NEMO2_MLA_DEFAULTS) + ")")
     values = {**NEMO2_MLA_DEFAULTS[cls], **{k: v for k, v in c.items() if k != "_target_"}, "_target_": MLA_PROVIDER}
-    cfg = provider_to_nemo(values, "context/model.yaml")
+    cfg = provider_to_nemo(values, "context/model.yaml", providers)
     cfg["nemo2_target"] = _target(model)
     return cfg
 
@@ -128,12 +129,12 @@ def _provider_values(c: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
+def nemo2_to_nemo1_config(model: dict[str, Any], providers: ProviderTable) -> dict[str, Any]:
     """NeMo 2 ``model.yaml`` (the GPT family of configs) → NeMo 1 ``model_config`` fields,
     through the one provider table (:func:`~nemo_convert.formats.megatron.megatron_config.provider_to_nemo`)."""
     c: dict[str, Any] = model["config"] if isinstance(model.get("config"), dict) else {}
     if _target(c).startswith(_DEEPSEEK):
-        return _mla_nemo2(c, model)
+        return _mla_nemo2(c, model, providers)
     if _target(c).startswith(_GPT_OSS):
         raise UnsupportedError(f"context/model.yaml: NeMo 2's {_target(c).rsplit('.', 1)[-1]} is not read: its YaRN "
                                "is rotary_scaling_factor (Megatron-Core 0.16's GPTModel reads yarn_rotary_scaling_"
@@ -143,7 +144,7 @@ def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
     if missing:
         raise InputError(f"context/model.yaml lacks {', '.join(missing)} under config")
     try:
-        cfg = provider_to_nemo(_provider_values(c), "context/model.yaml")
+        cfg = provider_to_nemo(_provider_values(c), "context/model.yaml", providers)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise ConfigError(f"context/model.yaml: a model field is not understood ({type(exc).__name__}: {exc})") \
             from None
@@ -152,12 +153,13 @@ def nemo2_to_nemo1_config(model: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def open_nemo2(path: str, *, kinds_for: KindsFor | None = None) -> NemoCheckpoint:
-    """Open a NeMo 2.0 checkpoint folder lazily (weights under logical NeMo names)."""
+def open_nemo2(path: str, *, providers: ProviderTable, kinds_for: KindsFor | None = None) -> NemoCheckpoint:
+    """Open a NeMo 2.0 checkpoint folder lazily (weights under logical NeMo names); its config is
+    read by the provider table with ``providers`` (the registry's)."""
     model_yaml = os.path.join(path, "context", "model.yaml")
     if not os.path.isfile(model_yaml):
         raise InputError(f"{path}: NeMo 2 checkpoint without context/model.yaml")
-    cfg = nemo2_to_nemo1_config(load_context_yaml(model_yaml))
+    cfg = nemo2_to_nemo1_config(load_context_yaml(model_yaml), providers)
     container = DirectoryContainer(path)
     try:
         dist = DistCheckpointSource(lambda n: container.region("weights/" + n), name=f"{path}:weights")

@@ -4,12 +4,15 @@ QKV (from q, k, v or from a packed ``[q; k; v]``), the gated fc1, fused experts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules.base import Parallel, cfg_get
-from nemo_convert.mapping.rules.protocol import Direction, Origin, PlanContext, Rule, Task
-from nemo_convert.tensors.pieces import materialize
+from nemo_convert.mapping.rules.protocol import Direction, LazyFn, Origin, PlanContext, Rule, Task, TaskFn
+from nemo_convert.tensors.pieces import Lazy, materialize
+
+if TYPE_CHECKING:
+    import torch
 
 _GEOMETRY = ("heads", "groups", "head_dim", "hidden")
 
@@ -51,13 +54,13 @@ class FuseQKV(Rule):
         out = []
         for q, k, v, n in zip(*(ctx.names(x) for x in (self.q, self.k, self.v, self.nemo))):
             if direction == "to_nemo":
-                out.append(Task((q, k, v), (n,), lambda ts, g=geo: (ops.fuse_qkv(*ts, **g, pool=pool),),
+                out.append(Task((q, k, v), (n,), lambda ts: (ops.fuse_qkv(ts[0], ts[1], ts[2], pool=pool, **geo),),
                                 (self.parallel,), label="fuse_qkv",
-                                lazy_fn=lambda ts, g=geo: (ops.fuse_qkv_lazy(*ts, **g),)))
+                                lazy_fn=lambda ts: (_fuse_qkv_lazy(ts, geo),)))
             else:
-                out.append(Task((n,), (q, k, v), lambda ts, g=geo: ops.split_qkv(ts[0], **g),
+                out.append(Task((n,), (q, k, v), lambda ts: ops.split_qkv(ts[0], **geo),
                                 (Parallel.REPLICATED,) * 3, label="split_qkv",
-                                lazy_fn=lambda ts, g=geo: ops.split_qkv_lazy(ts[0], **g)))
+                                lazy_fn=lambda ts: ops.split_qkv_lazy(ts[0], **geo)))
         return out
 
 
@@ -89,13 +92,14 @@ class PackedQKV(Rule):
         kind = self.parallel if direction == "to_nemo" else Parallel.REPLICATED
         pairs = ctx.pairs(self.hf, self.nemo, direction)
         if self.transposed:  # a new tensor either way: no deferred form
+            fn: TaskFn
             if direction == "to_nemo":
-                fn = (lambda ts, g=geo: (materialize(ops.regroup_qkv_lazy(ops.transpose_2d(ts[0]), **g)),))
+                fn = (lambda ts: (materialize(ops.regroup_qkv_lazy(ops.transpose_2d(ts[0]), **geo)),))
             else:
-                fn = (lambda ts, g=geo: (ops.transpose_2d(ops.ungroup_qkv_lazy(ts[0], **g)),))
+                fn = (lambda ts: (ops.transpose_2d(ops.ungroup_qkv_lazy(ts[0], **geo)),))
             return [Task((src,), (dst,), fn, (kind,), label="packed_qkv_conv1d") for src, dst in pairs]
-        return [Task((src,), (dst,), lambda ts, f=op, g=geo: (materialize(f(ts[0], **g)),), (kind,),
-                     label="packed_qkv", lazy_fn=lambda ts, f=op, g=geo: (f(ts[0], **g),))
+        return [Task((src,), (dst,), lambda ts: (materialize(op(ts[0], **geo)),), (kind,),
+                     label="packed_qkv", lazy_fn=lambda ts: (op(ts[0], **geo),))
                 for src, dst in pairs]
 
 
@@ -120,12 +124,13 @@ class FuseGated(Rule):
         out = []
         for g, u, n in zip(*(ctx.names(x) for x in (self.gate, self.up, self.nemo))):
             if direction == "to_nemo":
-                out.append(Task((g, u), (n,), lambda ts, f=ffn: (ops.fuse_gated(ts[0], ts[1], ffn=f, pool=pool),),
+                out.append(Task((g, u), (n,), lambda ts: (ops.fuse_gated(ts[0], ts[1], ffn=ffn, pool=pool),),
                                 (self.parallel,), label="fuse_gated",
-                                lazy_fn=lambda ts, f=ffn: (ops.fuse_gated_lazy(ts[0], ts[1], ffn=f),)))
+                                lazy_fn=lambda ts: (ops.fuse_gated_lazy(*_two(ts), ffn=ffn),)))
             else:
-                fn = (lambda ts, f=ffn: ops.split_gated(ts[0], ffn=f))
-                out.append(Task((n,), (g, u), fn, (Parallel.REPLICATED,) * 2, label="split_gated", lazy_fn=fn))
+                out.append(Task((n,), (g, u), lambda ts: tuple(materialize(t) for t in ops.split_gated(ts[0], ffn=ffn)),
+                                (Parallel.REPLICATED,) * 2,
+                                label="split_gated", lazy_fn=lambda ts: ops.split_gated(ts[0], ffn=ffn)))
         return out
 
 
@@ -150,14 +155,14 @@ class StackedExperts(Rule):
         out = []
         for h, names in zip(ctx.names(self.hf), per_layer.values()):
             if direction == "to_nemo":
-                lazy = (lambda ts, k=len(names), w=how: ops.unstack_experts(ts[0], experts=k, **w))
-                out.append(Task((h,), tuple(names), lambda ts, f=lazy: tuple(materialize(t) for t in f(ts)),
-                                (self.parallel,) * len(names), label="unstack_experts", lazy_fn=lazy))
+                lazy, fn = _unstack(len(names), how)
+                out.append(Task((h,), tuple(names), fn, (self.parallel,) * len(names), label="unstack_experts",
+                                lazy_fn=lazy))
             else:
                 out.append(Task(tuple(names), (h,),
-                                lambda ts, w=how: (materialize(ops.stack_experts_lazy(list(ts), **w)),),
+                                lambda ts: (materialize(ops.stack_experts_lazy(list(ts), **how)),),
                                 (Parallel.REPLICATED,), label="stack_experts",
-                                lazy_fn=lambda ts, w=how: (ops.stack_experts_lazy(list(ts), **w),)))
+                                lazy_fn=lambda ts: (ops.stack_experts_lazy(list(ts), **how),)))
         return out
 
     def origins(self, ctx: PlanContext) -> dict[str, Origin]:
@@ -167,3 +172,26 @@ class StackedExperts(Rule):
             per_layer.setdefault(i, []).append(n)
         return {n: Origin((h,), slot=e) for h, names in zip(ctx.names(self.hf), per_layer.values())
                 for e, n in enumerate(names)}
+
+
+def _unstack(experts: int, how: dict[str, bool]) -> tuple[LazyFn, TaskFn]:
+    """The deferred and the tensor form of one layer's unstacking into ``experts`` tensors."""
+    def lazy(ts: Sequence[Lazy]) -> Sequence[Lazy]:
+        return ops.unstack_experts(ts[0], experts=experts, **how)
+
+    def fn(ts: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        return tuple(materialize(t) for t in lazy(ts))
+    return lazy, fn
+
+
+def _fuse_qkv_lazy(ts: Sequence[Lazy], geo: dict[str, int]) -> Lazy:
+    """:func:`~nemo_convert.mapping.ops.fuse_qkv_lazy` of a task's q, k, v (source tensors
+    as they are; deferred pieces, which no rule feeds a fusion today, copied into one)."""
+    q, k, v = ts
+    return ops.fuse_qkv_lazy(materialize(q), materialize(k), materialize(v), **geo)
+
+
+def _two(ts: Sequence[Lazy]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A deferred fusion's two inputs as tensors (as in :func:`_fuse_qkv_lazy`)."""
+    a, b = ts
+    return materialize(a), materialize(b)

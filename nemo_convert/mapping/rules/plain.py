@@ -7,12 +7,12 @@ from typing import Any, ClassVar, Sequence, Union
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.mapping import ops
-from nemo_convert.mapping.rules.base import Parallel, cfg_get
+from nemo_convert.mapping.rules.base import Kind, Parallel, cfg_get
 from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task, same
 from nemo_convert.tensors.base import TensorInfo
 
 
-def _side_kind(kind: Parallel, direction: Direction) -> tuple[Parallel]:
+def _side_kind(kind: Kind, direction: Direction) -> tuple[Kind]:
     """An output's kind: the rule's on the NeMo side, replicated on the HF side."""
     return (kind if direction == "to_nemo" else Parallel.REPLICATED,)
 
@@ -29,7 +29,7 @@ class Rename(Rule):
 
     hf: str
     nemo: str
-    parallel: Parallel = Parallel.REPLICATED
+    parallel: Kind = Parallel.REPLICATED
     when: str | None = None
     shape: tuple[Union[int, str, None], ...] | None = None
 
@@ -114,6 +114,6 @@ class Offset(Rule):
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
         delta = self.value if direction == "to_nemo" else -self.value
-        return [Task((src,), (dst,), lambda ts, d=delta: (ops.add_scalar(ts[0], d),),
+        return [Task((src,), (dst,), lambda ts: (ops.add_scalar(ts[0], delta),),
                      _side_kind(self.parallel, direction), label="offset")
                 for src, dst in ctx.pairs(self.hf, self.nemo, direction)]

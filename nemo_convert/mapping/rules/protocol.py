@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Literal, Sequence, TYPE_CHECKING, TypeVar
 
 from nemo_convert.mapping.ops import BufferPool
-from nemo_convert.mapping.rules.base import Axes, Parallel, condition_holds, prefix_name, prefix_path
+from nemo_convert.mapping.rules.base import Axes, Kind, Parallel, condition_holds, prefix_name, prefix_path
 from nemo_convert.tensors.base import TensorInfo
 from nemo_convert.tensors.pieces import Lazy
 
@@ -29,8 +29,12 @@ TaskFn = Callable[[Sequence["torch.Tensor"]], Sequence["torch.Tensor"]]
 LazyFn = Callable[[Sequence[Lazy]], Sequence[Lazy]]
 
 
-def same(ts: Sequence[Lazy]) -> tuple[Lazy]:
-    """The identity task function (its own deferred form)."""
+_T = TypeVar("_T")
+
+
+def same(ts: Sequence[_T]) -> tuple[_T]:
+    """The identity task function (its own deferred form: tensors in, tensors out; pieces
+    in, pieces out)."""
     return (ts[0],)
 
 
@@ -41,7 +45,7 @@ class Task:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     fn: TaskFn
-    parallel: tuple[Parallel, ...]  # per output (NeMo side), REPLICATED on the HF side
+    parallel: tuple[Kind, ...]  # per output (NeMo side), REPLICATED on the HF side
     infos: tuple[TensorInfo, ...] = ()
     label: str = ""
     check_equal: bool = False  # an equality check (Tied): the inputs must be equal; no outputs

@@ -4,7 +4,7 @@ that stores a copy once (:class:`Shared`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence, TYPE_CHECKING, cast
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.mapping.rules.base import Parallel, cfg_get
@@ -34,16 +34,16 @@ class Custom(Rule):
     when: str | None = None
 
     def prefixed(self, hf: str, nemo: str, cfg: str) -> "Custom":
-        out = super().prefixed(hf, nemo, cfg)
+        out = cast("Custom", super().prefixed(hf, nemo, cfg))
         if not cfg:
-            return out  # type: ignore[return-value]
+            return out
         # Functions see the config of their own section.
         def sub(c: dict[str, Any]) -> dict[str, Any]:
             return cfg_get(c, cfg.rstrip("."), {}) or {}
         to_nemo, to_hf = self.to_nemo, self.to_hf
         wrapped_nemo: TensorFn = lambda ts, c: to_nemo(ts, sub(c))  # noqa: E731
         wrapped_hf: TensorFn = lambda ts, c: to_hf(ts, sub(c))  # noqa: E731
-        return replace(out, to_nemo=wrapped_nemo, to_hf=wrapped_hf)  # type: ignore[type-var]
+        return replace(out, to_nemo=wrapped_nemo, to_hf=wrapped_hf)
 
     def kinds(self) -> tuple[Parallel, ...]:
         """One kind per NeMo output."""
@@ -62,14 +62,15 @@ class Custom(Rule):
         nemo_lists = [ctx.names(n) for n in self.nemo]
         count = max([len(x) for x in hf_lists + nemo_lists] or [1])
         out = []
+        to_nemo, to_hf = self.to_nemo, self.to_hf
         for j in range(count):
             hf_keys = tuple(lst[j if len(lst) > 1 else 0] for lst in hf_lists)
             nemo_keys = tuple(lst[j if len(lst) > 1 else 0] for lst in nemo_lists)
             if direction == "to_nemo":
-                out.append(Task(hf_keys, nemo_keys, lambda ts, f=self.to_nemo: tuple(f(ts, cfg)),
+                out.append(Task(hf_keys, nemo_keys, lambda ts: tuple(to_nemo(ts, cfg)),
                                 tuple(self.kinds()), label="custom"))
             else:
-                out.append(Task(nemo_keys, hf_keys, lambda ts, f=self.to_hf: tuple(f(ts, cfg)),
+                out.append(Task(nemo_keys, hf_keys, lambda ts: tuple(to_hf(ts, cfg)),
                                 (Parallel.REPLICATED,) * len(hf_keys), label="custom"))
         return out
 
