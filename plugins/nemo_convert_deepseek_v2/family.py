@@ -140,10 +140,19 @@ def _claims(cfg: dict[str, Any]) -> bool:
     return spec.attention.mla is not None and spec.moe is not None and spec.moe.score_function == "softmax"
 
 
+#: ``--to megatron-bridge``: refused for now. Megatron-Bridge's ``DeepSeekV2Bridge``
+#: (``src/megatron/bridge/models/deepseek/deepseek_v2_bridge.py``, NVIDIA-NeMo/Megatron-Bridge 067f987,
+#: lines 35-84) builds an ``MLAModelProvider`` with softmax routing (``moe_router_pre_softmax``, line 57;
+#: ``scoring_func`` / ``n_group`` / ``topk_group`` / ``routed_scaling_factor`` through
+#: ``conversion/model_bridge.py`` lines 485-489), but the directory reader here reads an MLA provider as
+#: sigmoid routing with an expert bias only, so a directory written for this family would not read back.
+MEGATRON_BRIDGE = ("the MLA provider reader reads sigmoid routing with an expert bias only; DeepSeek-V2's "
+                   "softmax-routed MLAModelProvider (Megatron-Bridge deepseek_v2_bridge.py) would not read back")
+
 DEEPSEEK_V2 = gpt_family(
     "deepseek_v2", architecture="DeepseekV2ForCausalLM", model_type="deepseek_v2", config=DEEPSEEK_V2_CONFIG,
     features=GPTFeatures(mla=True, moe=MoEBlock(shared="shared_experts")),
     claims=_claims,
     description="DeepSeek-V2 / V2-Lite (MLA with or without q LoRA, dense first layers, softmax-routed experts, "
                 "shared experts)",
-)
+    megatron_bridge=MEGATRON_BRIDGE)
