@@ -880,3 +880,76 @@ def test_extra_state_bytes_are_torch_saves_own():
     buf = io.BytesIO()
     torch.save([None, None], buf)
     assert _object_bytes([None, None]) == buf.getvalue()
+
+
+def test_chunk_layout_templates_give_the_layouts_of_a_full_read(tmp_path: Any, monkeypatch: Any) -> None:
+    """A chunk archive that differs from one read before only in its tensor's bytes (and
+    their CRC) takes that one's layout, moved; anything else is read in full — shapes of
+    one byte length, a torch.save archive, and archives changed outside their data, which
+    then read exactly as without templates (refused, or their own layout)."""
+    from nemo_convert.formats.dist_checkpoint import distckpt_chunk
+    from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
+    from nemo_convert.tensors.file_map import FileMap
+
+    path = str(tmp_path / "chunks.bin")
+    tensors = [torch.randn(4, 8).to(torch.bfloat16), torch.randn(8, 4).to(torch.bfloat16),
+               torch.randn(4, 8).to(torch.bfloat16), torch.randn(8, 4).to(torch.bfloat16), torch.randn(3, 5)]
+    spans = []
+    with open(path, "wb") as f:
+        for t in tensors:
+            start = f.tell()
+            TorchSaveWriter(f).save_tensor(t, flush=False)
+            spans.append((start, f.tell() - start))
+        start = f.tell()
+        torch.save(torch.randn(4, 8).to(torch.bfloat16), f)
+        spans.append((start, f.tell() - start))
+    raw = bytearray(open(path, "rb").read())
+    bad = []  # copies of the third archive changed in its index, its directory's CRC, its local header
+    crc = raw[spans[2][0] + 14:spans[2][0] + 18]  # the data record's CRC, in its local header
+    central = raw.find(b"PK\x01\x02", spans[2][0]) + 16
+    assert raw[central:central + 4] == crc
+    for where in (raw.find(b"BFloat16Storage", spans[2][0]), central, spans[2][0] + 14):
+        start = len(raw)
+        raw += raw[spans[2][0]:spans[2][0] + spans[2][1]]
+        raw[start + where - spans[2][0]] ^= 0x01
+        bad.append((start, spans[2][1]))
+    with open(path, "wb") as f:
+        f.write(raw)
+    fmap = FileMap(path)
+
+    full_reads: list[int] = []
+    read = distckpt_chunk.read_tensor_archive
+    monkeypatch.setattr(distckpt_chunk, "read_tensor_archive",
+                        lambda region, mapped=None: full_reads.append(region.offset) or read(region, mapped))
+
+    def layouts() -> list[Any]:
+        distckpt_chunk._TEMPLATES.clear()
+        full_reads.clear()
+        return [distckpt_chunk.read_layout(ByteRegion(path, o, n), fmap.view(o, n)) for o, n in spans + bad]
+
+    got = layouts()
+    assert full_reads == [o for i, (o, _) in enumerate(spans + bad) if i not in (2, 3)]  # 2, 3: from templates
+    monkeypatch.setattr(distckpt_chunk, "_TEMPLATES", {})
+    monkeypatch.setattr(distckpt_chunk, "_remember", lambda *a: None)
+    want = layouts()
+    assert got == want
+    assert [g.shape if g else None for g in got[:5]] == [(4, 8), (8, 4), (4, 8), (8, 4), (3, 5)]
+    assert got[-3] is None  # the index's CRC fails: refused, as without templates
+    assert got[-2] is not None and got[-2].crc32 == got[2].crc32 ^ 1  # the directory's CRC is the record's
+    fmap.close()
+
+
+def test_objects_written_in_batches_are_the_same_bytes_and_load(tmp_path: Any, monkeypatch: Any) -> None:
+    """The BYTE_IO objects are gathered with their padding and written in batches: a
+    batch size smaller than one object gives the same files, which torch's reader loads."""
+    from nemo_convert.formats.dist_checkpoint import distckpt_write
+
+    tensors = gpt_tensors()
+    write_gpt(DirectorySink(str(tmp_path / "big")), tensors)
+    monkeypatch.setattr(distckpt_write, "_OBJECTS_BATCH", 7)
+    write_gpt(DirectorySink(str(tmp_path / "small")), tensors)
+    for name in (".metadata", "__0_0.distcp"):
+        assert (tmp_path / "big" / "model_weights" / name).read_bytes() == \
+            (tmp_path / "small" / "model_weights" / name).read_bytes()
+    sd = torch_load(str(tmp_path / "small" / "model_weights"), tensors, extra_state_keys())
+    assert all(sd[k] == [None] for k in extra_state_keys()) and len(extra_state_keys()) > 1

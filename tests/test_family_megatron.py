@@ -13,6 +13,16 @@ multiplied by sqrt(hidden), which is what those modules compute. Nemotron's ``la
 refuses ``layernorm_zero_centered_gamma`` (``torch_norm.py`` line 27). GPT-2 runs the learned
 absolute positions, LayerNorms and biases of the local spec as they are.
 
+Gemma 2 runs Megatron-Core's own ``softmax_scale`` (``query_pre_attn_scalar**-0.5``) and
+``window_attn_skip_freq`` (the alternating windows); three shims apply exactly the math of
+Megatron-Bridge's Gemma 2 custom modules (``067f987d``
+``src/megatron/bridge/models/gemma/gemma2_provider.py``), which the local spec lacks: the
+post-norms of ``TERowParallelLinearLayerNorm`` (``models/common/te_layers.py`` lines 26-57:
+``linear_proj`` and ``linear_fc2`` normalise their output, a zero-centred RMSNorm
+``post_layernorm``), the score soft-cap of ``Gemma2DotProductAttention`` (line 242:
+``c·tanh(s/c)`` on the scaled scores, before the mask and softmax) and the logit soft-cap of
+``Gemma2OutputLayer`` (lines 410-425).
+
 Mixture-of-experts families run with the settings families.md measured: SequentialMLP
 (no grouped GEMM), the all-gather token dispatcher, no load balancing, fp32 routing; at
 EP=2 two processes each hold half of the experts and load them from the same checkpoint.
@@ -32,7 +42,7 @@ import pytest
 # found, not imported, at collection: importing megatron.core costs seconds (tests/conftest.py, test time)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="needs megatron.core")
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3",
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3",
             "gpt_oss", "nemotron", "gpt2")
 TOLERANCE = 1e-4  # correct layouts measure ~1e-6; a wrong one 0.05 and more (families.md)
 #: RoPE fields Megatron-Core reads: MLATransformerConfig's (multi_latent_attention.py lines 129-148) and
@@ -131,6 +141,10 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
         moe.update(softmax_type=cfg["softmax_type"], window_attn_skip_freq=cfg.get("window_attn_skip_freq"),
                    glu_linear_offset=cfg["glu_linear_offset"],
                    activation_func_clamp_value=cfg["activation_func_clamp_value"])
+    if cfg.get("window_attn_skip_freq") is not None:  # windows on some layers (GPT-OSS, Gemma 2)
+        moe["window_attn_skip_freq"] = cfg["window_attn_skip_freq"]
+    if cfg.get("query_pre_attn_scalar") is not None:  # Gemma 2: Megatron-Core's own softmax_scale
+        moe["softmax_scale"] = float(cfg["query_pre_attn_scalar"]) ** -0.5
     if experts and cfg.get("expert_tensor_parallel_size"):
         moe["expert_tensor_parallel_size"] = cfg["expert_tensor_parallel_size"]
     mla = bool(cfg.get("multi_latent_attention"))
@@ -199,6 +213,37 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
                      rotary_percent=cfg.get("rotary_percentage", 1.0),
                      share_embeddings_and_output_weights=cfg["share_embeddings_and_output_weights"],
                      parallel_output=False, mtp_block_spec=mtp_spec)
+    if cfg.get("nemo_convert", {}).get("post_norms") and not os.environ.get("MCORE_NO_POST_NORMS"):
+        # shim: Megatron-Bridge's TERowParallelLinearLayerNorm, a norm on linear_proj's and
+        # linear_fc2's (reduced) output, saved as their ``post_layernorm.weight``
+        def with_post_norm(linear: Any) -> None:
+            linear.post_layernorm = torch.nn.RMSNorm(cfg["hidden_size"], eps=cfg["layernorm_epsilon"])
+            inner = linear.forward
+
+            def forward(*a: Any, **k: Any) -> Any:
+                out, bias = inner(*a, **k)
+                assert bias is None
+                return linear.post_layernorm(out), bias
+
+            linear.forward = forward
+
+        for layer in model.decoder.layers:
+            with_post_norm(layer.self_attention.linear_proj)
+            with_post_norm(layer.mlp.linear_fc2)
+    if cfg.get("attn_logit_softcapping"):  # shim: Gemma2DotProductAttention's c·tanh(s/c) on the scaled scores
+        cap = float(cfg["attn_logit_softcapping"])
+        for layer in model.decoder.layers:
+            softmax = layer.self_attention.core_attention.scale_mask_softmax
+            softmax.forward = (lambda inner: lambda s, *a, **k: inner(cap * torch.tanh(s / cap), *a, **k))(
+                softmax.forward)
+    if cfg.get("final_logit_softcapping") and model.post_process:  # shim: Gemma2OutputLayer's cap
+        final_cap, head = float(cfg["final_logit_softcapping"]), model.output_layer.forward
+
+        def capped(*a: Any, **k: Any) -> Any:
+            out, bias = head(*a, **k)
+            return final_cap * torch.tanh(out / final_cap), bias
+
+        model.output_layer.forward = capped  # type: ignore[method-assign]
     ckpt = os.path.join(nemo, "model_weights")
     sharded = model.sharded_state_dict(prefix="model.")
     # Megatron-Core's words: "missing" = in the checkpoint, not asked for (left over: the
@@ -381,7 +426,8 @@ def test_megatron_core_logits_equal_hf(tmp_path: Any, family: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen2", "phi3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "nemotron", "gpt2"])
+@pytest.mark.parametrize("family", ["qwen2", "phi3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "nemotron", "gpt2",
+                                    "gemma2"])
 def test_megatron_core_at_tp2_loads_the_same_checkpoint(tmp_path: Any, family: str) -> None:
     """Megatron reshards the dist checkpoint on load: at TP=2 each rank's slices of the
     grouped QKV (and its bias, and Phi-3's regrouped packed projection) are whole query
@@ -516,6 +562,11 @@ def test_the_check_sees_gpt_oss_sinks(tmp_path: Any) -> None:
 @pytest.mark.parametrize("family, edit, env_extra, what", [
     ("nemotron", None, {"MCORE_NO_ZERO_CENTRED_SHIM": "1"}, "LayerNorm γ without the +1"),
     ("nemotron", {"activation": "relu"}, None, "ReLU instead of squared ReLU"),
+    ("gemma2", None, {"MCORE_NO_POST_NORMS": "1"}, "without the post-attention and post-MLP norms"),
+    ("gemma2", {"attn_logit_softcapping": 3.0}, None, "the score cap 3 instead of 1.5"),
+    ("gemma2", {"final_logit_softcapping": 6.0}, None, "the logit cap 6 instead of 3"),
+    ("gemma2", {"query_pre_attn_scalar": 32}, None, "scores scaled by the head size instead of query_pre_attn_scalar"),
+    ("gemma2", {"window_attn_skip_freq": None}, None, "the window on every layer"),
     # erf vs tanh GeLU is a small difference (9.5e-5 here): checked at 1e-5, 30x what the
     # right GeLU measures (3.6e-7)
     ("gpt2", {"openai_gelu": False}, {"MCORE_TOLERANCE": "1e-5"}, "the erf GeLU instead of the tanh approximation"),

@@ -14,8 +14,8 @@ exported ``config.json`` must be the source's, key for key (less the
 ``quantization_config`` of a source the import dequantized). A config the families cannot
 represent is refused in one line naming the key; :data:`CASES` pins which.
 
-Configs of families not handled yet (``gemma2/``, ``glm4_moe/``) are stored but not run (a
-later issue). The table of results is docs/formats.md "Published
+Configs of families not handled yet (``gemma3/``, ``glm4_moe/``) are
+stored but not run (a later issue). The table of results is docs/formats.md "Published
 configs we test".
 """
 
@@ -35,7 +35,7 @@ from nemo_convert.errors import NemoConvertError
 
 HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hub_configs")
 #: Families whose stored configs are kept for a later issue (no family yet).
-NOT_YET = ("gemma2", "glm4_moe")
+NOT_YET = ("gemma3", "glm4_moe")
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])
 
 #: config → (expected result, slow). ``None``: import and export bit-exactly; a string: the
@@ -53,6 +53,9 @@ CASES: dict[str, tuple[str | None, bool]] = {
     "deepseek_v3/moonshotai__Kimi-K2-Instruct.json": (None, False),
     "gemma/google__gemma-2b.json": (None, False),
     "gemma/unsloth__codegemma-7b-it.json": (None, False),
+    "gemma2/google__gemma-2-27b.json": (None, False),
+    "gemma2/google__gemma-2-2b.json": (None, False),
+    "gemma2/google__gemma-2-9b.json": (None, False),
     "gpt2/gpt2_gptq.json": ("quant_method='gptq'", False),
     "gpt2/gpt2_large_hub.json": (None, False),
     "gpt2/gpt2_saved_4.38.json": (None, False),
@@ -237,7 +240,7 @@ def test_shrinking_keeps_every_other_key():
 
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-    "gemma": "GemmaConfig", "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig",
+    "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig",
     "qwen2_moe": "Qwen2MoeConfig", "deepseek_v2": "DeepseekV2Config", "deepseek_v3": "DeepseekV3Config",
     "nemotron": "NemotronConfig",
     "gpt2": "GPT2Config", "clip": "CLIPConfig", "llava": "LlavaConfig", "nemotron_h": "NemotronHConfig",

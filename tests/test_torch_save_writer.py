@@ -35,6 +35,7 @@ def _plain(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch_save, "_CACHED_RECORD", -1)
     monkeypatch.setattr(torch_save, "_SMALL", -1)
     monkeypatch.setattr(torch_save, "_single_pickle", torch_save._pickle)
+    monkeypatch.setattr(torch_save, "_TEMPLATE_MAX", -1)
 
 
 def test_shortcuts_write_the_plain_bytes(monkeypatch):
@@ -63,3 +64,34 @@ def test_archives_one_after_another_in_one_stream_each_load():
     for t, (a, b) in zip(TENSORS * 2, spans):
         back = torch.load(io.BytesIO(data[a:b]), weights_only=True)
         assert torch.equal(back.reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8))
+
+
+def test_template_archives_of_mapped_tensors_and_pieces_write_the_plain_bytes(tmp_path, monkeypatch):
+    """The one-tensor template (dist checkpoint chunks) fills in the CRC and the bytes of
+    tensors mapped from an input file (copied file to file by ``copy_range``) and of
+    :class:`Pieces` exactly as the plain path writes them; a larger tensor takes the plain path."""
+    from nemo_convert.formats.io.output_file import open_output
+    from nemo_convert.tensors.file_map import FileMap
+    from nemo_convert.tensors.pieces import Pieces
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(torch.randn(1024).numpy().tobytes())
+    fmap = FileMap(str(src))
+    mapped = [fmap.tensor(0, (16, 8), torch.float32), fmap.tensor(512, (64,), torch.float32)]
+    pieces = Pieces([mapped[0], torch.arange(6, dtype=torch.float32), mapped[1]], (2, 99), torch.float32)
+    cases = mapped + [pieces, torch.randn(5, 3).to(torch.bfloat16), torch.randn(5, 3).to(torch.bfloat16),
+             torch.randn(256)]
+    monkeypatch.setattr(torch_save, "_TEMPLATE_MAX", 600)  # the 1 KiB one below goes the plain way
+
+    def archives(name: str) -> bytes:
+        path = str(tmp_path / name)
+        with open_output(path) as out:
+            for t in cases:
+                TorchSaveWriter(out).save_tensor(t, flush=False)
+        with open(path, "rb") as f:
+            return f.read()
+
+    got = archives("template.bin")
+    _plain(monkeypatch)
+    assert got == archives("plain.bin")
+    fmap.close()

@@ -61,6 +61,11 @@ class GPTFeatures:
         (DeepSeek-V3's ``num_nextn_predict_layers``) ⇄ Megatron-Core's MTP block
         (:func:`mtp_rules`); adds the config row :data:`~nemo_convert.families.gpt_config.MTP_LAYERS`
         and the import switch ``--drop-mtp``.
+    :param post_norms: each sublayer's output is normalised before the residual add (Gemma 2
+        / 3): HF ``post_attention_layernorm`` ⇄ ``self_attention.linear_proj.post_layernorm``,
+        ``post_feedforward_layernorm`` ⇄ ``mlp.linear_fc2.post_layernorm``, and the pre-MLP
+        norm is HF ``pre_feedforward_layernorm`` (Megatron-Bridge ``067f987d``
+        ``src/megatron/bridge/models/gemma/gemma2_bridge.py`` lines 93-100).
     """
 
     packed_qkv: bool = False
@@ -73,6 +78,7 @@ class GPTFeatures:
     norm_bias: bool = False
     gated_mlp: bool = True
     mtp: bool = False
+    post_norms: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,8 @@ def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
         rules += [Rename(a + "q_norm.weight", n + "q_layernorm.weight", shape=("kv_channels",)),
                   Rename(a + "k_norm.weight", n + "k_layernorm.weight", shape=("kv_channels",))]
     rules.append(Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=("hidden_size", None)))
+    if features.post_norms:
+        rules += norm_rules(features, L + "post_attention_layernorm.weight", n + "linear_proj.post_layernorm.weight")
     if spec.qkv_bias:
         rules.append(PackedQKV(a + "qkv_proj.bias", n + "linear_qkv.bias") if features.packed_qkv else
                      FuseQKV(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias", n + "linear_qkv.bias"))
@@ -219,8 +227,11 @@ def dense_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = "{
     without ``features.gated_mlp``, ``linear_fc1`` = ``up_proj``."""
     bias = spec_of(cfg).mlp.bias
     m, n = f"model.layers.{layers}.mlp.", f"decoder.layers.{layers}.mlp."
-    rules: list[Rule] = norm_rules(features, f"model.layers.{layers}.post_attention_layernorm.weight",
-                                   n + "linear_fc1.layer_norm_weight")
+    pre = "pre_feedforward_layernorm" if features.post_norms else "post_attention_layernorm"
+    rules: list[Rule] = norm_rules(features, f"model.layers.{layers}.{pre}.weight", n + "linear_fc1.layer_norm_weight")
+    if features.post_norms:
+        rules += norm_rules(features, f"model.layers.{layers}.post_feedforward_layernorm.weight",
+                            n + "linear_fc2.post_layernorm.weight")
     suffixes = ("weight", "bias") if bias else ("weight",)
     for s in suffixes:
         if not features.gated_mlp:

@@ -6,7 +6,7 @@ base is :mod:`nemo_convert.families.gpt`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.architecture import describe_activation, mlp_activation
@@ -14,7 +14,7 @@ from nemo_convert.families.config_table import REQUIRED, ConfigTable, Derived, F
 from nemo_convert.families.yarn import MLA_PLAIN, yarn_to_hf, yarn_to_nemo
 from nemo_convert.hf_config import precision_of, read_rope
 from nemo_convert.mapping.ops import largest_pow2_divisor
-from nemo_convert.spec import (LLAMA3_DEFAULTS, Llama3Scaling, Rope, YarnScaling, geometry_of,
+from nemo_convert.spec import (LLAMA3_DEFAULTS, Llama3Scaling, ModelSpec, Rope, YarnScaling, geometry_of,
                                linear_biases as bias_pattern, megatron_window, provenance_of, rope_of, sliding_window as window_of,
                                spec_of)
 
@@ -240,6 +240,86 @@ def no_per_layer_windows(hf: dict[str, Any]) -> str | None:
     if isinstance(types, list) and any(t != "full_attention" for t in types):
         return f"layer_types={types!r} (per-layer attention kinds)"
     return None
+
+
+def softcap(key: str, default: float | None, of: Callable[[ModelSpec], float | None]) -> Derived:
+    """A tanh soft-cap ``c·tanh(x / c)`` (Gemma 2's ``attn_logit_softcapping`` on the
+    attention scores, ``final_logit_softcapping`` on the logits) ⇄ the NeMo field of the
+    same name (Megatron-Bridge's provider fields). Absent means the HF class's ``default``;
+    null means no cap (transformers applies none: ``if softcap is not None``), so null is
+    kept as null, unlike a :class:`Field`'s default for null. ``of`` reads the cap from the
+    spec on export (either NeMo spelling, :mod:`nemo_convert.spec.nemo`)."""
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        value = hf[key] if key in hf else default
+        if value is None:
+            return {key: None}
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value) > 0:
+            raise UnsupportedError(f"{key}={value!r} is not a positive soft-cap")
+        return {key: float(value)}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        return {key: of(spec_of(cfg))}
+
+    return Derived((key,), to_nemo, to_hf)
+
+
+def query_pre_attn_scalar(default: float) -> Field:
+    """HF ``query_pre_attn_scalar`` (scores × its ``-0.5`` power instead of the head size's,
+    Gemma 2 / 3) ⇄ the NeMo field of that name (Megatron-Bridge's provider field), the
+    number kept as the source spells it (256 stays an int)."""
+
+    def number(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise UnsupportedError(f"query_pre_attn_scalar={v!r} is not a positive number")
+        return v
+
+    def spelled(cfg: dict[str, Any]) -> Any:  # NeMo 1's mcore_customization_config (spec reader)
+        value = spec_of(cfg).attention.query_pre_attn_scalar
+        return int(value) if value is not None and float(value).is_integer() else value
+
+    return Field("query_pre_attn_scalar", "query_pre_attn_scalar", default, to_nemo=number, to_hf=number,
+                 nemo_default=spelled)
+
+
+LAYER_KINDS = ("sliding_attention", "full_attention")
+
+
+def layer_windows(default_types: Callable[[dict[str, Any]], list[str]], *, pattern_key: str | None = None) -> Derived:
+    """A sliding window on some layers: HF ``sliding_window`` (keys a query sees) and
+    ``layer_types`` (per layer ``sliding_attention`` / ``full_attention``; absent:
+    ``default_types(hf)``, what the HF config class fills in) ⇄ Megatron-Core's
+    ``window_size`` ``[W-1, 0]`` with ``window_attn_skip_freq`` as a per-layer list (1:
+    windowed). ``pattern_key``: the HF key that sets the default pattern (read by
+    ``default_types``; kept as the source has it). Other layer kinds are refused by name."""
+    keys = ("sliding_window", "layer_types") + ((pattern_key,) if pattern_key else ())
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        types = hf.get("layer_types")
+        types = list(types) if types is not None else default_types(hf)
+        if len(types) != int(hf["num_hidden_layers"]):
+            raise ConfigError(f"layer_types has {len(types)} entries for num_hidden_layers={hf['num_hidden_layers']}")
+        other = sorted({str(t) for t in types} - set(LAYER_KINDS))
+        if other:
+            raise UnsupportedError(f"layer_types entries {other} (Megatron-Core computes sliding and full attention)")
+        w = hf.get("sliding_window")
+        sliding = [int(t == "sliding_attention") for t in types]
+        if w is None or not any(sliding):
+            return {"window_size": None, "window_attn_skip_freq": None}
+        return {"window_size": megatron_window(int(w)), "window_attn_skip_freq": sliding,
+                "nemo_convert.sliding_window": int(w)}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        spec = spec_of(cfg)
+        sliding = spec.attention.window_pattern
+        if spec.attention.window is None:
+            sliding = (False,) * spec.geometry.layers
+        elif sliding is None:
+            sliding = (True,) * spec.geometry.layers
+        return {"layer_types": [LAYER_KINDS[0] if s else LAYER_KINDS[1] for s in sliding],
+                "sliding_window": spec.attention.window}
+
+    return Derived(keys, to_nemo, to_hf, restore=True)
 
 
 #: NeMo fields every GPT family writes with a fixed value (NeMo's converters' choices).

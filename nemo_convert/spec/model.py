@@ -69,7 +69,13 @@ class Attention:
     :param softmax: ``vanilla``, or ``learnable`` (a learned per-head logit joins every
         softmax: attention sinks).
     :param mla: multi-latent attention's dimensions, None for grouped-query attention.
-    :param normalized_scores: scores divided by sqrt(head size).
+    :param normalized_scores: scores divided by sqrt(head size) — or, with
+        ``query_pre_attn_scalar``, by sqrt of that number instead (Gemma 2 / 3's
+        ``scaling = query_pre_attn_scalar**-0.5``).
+    :param query_pre_attn_scalar: what the scores are divided by the square root of, None:
+        the head size.
+    :param logit_softcap: the scores pass through ``c·tanh(s / c)`` before the mask and
+        the softmax (Gemma 2's ``attn_logit_softcapping``), None: they do not.
     :param headscale: NeMo's per-head output scale.
     :param kind: NeMo's ``attention_type`` (``multihead``).
     """
@@ -83,6 +89,8 @@ class Attention:
     softmax: str = "vanilla"
     mla: MLA | None = None
     normalized_scores: bool = True
+    query_pre_attn_scalar: float | None = None
+    logit_softcap: float | None = None
     headscale: bool = False
     kind: str = "multihead"
 
@@ -176,10 +184,14 @@ class Embedding:
 @dataclass(frozen=True)
 class Block:
     """The transformer block's wiring: NeMo's ``transformer_block_type`` (``pre_ln``) and
-    ``apply_residual_connection_post_layernorm``."""
+    ``apply_residual_connection_post_layernorm``; ``post_norms``: each sublayer's output is
+    normalised again before the residual add (Gemma 2 / 3's ``post_attention_layernorm``
+    and ``post_feedforward_layernorm``; Megatron-Bridge's ``linear_proj`` /
+    ``linear_fc2`` with a ``post_layernorm``)."""
 
     kind: str = "pre_ln"
     residual_post_norm: bool = False
+    post_norms: bool = False
 
 
 @dataclass(frozen=True)
@@ -217,7 +229,8 @@ class MoE:
 class ModelSpec:
     """What a decoder computes (module docstring). ``precision`` is the dtype its weights
     are kept in (``bfloat16``, ``float16``, ``float32``), the one storage fact every target
-    records; ``mtp_layers`` counts the multi-token-prediction layers after the last one;
+    records; ``final_logit_softcap``: the logits pass through ``c·tanh(x / c)`` (Gemma 2's
+    ``final_logit_softcapping``), None: they do not; ``mtp_layers`` counts the multi-token-prediction layers after the last one;
     ``unsupported`` lists the math fields the config sets that no field here models
     (:data:`nemo_convert.spec.nemo.UNMODELLED`, field and value): no target computes them."""
 
@@ -231,6 +244,7 @@ class ModelSpec:
     block: Block = Block()
     moe: MoE | None = None
     mtp_layers: int = 0
+    final_logit_softcap: float | None = None
     precision: str = "float32"
     unsupported: tuple[tuple[str, Any], ...] = ()
 

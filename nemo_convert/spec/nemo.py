@@ -26,6 +26,16 @@ section's side channels, with NeMo's defaults applied once (NeMo ``8cfedd72``
   plain RoPE; :mod:`nemo_convert.families.yarn`);
 - experts (``num_moe_experts``): top-k 2, ``moe_ffn_hidden_size`` null = ``ffn_hidden_size``,
   ``moe_layer_freq`` 1 (every layer), softmax scores, no groups;
+- Gemma 2's fields, named as Megatron-Bridge's ``Gemma2ModelProvider`` names them
+  (Megatron-Bridge ``067f987d`` ``src/megatron/bridge/models/gemma/gemma2_provider.py``
+  lines 497-499): ``query_pre_attn_scalar`` (scores × its ``-0.5`` power, line 150),
+  ``attn_logit_softcapping`` and ``final_logit_softcapping`` (``c·tanh(x/c)``, null or
+  absent: none); the sublayer post-norms, which Megatron-Bridge puts in its layer spec
+  (lines 441-463), not in a config field: our record ``nemo_convert.post_norms``. NeMo 1
+  wrote the same model as ``name: megatron_gemma2`` (its layer spec, NeMo ``8c8bf720``
+  ``megatron_gpt_model.py`` ``get_specs``) with the three numbers in
+  ``mcore_customization_config`` (``scripts/checkpoint_converters/convert_gemma2_hf_to_nemo.py``
+  ``adjust_nemo_config``); both spellings are read, ours first;
 - ``precision`` 32.
 """
 
@@ -154,6 +164,27 @@ def _float(cfg: Mapping[str, Any], key: str, default: float) -> float:
 
 def _opt_float(cfg: Mapping[str, Any], key: str) -> float | None:
     return None if cfg.get(key) is None else _float(cfg, key, 0.0)
+
+
+def _window_pattern(cfg: Mapping[str, Any], layers: int) -> tuple[bool, ...] | None:
+    """The windowed layers: ``window_attn_skip_freq``; without it, NeMo 1's Gemma 2 layer
+    spec (``name: megatron_gemma2``) windows the layers whose 1-based number is even
+    (NeMo ``8cfedd72`` ``nemo/collections/nlp/models/language_modeling/megatron/gemma2/
+    gemma2_modules.py`` lines 82-84: 0-based odd layers, where transformers windows the even
+    ones); else every layer."""
+    value = cfg.get("window_attn_skip_freq")
+    if value is None and cfg.get("name") == "megatron_gemma2":
+        return tuple(n % 2 == 1 for n in range(layers))
+    return window_pattern(value, layers)
+
+
+def _customised(cfg: Mapping[str, Any], key: str) -> float | None:
+    """A Gemma 2 field: top-level (Megatron-Bridge's name), else in NeMo 1's
+    ``mcore_customization_config`` (module docstring)."""
+    if cfg.get(key) is not None:
+        return _opt_float(cfg, key)
+    custom = cfg.get("mcore_customization_config")
+    return _opt_float(custom, key) if isinstance(custom, Mapping) else None
 
 
 def linear_biases(cfg: Mapping[str, Any]) -> tuple[bool, bool, bool]:
@@ -314,9 +345,11 @@ def spec_of(cfg: Mapping[str, Any]) -> ModelSpec:
         geometry=geometry,
         attention=Attention(qkv_bias=qkv, proj_bias=proj, qk_norm=bool(cfg.get("qk_layernorm")),
                             window=window, window_lookahead=lookahead,
-                            window_pattern=window_pattern(cfg.get("window_attn_skip_freq"), geometry.layers),
+                            window_pattern=_window_pattern(cfg, geometry.layers),
                             softmax=str(cfg.get("softmax_type") or "vanilla"), mla=mla,
                             normalized_scores=bool(cfg.get("normalize_attention_scores", True)),
+                            query_pre_attn_scalar=_customised(cfg, "query_pre_attn_scalar"),
+                            logit_softcap=_customised(cfg, "attn_logit_softcapping"),
                             headscale=bool(cfg.get("headscale")), kind=str(cfg.get("attention_type") or "multihead")),
         positions=positions,
         rope=_rope(cfg, positions, mla is not None),
@@ -326,9 +359,11 @@ def spec_of(cfg: Mapping[str, Any]) -> ModelSpec:
         embedding=Embedding(tied=bool(cfg.get("share_embeddings_and_output_weights")),
                             scaled=bool(cfg.get("apply_embedding_scaling"))),
         block=Block(str(cfg.get("transformer_block_type") or "pre_ln"),
-                    bool(cfg.get("apply_residual_connection_post_layernorm"))),
+                    bool(cfg.get("apply_residual_connection_post_layernorm")),
+                    bool(section(cfg).get("post_norms")) or cfg.get("name") == "megatron_gemma2"),
         moe=_moe(cfg, geometry.layers),
         mtp_layers=_int(cfg, "mtp_num_layers", 0),
+        final_logit_softcap=_customised(cfg, "final_logit_softcapping"),
         precision=dtype_name_of_precision(cfg.get("precision", 32)),
         unsupported=unsupported(cfg),
     )

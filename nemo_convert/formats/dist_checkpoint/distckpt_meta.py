@@ -273,7 +273,17 @@ def load_metadata(data: bytes, where: str) -> Metadata:
 
 
 def _is_ints(value: Any, *, allow_none: bool = False) -> bool:
+    # Runs for every chunk and storage record (three times per chunk): a plain loop.
     if value is None:
         return allow_none
-    return isinstance(value, (tuple, list)) and all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 for v in value)
+    if not isinstance(value, (tuple, list)):
+        return False
+    for v in value:
+        if type(v) is not int and (not isinstance(v, int) or isinstance(v, bool)):
+            return False
+        if not 0 <= v < _INT_LIMIT:
+            return False
+    return True
+
+
+_INT_LIMIT = 2**62

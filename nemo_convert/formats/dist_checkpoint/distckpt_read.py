@@ -30,7 +30,6 @@ from nemo_convert.formats.dist_checkpoint.distckpt import DCP_METADATA, METADATA
 from nemo_convert.formats.dist_checkpoint.distckpt_chunk import ChunkLayout, layout_tensor, load_chunk, read_layout
 from nemo_convert.formats.dist_checkpoint.distckpt_meta import (
     BytesStorageMetadata,
-    MetadataIndex,
     load_metadata,
 )
 from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, torch_dtype
@@ -197,10 +196,12 @@ class DistCheckpointSource:
     def _index_storage(self) -> None:
         """Fill ``_raw`` (every tensor's global shape, dtype and chunks) and ``_objects``."""
         self.metadata = load_metadata(self._region(DCP_METADATA).read(), self._where)
-        storage = self.metadata.storage_data
+        # Looked up by (fqn, offset), what a MetadataIndex is equal and hashed on, without
+        # building one per chunk (a tensor-count cost: DeepSeek-V3 has ~90k chunks).
+        storage = {index._key(): info for index, info in self.metadata.storage_data.items()}
         for key, item in self.metadata.state_dict_metadata.items():
             if isinstance(item, BytesStorageMetadata):
-                info = storage.get(MetadataIndex(key))
+                info = storage.get((key, None))
                 if info is None:
                     raise InputError(f"{self._where}: .metadata has no storage record for object {key}")
                 self._objects[key] = _Chunk((), (), self._check_path(info.relative_path), info.offset, info.length)
@@ -209,7 +210,7 @@ class DistCheckpointSource:
             chunks = []
             for c in item.chunks:
                 offs, sizes = tuple(int(x) for x in c.offsets), tuple(int(x) for x in c.sizes)
-                info = storage.get(MetadataIndex(key, offs))
+                info = storage.get((key, offs))
                 if info is None:
                     raise InputError(f"{self._where}: .metadata has no storage record for {key} chunk {list(offs)}")
                 if len(offs) != len(shape) or any(o < 0 or o + s > g for o, s, g in zip(offs, sizes, shape)):

@@ -38,6 +38,9 @@ _CENTRAL_OFFSET = struct.calcsize("<IHHHHHHIIIHHHHHI")
 _RECORDS: dict[tuple[str, bytes], tuple[bytes, bytes, bytes]] = {}
 _CACHED_RECORD = 4096  # the largest record kept there
 _ARCHIVE = "archive"
+#: One-tensor archives up to this many bytes of data are written from a template
+#: (:func:`_one_tensor_archive`); larger ones are checksummed while written.
+_TEMPLATE_MAX = PIECE
 #: torch's name of a dtype → its typed storage class
 _STORAGE_TYPES = {
     "float64": "DoubleStorage", "float32": "FloatStorage", "float16": "HalfStorage",
@@ -205,9 +208,23 @@ class TorchSaveWriter:
 
     def save_tensor(self, tensor: Lazy, *, flush: bool = True) -> None:
         """Write ``tensor`` itself (not a dict) as the archive's object, like
-        ``torch.save(tensor, f)``; then :meth:`close` (``flush``: and flush the stream)."""
+        ``torch.save(tensor, f)``; then :meth:`close` (``flush``: and flush the stream).
+
+        A fresh writer and a tensor of at most :data:`_TEMPLATE_MAX` bytes (every chunk of a dist
+        checkpoint but the largest) take :func:`_one_tensor_archive`: the same bytes from a
+        template of the archive, with only the CRC and the tensor's bytes filled in."""
         if self._entries:
             raise ValueError("save_tensor writes a one-tensor archive")
+        if self._pos == 0 and not self._closed:
+            chunks = tensor_chunks(tensor)
+            size = sum(c.data.nbytes for c in chunks)
+            if size <= _TEMPLATE_MAX:
+                self._pos = _one_tensor_archive(self._out, tensor.dtype, tensor.numel(), tuple(tensor.shape),
+                                                chunks, size)
+                self._closed = True
+                if flush:
+                    self._out.flush()
+                return
         ref = _StorageRef("0", tensor.dtype, tensor.numel())
         self._record_chunks("data/0", tensor_chunks(tensor))
         self._single = _TensorRef(ref, tuple(tensor.shape))
@@ -261,3 +278,56 @@ def _single_pickle(ref: _TensorRef) -> bytes:
             _SINGLE_PICKLES.clear()
         data = _SINGLE_PICKLES[key] = _pickle(ref)
     return data
+
+
+#: Where a local header and a central directory entry hold the CRC-32 of their record.
+_LOCAL_CRC = 14
+_CENTRAL_CRC = 16
+#: (dtype, numel, shape) → the bytes of a one-tensor archive before and after the tensor's
+#: bytes, and where the data record's CRC goes in each (see :func:`_one_tensor_archive`).
+_TEMPLATES: dict[tuple[Any, int, tuple[int, ...]], tuple[bytes, bytes, int]] = {}
+
+
+def _template(dtype: torch.dtype, numel: int, shape: tuple[int, ...], size: int) -> tuple[bytes, bytes, int]:
+    """The one-tensor archive of (``dtype``, ``numel``, ``shape``), ``size`` bytes of data,
+    written once by the general path (:meth:`TorchSaveWriter.save_tensor`) over zero bytes,
+    and cut around the data: every byte of it but the tensor's bytes and the data record's
+    CRC (in its local header and its central entry) is a function of these alone — the
+    records' offsets count from the archive's start, the index pickle is
+    :func:`_single_pickle`'s."""
+    key = (dtype, numel, shape)
+    got = _TEMPLATES.get(key)
+    if got is None:
+        out = io.BytesIO()
+        writer = TorchSaveWriter(out)
+        ref = _StorageRef("0", dtype, numel)
+        writer._record_chunks("data/0", [Chunk(memoryview(bytes(size)), None)])
+        head = len(out.getvalue()) + len(writer._pending) - size
+        writer._single = _TensorRef(ref, shape)
+        writer.close(flush=False)
+        data = out.getvalue()
+        # The data record's central entry is the directory's first: its offset is in the
+        # end record (the last 22 bytes; a one-tensor archive this small is never zip64).
+        cd_offset = struct.unpack_from("<I", data, len(data) - 6)[0]
+        if len(_TEMPLATES) >= 4096:
+            _TEMPLATES.clear()
+        got = _TEMPLATES[key] = (data[:head], data[head + size:], cd_offset - head - size + _CENTRAL_CRC)
+    return got
+
+
+def _one_tensor_archive(stream: BinaryIO, dtype: torch.dtype, numel: int, shape: tuple[int, ...],
+                        chunks: list[Chunk], size: int) -> int:
+    """Append ``torch.save(tensor)``'s archive of a tensor whose bytes are ``chunks``
+    (``size`` ≤ :data:`_TEMPLATE_MAX` in all) to ``stream``, byte for byte what the general path of
+    :meth:`TorchSaveWriter.save_tensor` writes, from :func:`_template`; returns its length."""
+    head, tail, tail_crc = _template(dtype, numel, shape, size)
+    crc = struct.pack("<I", checksum(chunks))
+    head = head[:_LOCAL_CRC] + crc + head[_LOCAL_CRC + 4:]
+    tail = tail[:tail_crc] + crc + tail[tail_crc + 4:]
+    if all(c.origin is None for c in chunks):
+        stream.write(b"".join((head, *(c.data for c in chunks), tail)))
+    else:
+        stream.write(head)
+        write_chunks(stream, chunks)
+        stream.write(tail)
+    return len(head) + size + len(tail)
