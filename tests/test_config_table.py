@@ -101,3 +101,29 @@ def test_sliding_window_is_w_minus_one_and_back():
     del cfg["nemo_convert"]["sliding_window"]
     cfg["window_size"] = [4096, 0]  # NeMo's importer's convention
     assert table.to_hf(cfg)["sliding_window"] == 4096
+
+
+def test_dense_first_experts_both_ways_and_refusals():
+    """``first_k_dense_replace`` dense layers, then experts with shared ones (DeepSeek-style
+    keys) ⇄ Megatron's per-layer ``moe_layer_freq`` and shared size; what the HF class cannot
+    say is refused by name, each way."""
+    from nemo_convert.families import dense_first_experts
+
+    row = dense_first_experts(dense_default=1)
+    hf = {"num_hidden_layers": 4, "n_routed_experts": 8, "moe_intermediate_size": 16, "n_shared_experts": 2,
+          "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2}
+    cfg = row.to_nemo(hf)
+    assert cfg == {"num_moe_experts": 8, "moe_ffn_hidden_size": 16, "moe_shared_expert_intermediate_size": 32,
+                   "moe_layer_freq": [0, 1, 1, 1], "moe_router_num_groups": 4, "moe_router_group_topk": 2}
+    nemo = {**cfg, "num_layers": 4, "hidden_size": 8, "num_attention_heads": 2, "moe_router_topk": 2}
+    assert row.to_hf(nemo) == {k: hf[k] for k in row.hf_keys}
+    # the class's defaults (GLM-4.5: one dense layer, one shared expert) when the keys are absent
+    plain = row.to_nemo({"num_hidden_layers": 2, "n_routed_experts": 4, "moe_intermediate_size": 16})
+    assert (plain["moe_layer_freq"], plain["moe_shared_expert_intermediate_size"]) == ([0, 1], 16)
+    assert row.to_nemo({**hf, "first_k_dense_replace": 0})["moe_layer_freq"] == 1
+    with pytest.raises(UnsupportedError, match="num_nextn_predict_layers=1 with first_k_dense_replace=4"):
+        row.to_nemo({**hf, "first_k_dense_replace": 4, "num_nextn_predict_layers": 1})
+    with pytest.raises(UnsupportedError, match=r"moe_layer_freq=\[0, 1, 0, 1\]: a dense layer after an MoE one"):
+        row.to_hf({**nemo, "moe_layer_freq": [0, 1, 0, 1]})
+    with pytest.raises(UnsupportedError, match="moe_shared_expert_intermediate_size=24 is not a multiple"):
+        row.to_hf({**nemo, "moe_shared_expert_intermediate_size": 24})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -107,6 +108,22 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
                      "mtp.layers.0.transformer_layer.mlp.experts.local_experts.3.linear_fc2.weight",
                      "mtp.layers.0.transformer_layer.self_attention.linear_q_up_proj.layer_norm_weight",
                      "!decoder.layers.4.input_layernorm.weight")),
+    "glm4_moe": ("Glm4MoeConfig", dict(head_dim=32, partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=True,
+                                       moe_intermediate_size=48, n_routed_experts=4, num_experts_per_tok=2,
+                                       n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+                                       routed_scaling_factor=2.5, num_hidden_layers=4,
+                                       num_nextn_predict_layers=1),  # with GLM-4.5's MTP layer: add_mtp_layers
+                 {"qkv_bias": True, "bias": False, "qk_layernorm": True, "rotary_percentage": 0.5, "kv_channels": 32,
+                  "moe_layer_freq": [0, 1, 1, 1], "moe_router_score_function": "sigmoid",
+                  "moe_router_enable_expert_bias": True, "moe_router_topk_scaling_factor": 2.5,
+                  "moe_shared_expert_intermediate_size": 48, "mtp_num_layers": 1, "moe_router_dtype": "fp32"},
+                 ("decoder.layers.0.self_attention.linear_qkv.bias", "!decoder.layers.0.self_attention.linear_proj.bias",
+                  "decoder.layers.1.self_attention.q_layernorm.weight", "decoder.layers.0.mlp.linear_fc1.weight",
+                  "decoder.layers.2.mlp.router.expert_bias", "decoder.layers.1.mlp.shared_experts.linear_fc1.weight",
+                  "!decoder.layers.0.mlp.router.weight", "mtp.layers.0.eh_proj.weight",
+                  "mtp.layers.0.transformer_layer.self_attention.linear_qkv.bias",
+                  "mtp.layers.0.transformer_layer.self_attention.k_layernorm.weight",
+                  "mtp.layers.0.transformer_layer.mlp.router.expert_bias", "mtp.layers.0.final_layernorm.weight")),
     "gpt_oss": ("GptOssConfig", dict(head_dim=16, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
                                      sliding_window=8, layer_types=["sliding_attention", "full_attention"],
                                      swiglu_limit=0.5,
@@ -133,7 +150,7 @@ FAMILIES: dict[str, tuple[str, dict, dict, tuple[str, ...]]] = {
 #: GPT-2's config names the same sizes its own way (and has no GQA).
 BASE_OF = {"gpt2": dict(n_embd=64, n_inner=96, n_layer=2, n_head=4, vocab_size=128, n_positions=64, bos_token_id=1,
                         eos_token_id=2, pad_token_id=0)}
-MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe")
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])  # longer than the windows
 
 
@@ -314,6 +331,11 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("deepseek_v3", dict(scoring_func="softmax"), "scoring_func='softmax'"),
     ("deepseek_v3", dict(num_key_value_heads=2), "num_key_value_heads=2"),
     ("gpt_oss", dict(swiglu_alpha=1.5), "swiglu_alpha=1.5"),
+    ("glm4_moe", dict(norm_topk_prob=False), "norm_topk_prob=False"),
+    ("glm4_moe", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                       "partial_rotary_factor": 0.5}), "'yarn'"),
+    ("glm4_moe", dict(first_k_dense_replace=4), "num_nextn_predict_layers=1 with first_k_dense_replace=4"),
+    ("glm4_moe", dict(scoring_func="softmax"), "scoring_func='softmax'"),
     ("gpt_oss", dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 150000.0, "factor": 32.0}), "'dynamic'"),
     ("gpt_oss", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "attention_factor": 1.0}),
      "attention_factor=1.0"),
@@ -646,6 +668,32 @@ def test_moe_fused_hf_experts_import_alike_and_export_fused(tmp_path, models, fa
     assert torch.equal(logits(src), logits(back))
 
 
+@pytest.mark.slow
+def test_mtp_layers_without_the_embedding_and_head_copies(tmp_path, models):
+    """GLM-4.6's files store the MTP layer without the copies of ``embed_tokens`` and
+    ``shared_head.head`` that GLM-4.5's (and DeepSeek-V3's) hold: the import records that,
+    keeps the MTP block, and the export writes the layer back without them, bit-exactly."""
+    from safetensors.torch import load_file, save_file
+
+    src = str(tmp_path / "src")
+    shutil.copytree(models["glm4_moe"], src)
+    path = os.path.join(src, "model.safetensors")
+    tensors = load_file(path)
+    layers = read_json(os.path.join(src, "config.json"))["num_hidden_layers"]
+    for name in ("embed_tokens.weight", "shared_head.head.weight"):
+        del tensors[f"model.layers.{layers}.{name}"]
+    save_file(tensors, path, metadata={"format": "pt"})
+    nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
+    api.import_hf(src, nemo, packed=False)
+    cfg = yaml.safe_load(open(os.path.join(nemo, "model_config.yaml")))
+    assert cfg["mtp_num_layers"] == 1 and cfg["nemo_convert"]["hf_mtp_copies"] is False
+    names = {t["name"] for t in api.inspect_checkpoint(nemo)["tensors"]}
+    assert "mtp.layers.0.eh_proj.weight" in names
+    api.export_hf(nemo, back)
+    assert_same(src, back)
+    assert f"model.layers.{layers}.embed_tokens.weight" not in hf_tensors(back)
+
+
 def test_deepseek_v3_fp8_block_scaled_weights_are_dequantized(tmp_path, models):
     """DeepSeek-V3's hub layout: linear weights in float8_e4m3fn with float32
     ``weight_scale_inv`` per 16×16 block here (128×128 on the hub; edge blocks partial) and a
@@ -798,3 +846,30 @@ def test_an_mtp_layer_megatron_would_build_otherwise_is_refused(tmp_path, models
         json.dump({**cfg, "first_k_dense_replace": cfg["num_hidden_layers"]}, f)
     with pytest.raises(UnsupportedError, match="num_nextn_predict_layers=1 with first_k_dense_replace=4"):
         api.import_hf(src, str(tmp_path / "m.nemo"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit, words", [
+    ({"bias": True}, "o_proj=True"),
+    ({"moe_layer_freq": [0, 1, 0, 1]}, "moe_layer_freq=[0, 1, 0, 1]"),
+    ({"moe_router_score_function": "softmax"}, "num_moe_experts=4 with its routing"),
+    ({"window_size": [3, 0]}, "window_size=[3, 0]"),
+])
+def test_glm4_moe_export_refuses_what_its_class_does_not_compute(edit, words):
+    """A NeMo config that Glm4MoeForCausalLM does not compute (an o_proj or MLP bias, a
+    dense layer after an MoE one, softmax routing, a sliding window) is refused by name on
+    export; the family's own config exports (whole-head RoPE too: ``partial_rotary_factor: 1.0``)."""
+    import transformers
+
+    from nemo_convert.plugins.manager import get_registry
+
+    cls_name, extra, _, _ = FAMILIES["glm4_moe"]
+    hf = json.loads(getattr(transformers, cls_name)(**{**BASE, **extra}).to_json_string())
+    fam = get_registry().family("glm4_moe")
+    cfg = fam.config_to_nemo(hf)
+    cfg.pop("nemo_convert", None)
+    assert fam.config_to_hf(dict(cfg))["partial_rotary_factor"] == 0.5
+    assert fam.config_to_hf({**cfg, "rotary_percentage": 1.0})["partial_rotary_factor"] == 1.0
+    with pytest.raises(UnsupportedError) as ei:
+        fam.config_to_hf({**cfg, **edit})
+    assert words in str(ei.value) and "\n" not in str(ei.value), str(ei.value)

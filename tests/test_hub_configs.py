@@ -14,7 +14,7 @@ exported ``config.json`` must be the source's, key for key (less the
 ``quantization_config`` of a source the import dequantized). A config the families cannot
 represent is refused in one line naming the key; :data:`CASES` pins which.
 
-Configs of families not handled yet (``gemma3/``, ``glm4_moe/``) are
+Configs of families not handled yet (``gemma3/``) are
 stored but not run (a later issue). The table of results is docs/formats.md "Published
 configs we test".
 """
@@ -35,7 +35,7 @@ from nemo_convert.errors import NemoConvertError
 
 HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hub_configs")
 #: Families whose stored configs are kept for a later issue (no family yet).
-NOT_YET = ("gemma3", "glm4_moe")
+NOT_YET = ("gemma3",)
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])
 
 #: config → (expected result, slow). ``None``: import and export bit-exactly; a string: the
@@ -52,6 +52,8 @@ CASES: dict[str, tuple[str | None, bool]] = {
     "deepseek_v3/DeepSeek-V3.json": (None, False),
     "deepseek_v3/moonshotai__Kimi-K2-Instruct.json": (None, False),
     "gemma/google__gemma-2b.json": (None, False),
+    "glm4_moe/zai-org__GLM-4.5-Air_printed-4.54.1.json": (None, False),
+    "glm4_moe/zai-org__GLM-4.5.json": (None, False),
     "gemma/unsloth__codegemma-7b-it.json": (None, False),
     "gemma2/google__gemma-2-27b.json": (None, False),
     "gemma2/google__gemma-2-2b.json": (None, False),
@@ -188,6 +190,11 @@ def shrink(name: str) -> dict[str, Any]:
         cfg.update(_decoder(cfg, layers=int(cfg["first_k_dense_replace"]) + 1), num_key_value_heads=4,
                    moe_intermediate_size=32, n_routed_experts=16, q_lora_rank=32, kv_lora_rank=16,
                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    elif family == "glm4_moe":
+        # one MoE layer after the dense ones (and the MTP layer after it); as many experts as
+        # the published top-k (8)
+        cfg.update(_decoder(cfg, layers=int(cfg["first_k_dense_replace"]) + 1), moe_intermediate_size=32,
+                   n_routed_experts=max(4, int(cfg["num_experts_per_tok"])))
     elif family == "nemotron_h":
         # tests/tiny_hybrid.py's sizes (mixer heads, groups, state; a shorter pattern with every
         # kind of layer), with the experts' top-k kept as published
@@ -242,7 +249,7 @@ CONFIG_CLASSES = {
     "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
     "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig",
     "qwen2_moe": "Qwen2MoeConfig", "deepseek_v2": "DeepseekV2Config", "deepseek_v3": "DeepseekV3Config",
-    "nemotron": "NemotronConfig",
+    "glm4_moe": "Glm4MoeConfig", "nemotron": "NemotronConfig",
     "gpt2": "GPT2Config", "clip": "CLIPConfig", "llava": "LlavaConfig", "nemotron_h": "NemotronHConfig",
 }
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -327,7 +334,7 @@ def build_published(name: str, root: str) -> tuple[str, str]:
         from tiny_multimodal import rename_safetensors_keys
 
         rename_safetensors_keys(src, [("vision_tower.", "vision_tower.vision_model.")])
-    if family == "deepseek_v3":
+    if family in ("deepseek_v3", "glm4_moe"):
         from test_family_matrix import add_mtp_layers
 
         add_mtp_layers(src)  # the hub's num_nextn_predict_layers (none for Kimi-K2)
@@ -354,6 +361,8 @@ LAYOUT: dict[str, tuple[str, ...]] = {
                     "self_attn.kv_a_proj_with_mqa.weight"),
     "deepseek_v3": ("mlp.experts.0.gate_proj.weight_scale_inv", "self_attn.kv_a_proj_with_mqa.weight_scale_inv",
                     "mlp.gate.e_score_correction_bias"),
+    "glm4_moe": ("mlp.experts.7.gate_proj.weight", "mlp.gate.e_score_correction_bias", "self_attn.q_proj.bias",
+                 "mlp.shared_experts.up_proj.weight", "eh_proj.weight", "shared_head.head.weight"),
     "gpt_oss": ("mlp.experts.gate_up_proj_blocks", "mlp.experts.down_proj_scales", "self_attn.sinks"),
     "llava": ("vision_tower.vision_model.encoder.layers.0.", "multi_modal_projector.linear_1.weight"),
     "mixtral": ("block_sparse_moe.experts.3.w3.weight",),

@@ -21,9 +21,9 @@ from typing import Any, Callable, Sequence
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.architecture import nemo_refusal
 from nemo_convert.families.config_table import ConfigTable, set_path
-from nemo_convert.families.gpt_config import HF_MTP, MTP_LAYERS
+from nemo_convert.families.gpt_config import HF_MTP, HF_MTP_COPIES, MTP_LAYERS
 from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule, Shared,
-                                        StackedExperts, Tied)
+                                        StackedExperts, Tied, cfg_get)
 from nemo_convert.plugins.records import CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget
 from nemo_convert.spec import provenance_of, spec_of
 
@@ -42,7 +42,9 @@ class GPTFeatures:
     :param packed_qkv: HF ``self_attn.qkv_proj`` = ``[q; k; v]`` (Phi-3) instead of q/k/v.
     :param packed_gate_up: HF ``mlp.gate_up_proj`` = ``[gate; up]`` (Phi-3).
     :param qk_norm: per-head RMSNorms of queries and keys (Qwen3): HF ``self_attn.q_norm`` /
-        ``k_norm`` ⇄ ``self_attention.q_layernorm`` / ``k_layernorm``.
+        ``k_norm`` ⇄ ``self_attention.q_layernorm`` / ``k_layernorm``, on the configs whose
+        ``qk_layernorm`` is true (a family whose table writes it from a switch, GLM-4.5's
+        ``use_qk_norm``, has them only where it is on).
     :param attention_sinks: a learned per-head logit joining every softmax (GPT-OSS
         ``self_attn.sinks``) ⇄ ``self_attention.core_attention.softmax_offset``
         (Megatron's ``softmax_type: learnable``).
@@ -200,7 +202,7 @@ def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
         rules.append(PackedQKV(a + "qkv_proj.weight", n + "linear_qkv.weight"))
     else:
         rules.append(FuseQKV(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight", n + "linear_qkv.weight"))
-    if features.qk_norm:
+    if features.qk_norm and spec.qk_norm:  # a config without them (GLM-4.5-Air's use_qk_norm: false) has none
         rules += [Rename(a + "q_norm.weight", n + "q_layernorm.weight", shape=("kv_channels",)),
                   Rename(a + "k_norm.weight", n + "k_layernorm.weight", shape=("kv_channels",))]
     rules.append(Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=("hidden_size", None)))
@@ -331,7 +333,9 @@ def mtp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
     layer names them ``enorm``, ``hnorm``, ``eh_proj``, its attention and MLP,
     ``shared_head.norm``, and stores copies of ``embed_tokens`` and ``shared_head.head``
     (DeepSeek-V3's README_WEIGHTS.md: they share parameters with the main model) — checked
-    equal on import and written again on export (:class:`~nemo_convert.mapping.rules.Shared`).
+    equal on import and written again on export (:class:`~nemo_convert.mapping.rules.Shared`);
+    a source whose MTP layers lack the copies (GLM-4.6's) is recorded as such
+    (:data:`~nemo_convert.families.gpt_config.HF_MTP_COPIES`) and exported without them.
     Megatron-Bridge maps the same names (``deepseek/common.py`` at v0.6.0, lines 96-157)."""
     spec = spec_of(cfg)
     layers, count = spec.geometry.layers, spec.mtp_layers
@@ -342,6 +346,7 @@ def mtp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
     layer += moe_mlp_rules(features, cfg, "{i}") if moe_last else dense_mlp_rules(features, cfg, "{i}")
     why = ("Megatron-Core's MTP block shares the main model's embedding and output layer; import with --drop-mtp "
            "to leave the MTP layers out")
+    copies = cfg_get(cfg, HF_MTP_COPIES, True) is not False  # the source's MTP layers store them
     rules: list[Rule] = []
     for k in range(count):
         h, n = f"model.layers.{layers + k}.", f"mtp.layers.{k}."
@@ -350,6 +355,8 @@ def mtp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
         rules.append(Rename(h + "eh_proj.weight", n + "eh_proj.weight", Parallel.COLUMN, shape=("hidden_size", None)))
         rules += [_at_layer(r, h, n + "transformer_layer.") for r in layer]
         rules += norm_rules(features, h + "shared_head.norm.weight", n + "final_layernorm.weight")
+        if not copies:
+            continue
         rules += [Shared(h + "embed_tokens.weight", "model.embed_tokens.weight", "embedding.word_embeddings.weight",
                          why=why),
                   Shared(h + "shared_head.head.weight", "lm_head.weight", "output_layer.weight", why=why,
@@ -445,7 +452,11 @@ def hf_mtp_weights(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
     if not count:
         return {}
     prefixes = tuple(f"model.layers.{layers + k}." for k in range(count))
-    return {"hf_mtp_weights": any(k.startswith(prefixes) for k in keys)}
+    stored = any(k.startswith(prefixes) for k in keys)
+    # GLM-4.6's files store the MTP layer without the copies of the embedding and the head
+    # that DeepSeek-V3's and GLM-4.5's hold (mtp_rules)
+    copies = stored and f"model.layers.{layers}.embed_tokens.weight" in set(keys)
+    return {"hf_mtp_weights": stored, "hf_mtp_copies": copies or not stored}
 
 
 def _flag(value: Any) -> bool:
@@ -460,13 +471,15 @@ def _with_mtp(to_nemo: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
     for export's ``num_nextn_predict_layers``."""
 
     def config_to_nemo(hf: dict[str, Any], drop_mtp: Any = False, hf_mtp_weights: Any = True,
-                       **more: Any) -> dict[str, Any]:
+                       hf_mtp_copies: Any = True, **more: Any) -> dict[str, Any]:
         cfg = to_nemo(hf, **more)
         count = int(cfg.get("mtp_num_layers") or 0)
         stored, drop = _flag(hf_mtp_weights), _flag(drop_mtp)
         if count and (drop or not stored):
             cfg["mtp_num_layers"] = None
             set_path(cfg, HF_MTP, {"dropped" if stored else "absent": count})
+        elif count and not _flag(hf_mtp_copies):
+            set_path(cfg, HF_MTP_COPIES, False)
         return cfg
 
     return config_to_nemo
@@ -508,7 +521,7 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
     cli: tuple[CommandOption, ...] = ()
     if features.mtp:
         to_nemo = _with_mtp(to_nemo)
-        keys, cli = keys + ("drop_mtp", "hf_mtp_weights"), (DROP_MTP,)
+        keys, cli = keys + ("drop_mtp", "hf_mtp_weights", "hf_mtp_copies"), (DROP_MTP,)
         readers.append(hf_mtp_weights)
     if features.moe is not None:
         to_nemo = _with_expert_layout(to_nemo, name)

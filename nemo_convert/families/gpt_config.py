@@ -470,12 +470,72 @@ def _ffn_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
 EXPERTS_FFN = Derived(("intermediate_size",), _ffn_to_nemo, _ffn_to_hf)
 
 
+def dense_first_experts(dense_default: int, shared_default: int = 1) -> Derived:
+    """Routed experts after ``first_k_dense_replace`` dense layers, with
+    ``n_shared_experts`` always-on experts and group-limited routing, as DeepSeek-style
+    configs spell them: ``n_routed_experts``, ``moe_intermediate_size`` (one routed
+    expert; the shared MLP is ``n_shared_experts`` times it), ``first_k_dense_replace``
+    (layer ``i`` is MoE from ``i = k`` on), ``n_group`` / ``topk_group`` ⇄
+    ``num_moe_experts``, ``moe_ffn_hidden_size``, ``moe_shared_expert_intermediate_size``,
+    ``moe_layer_freq`` (the per-layer list when ``k > 0``), ``moe_router_num_groups`` /
+    ``moe_router_group_topk`` (None for one group). ``dense_default`` / ``shared_default``:
+    the HF config class's defaults for a config without the keys.
+
+    Megatron-Core's MTP layer is the last decoder layer's kind (``get_gpt_mtp_block_spec``),
+    the HF MTP layer is MoE (its index is past ``k``): an MTP layer over an all-dense stack is
+    refused by name (``--drop-mtp`` leaves it out). A NeMo config with a dense layer after
+    an MoE one, or a shared MLP that is not a whole number of experts, has no such config and
+    is refused on export."""
+    keys = ("n_routed_experts", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "n_group",
+            "topk_group")
+
+    def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
+        experts, ffn, layers = int(hf["n_routed_experts"]), int(hf["moe_intermediate_size"]), int(hf["num_hidden_layers"])
+        dense = int(hf.get("first_k_dense_replace", dense_default) or 0)
+        shared = int(hf.get("n_shared_experts", shared_default) or 0)
+        if experts < 1 or not 0 <= dense <= layers:
+            raise UnsupportedError(f"n_routed_experts={experts} / first_k_dense_replace={dense} with {layers} layers")
+        mtp = int(hf.get("num_nextn_predict_layers") or 0)
+        if mtp and dense == layers:
+            raise UnsupportedError(f"num_nextn_predict_layers={mtp} with first_k_dense_replace={dense}: the HF MTP "
+                                   "layer would be MoE, Megatron-Core's a copy of the last (dense) layer (use "
+                                   "--drop-mtp)")
+        groups = int(hf.get("n_group") or 1)
+        return {"num_moe_experts": experts, "moe_ffn_hidden_size": ffn,
+                "moe_shared_expert_intermediate_size": ffn * shared or None,
+                "moe_layer_freq": [int(i >= dense) for i in range(layers)] if dense else 1,
+                "moe_router_num_groups": groups if groups > 1 else None,
+                "moe_router_group_topk": int(hf.get("topk_group") or 1) if groups > 1 else None}
+
+    def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+        moe = spec_of(cfg).moe
+        if moe is None:
+            raise ConfigError("the NeMo config has no num_moe_experts (this family routes experts)")
+        pattern = moe.layer_pattern
+        dense = next((i for i, on in enumerate(pattern) if on), len(pattern))
+        if not all(pattern[dense:]):
+            raise UnsupportedError(f"moe_layer_freq={cfg.get('moe_layer_freq')!r}: a dense layer after an MoE one "
+                                   "(the HF class makes every layer from first_k_dense_replace on MoE)")
+        if moe.shared_ffn % moe.ffn:
+            raise UnsupportedError(f"moe_shared_expert_intermediate_size={moe.shared_ffn} is not a multiple of "
+                                   f"moe_ffn_hidden_size={moe.ffn} (n_shared_experts counts whole experts)")
+        return {"n_routed_experts": moe.experts, "moe_intermediate_size": moe.ffn,
+                "n_shared_experts": moe.shared_ffn // moe.ffn, "first_k_dense_replace": dense,
+                "n_group": moe.groups, "topk_group": moe.group_topk or 1}
+
+    return Derived(keys, to_nemo, to_hf)
+
+
 # -- multi-token prediction ---------------------------------------------------------------
 
 #: Where import records MTP layers that the source's config announces but that the
 #: ``.nemo`` leaves out: ``{"dropped": k}`` (``--drop-mtp``) or ``{"absent": k}`` (the
 #: source does not store them: transformers announces one MTP layer and never saves it).
 HF_MTP = "nemo_convert.hf_mtp"
+#: Recorded ``False`` when the source's MTP layers store no copies of the embedding and
+#: the head (``model.layers.{L+k}.embed_tokens`` / ``shared_head.head``: GLM-4.6's files),
+#: so that export writes none either; absent: they do (DeepSeek-V3's, GLM-4.5's).
+HF_MTP_COPIES = "nemo_convert.hf_mtp_copies"
 
 
 def _mtp_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
