@@ -24,7 +24,7 @@ from nemo_convert.plugins.manager import DISABLE_ENV, get_registry, registry_wit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe", "qwen2_moe",
-                "deepseek_v3", "gpt_oss", "nemotron", "gpt2", "glm4_moe")
+                "deepseek_v2", "deepseek_v3", "gpt_oss", "nemotron", "gpt2", "glm4_moe")
 
 
 class _Plugin:

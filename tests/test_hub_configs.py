@@ -14,7 +14,7 @@ exported ``config.json`` must be the source's, key for key (less the
 ``quantization_config`` of a source the import dequantized). A config the families cannot
 represent is refused in one line naming the key; :data:`CASES` pins which.
 
-Configs of families not handled yet (``gemma3/``, ``deepseek_v2/``) are
+Configs of families not handled yet (``gemma3/``) are
 stored but not run (a later issue). The table of results is docs/formats.md "Published
 configs we test".
 """
@@ -35,7 +35,7 @@ from nemo_convert.errors import NemoConvertError
 
 HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hub_configs")
 #: Families whose stored configs are kept for a later issue (no family yet).
-NOT_YET = ("gemma3", "deepseek_v2")
+NOT_YET = ("gemma3",)
 IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])
 
 #: config → (expected result, slow). ``None``: import and export bit-exactly; a string: the
@@ -44,6 +44,11 @@ IDS = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3, 17, 64, 8, 120]])
 CASES: dict[str, tuple[str | None, bool]] = {
     "clip/openai__clip-vit-base-patch32_saved-4.57.0.json": (None, False),
     "clip/openai__clip-vit-large-patch14.json": (None, False),
+    "deepseek_v2/deepseek-ai__DeepSeek-V2-Lite.json": (None, False),
+    # 6 experts from 3 of 8 groups: transformers scores a group by its best expert, Megatron-Core
+    # by its top-2 sum (deepseek_v2's family docstring)
+    "deepseek_v2/deepseek-ai__DeepSeek-V2.5.json": ("topk_method='group_limited_greedy' with num_experts_per_tok=6, "
+                                                   "topk_group=3", False),
     "deepseek_v3/DeepSeek-V3.json": (None, False),
     "deepseek_v3/moonshotai__Kimi-K2-Instruct.json": (None, False),
     "gemma/google__gemma-2b.json": (None, False),
@@ -171,6 +176,14 @@ def shrink(name: str) -> dict[str, Any]:
         cfg["text_config"].update(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                                   num_key_value_heads=2)
         cfg["vision_config"].update(_tower(cfg["vision_config"], True))
+    elif family == "deepseek_v2":
+        # one MoE layer after the dense one; 16 experts (2 per group for V2.5's 8 groups); the
+        # query LoRA only where published (V2-Lite has none)
+        cfg.update(_decoder(cfg, layers=int(cfg["first_k_dense_replace"]) + 1), num_key_value_heads=4,
+                   moe_intermediate_size=32, n_routed_experts=16, kv_lora_rank=16, qk_nope_head_dim=16,
+                   qk_rope_head_dim=8, v_head_dim=16)
+        if cfg.get("q_lora_rank"):
+            cfg["q_lora_rank"] = 32
     elif family == "deepseek_v3":
         # one MoE layer after the dense ones (and the MTP layer after it); 16 experts: 2 per
         # group for DeepSeek-V3's 8 groups (top-2 within a group, top-4 groups, top-8 experts)
@@ -235,7 +248,8 @@ def test_shrinking_keeps_every_other_key():
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
     "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig",
-    "qwen2_moe": "Qwen2MoeConfig", "deepseek_v3": "DeepseekV3Config", "glm4_moe": "Glm4MoeConfig", "nemotron": "NemotronConfig",
+    "qwen2_moe": "Qwen2MoeConfig", "deepseek_v2": "DeepseekV2Config", "deepseek_v3": "DeepseekV3Config",
+    "glm4_moe": "Glm4MoeConfig", "nemotron": "NemotronConfig",
     "gpt2": "GPT2Config", "clip": "CLIPConfig", "llava": "LlavaConfig", "nemotron_h": "NemotronHConfig",
 }
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -343,6 +357,8 @@ def assert_exported_as_transformers_holds(reference: str, back: str) -> None:
 
 #: Tensor names (substrings) each family's published layout has, checked on the source.
 LAYOUT: dict[str, tuple[str, ...]] = {
+    "deepseek_v2": ("mlp.experts.15.gate_proj.weight", "mlp.shared_experts.down_proj.weight",
+                    "self_attn.kv_a_proj_with_mqa.weight"),
     "deepseek_v3": ("mlp.experts.0.gate_proj.weight_scale_inv", "self_attn.kv_a_proj_with_mqa.weight_scale_inv",
                     "mlp.gate.e_score_correction_bias"),
     "glm4_moe": ("mlp.experts.7.gate_proj.weight", "mlp.gate.e_score_correction_bias", "self_attn.q_proj.bias",

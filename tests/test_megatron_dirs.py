@@ -675,6 +675,7 @@ def test_megatron_lm_dense_family_directories(family_models, tmp_path, family, o
 @pytest.mark.parametrize("family, words", [
     ("mixtral", "Megatron-Bridge has no Mixtral bridge"),
     ("qwen2_moe", "Megatron-Bridge has no Qwen2-MoE bridge"),
+    ("deepseek_v2", "the MLA provider reader reads sigmoid routing with an expert bias only"),
 ])
 def test_moe_families_without_a_confirmed_provider_are_refused_by_name(tmp_path, family, words) -> None:
     from test_family_matrix import make_model
