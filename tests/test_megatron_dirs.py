@@ -475,6 +475,19 @@ FAMILY_PROVIDERS: dict[str, dict] = {
                 "moe_router_pre_softmax": False, "moe_layer_freq": 1, "expert_tensor_parallel_size": 1,
                 "moe_router_load_balancing_type": "none", "share_embeddings_and_output_weights": False,
                 "normalization": "RMSNorm"},
+    # deepseek/deepseek_v2_bridge.py (067f987) lines 35-84 and conversion/model_bridge.py 461-489: the MLA
+    # provider with softmax routing before top-k, group-limited, scaled, no expert bias; YaRN as the model has it
+    "deepseek_v2": {"_target_": "megatron.bridge.models.mla_provider.MLAModelProvider",
+                    "multi_latent_attention": True, "qk_layernorm": True, "q_lora_rank": None, "kv_lora_rank": 16,
+                    "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16, "num_moe_experts": 8,
+                    "moe_router_topk": 3, "moe_ffn_hidden_size": 48, "moe_layer_freq": [0, 1, 1, 1],
+                    "moe_shared_expert_intermediate_size": 96, "moe_router_score_function": "softmax",
+                    "moe_router_enable_expert_bias": False, "moe_router_pre_softmax": True,
+                    "moe_router_topk_scaling_factor": 1.5, "moe_router_num_groups": 4, "moe_router_group_topk": 2,
+                    "moe_router_load_balancing_type": "seq_aux_loss", "moe_router_dtype": "fp32",
+                    "make_vocab_size_divisible_by": 3200, "rope_type": "yarn", "rotary_scaling_factor": 4.0,
+                    "original_max_position_embeddings": 8, "mscale": 0.707, "mscale_all_dim": 0.707,
+                    "share_embeddings_and_output_weights": False, "add_bias_linear": False},
     # glm/glm45_bridge.py (067f987d) lines 57-94 over conversion/model_bridge.py 456-498: the GPT provider
     # with sigmoid routing, expert bias, routed scaling, the MTP layer count and half-rotary RoPE
     "glm4_moe": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "add_qkv_bias": True,
@@ -675,7 +688,6 @@ def test_megatron_lm_dense_family_directories(family_models, tmp_path, family, o
 @pytest.mark.parametrize("family, words", [
     ("mixtral", "Megatron-Bridge has no Mixtral bridge"),
     ("qwen2_moe", "Megatron-Bridge has no Qwen2-MoE bridge"),
-    ("deepseek_v2", "the MLA provider reader reads sigmoid routing with an expert bias only"),
 ])
 def test_moe_families_without_a_confirmed_provider_are_refused_by_name(tmp_path, family, words) -> None:
     from test_family_matrix import make_model
@@ -829,7 +841,9 @@ def test_moe_refusals_when_writing(family_models, tmp_path) -> None:
 def test_mla_provider_reading_refuses_what_deepseek_v3_does_not_run(family_models, tmp_path) -> None:
     """An MLAModelProvider section read without our record: plain RoPE whose softmax MLA
     still scales (``rope_type: rope`` with factor 40 and ``mscale_all_dim`` 1), softmax routing
-    or no expert bias are refused by name; MLA without experts too. (Without
+    with an expert bias or sigmoid routing without one are refused by name (DeepSeek-V2's
+    softmax routing without a bias reads: ``test_family_to_megatron_bridge_and_back``); MLA
+    without experts too. (Without
     ``rotary_scaling_factor`` it is YaRN at MLATransformerConfig's 40: tests/test_yarn_dirs.py.)"""
     out = str(tmp_path / "mb")
     api.import_hf(family_models["deepseek_v3"], out, to="megatron-bridge")
@@ -839,8 +853,8 @@ def test_mla_provider_reading_refuses_what_deepseek_v3_does_not_run(family_model
     assert api.inspect_checkpoint(out)["family"] == "deepseek_v3"
     for change, words in (({"rope_type": "rope", "rotary_scaling_factor": None}, "rope_type='rope' with "
                            "rotary_scaling_factor=40.0 and mscale_all_dim=1.0 scales MLA's softmax"),
-                          ({"moe_router_score_function": "softmax"}, "moe_router_score_function='softmax' with "
-                                                                     "multi-latent attention"),
+                          ({"moe_router_score_function": "softmax"},  # softmax scores with V3's expert bias
+                           "moe_router_enable_expert_bias=True with multi-latent attention and softmax scores"),
                           ({"moe_router_enable_expert_bias": False}, "moe_router_enable_expert_bias=False"),
                           ({"num_moe_experts": None}, "multi_latent_attention=True .* without experts")):
         model = {k: v for k, v in {**doc["model"], **change}.items() if v is not None}

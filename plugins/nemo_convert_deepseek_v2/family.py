@@ -34,8 +34,8 @@ Megatron-Core 0.16.1 settings that compute the same:
 from typing import Any
 
 from nemo_convert.errors import ConfigError, UnsupportedError
-from nemo_convert.families import (GPT_CONFIG, MLA_ROWS, MOE_NEMO_CONSTANTS, Check, Derived, Field, GPTFeatures,
-                                   MoEBlock, gpt_family, rope)
+from nemo_convert.families import (DENSE, GPT_CONFIG, MLA_PROVIDER, MLA_ROWS, MOE_NEMO_CONSTANTS, NO_LINEAR_BIAS, SILU,
+                                   Check, Derived, Field, GPTFeatures, MoEBlock, ProviderFamily, gpt_family, rope)
 from nemo_convert.spec import spec_of
 
 
@@ -140,14 +140,25 @@ def _claims(cfg: dict[str, Any]) -> bool:
     return spec.attention.mla is not None and spec.moe is not None and spec.moe.score_function == "softmax"
 
 
-#: ``--to megatron-bridge``: refused for now. Megatron-Bridge's ``DeepSeekV2Bridge``
+#: ``--to megatron-bridge``: Megatron-Bridge's ``DeepSeekV2Bridge``
 #: (``src/megatron/bridge/models/deepseek/deepseek_v2_bridge.py``, NVIDIA-NeMo/Megatron-Bridge 067f987,
-#: lines 35-84) builds an ``MLAModelProvider`` with softmax routing (``moe_router_pre_softmax``, line 57;
-#: ``scoring_func`` / ``n_group`` / ``topk_group`` / ``routed_scaling_factor`` through
-#: ``conversion/model_bridge.py`` lines 485-489), but the directory reader here reads an MLA provider as
-#: sigmoid routing with an expert bias only, so a directory written for this family would not read back.
-MEGATRON_BRIDGE = ("the MLA provider reader reads sigmoid routing with an expert bias only; DeepSeek-V2's "
-                   "softmax-routed MLAModelProvider (Megatron-Bridge deepseek_v2_bridge.py) would not read back")
+#: lines 35-84) builds an ``MLAModelProvider`` with softmax routing taken before top-k
+#: (``moe_router_pre_softmax``, line 57; ``scoring_func`` / ``n_group`` / ``topk_group`` /
+#: ``routed_scaling_factor`` through ``conversion/model_bridge.py`` lines 485-489), the latent q/k
+#: norms, untied embeddings, ``moe_layer_freq`` and the shared experts' size, and the knobs below.
+#: Its ``seq_length = 4096`` is a training default, not the model: the model's context is written.
+MEGATRON_BRIDGE = ProviderFamily(
+    MLA_PROVIDER, DENSE + NO_LINEAR_BIAS + (
+        ("activation_func", SILU), ("qk_layernorm", True), ("share_embeddings_and_output_weights", False),
+        ("multi_latent_attention", True), ("moe_router_score_function", "softmax"),
+        ("moe_router_enable_expert_bias", False), ("moe_router_pre_softmax", True),
+        ("moe_shared_expert_gate", False)),
+    extra=(("moe_grouped_gemm", True), ("moe_token_dispatcher_type", "alltoall"),
+           ("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_shared_expert_overlap", True),
+           ("moe_router_dtype", "fp32"), ("moe_permute_fusion", True), ("apply_rope_fusion", False),
+           ("bias_activation_fusion", True), ("bias_dropout_fusion", True), ("masked_softmax_fusion", True),
+           ("persist_layer_norm", True), ("hidden_dropout", 0.0), ("make_vocab_size_divisible_by", 3200)),
+    moe=True, mla=True, shared_experts=True)
 
 DEEPSEEK_V2 = gpt_family(
     "deepseek_v2", architecture="DeepseekV2ForCausalLM", model_type="deepseek_v2", config=DEEPSEEK_V2_CONFIG,

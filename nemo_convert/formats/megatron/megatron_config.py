@@ -521,11 +521,11 @@ def _sigmoid_routed(values: dict[str, Any]) -> bool:
 
 
 def _routing_nemo(values: dict[str, Any]) -> dict[str, Any]:
-    """DeepSeek-style routing's NeMo fields from Megatron-Core's router fields (groups of 1
-    mean ungrouped; an absent scaling factor is 1)."""
+    """DeepSeek-style routing's NeMo fields from Megatron-Core's router fields (the score
+    function as written; groups of 1 mean ungrouped; an absent scaling factor is 1)."""
     groups = int(values.get("moe_router_num_groups") or 1)
     factor_k = values.get("moe_router_topk_scaling_factor")
-    return {"moe_router_score_function": "sigmoid",
+    return {"moe_router_score_function": str(values.get("moe_router_score_function") or "softmax"),
             "moe_router_enable_expert_bias": bool(values.get("moe_router_enable_expert_bias", False)),
             "moe_router_topk_scaling_factor": float(factor_k) if factor_k is not None else 1.0,
             "moe_router_num_groups": groups if groups > 1 else None,
@@ -533,15 +533,16 @@ def _routing_nemo(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
-    """An MLA model with experts (what the DeepSeek-V3 family claims): the MLA head
-    dimensions, DeepSeek's sigmoid routing with expert bias, ungated shared experts and MLA's
-    RoPE (:func:`_mla_rope`)."""
+    """An MLA model with experts (what the DeepSeek families claim): the MLA head dimensions,
+    DeepSeek's routing as written — sigmoid scores with the expert bias (V3), or softmax scores
+    without one (V2) —, ungated shared experts and MLA's RoPE (:func:`_mla_rope`)."""
     cfg.update(_mla_rope(values, where))
-    for k, want in (("moe_router_score_function", "sigmoid"), ("moe_router_enable_expert_bias", True),
-                    ("moe_shared_expert_gate", False)):
+    score = values.get("moe_router_score_function", MOE_NEUTRAL["moe_router_score_function"])
+    for k, want in (("moe_router_enable_expert_bias", score == "sigmoid"), ("moe_shared_expert_gate", False)):
         have = values.get(k, MOE_NEUTRAL.get(k, False))
         if have != want:
-            raise UnsupportedError(f"{where}: {k}={have!r} with multi-latent attention: DeepSeek-V3 needs {want!r}")
+            raise UnsupportedError(f"{where}: {k}={have!r} with multi-latent attention and {score} scores: "
+                                   f"DeepSeek's routing needs {want!r}")
     cfg["multi_latent_attention"] = True
     if values.get("mtp_num_layers"):
         cfg["mtp_num_layers"] = int(values["mtp_num_layers"])
@@ -552,15 +553,11 @@ def _mla_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
     cfg["kv_channels"] = cfg["v_head_dim"]
     cfg["num_query_groups"] = int(cfg["num_attention_heads"])  # MLA has one key and value per head
     cfg["qk_layernorm"] = True  # MLA's latent norms (the DeepSeek-V3 family's constant)
-    groups = int(values.get("moe_router_num_groups") or 1)
-    factor_k = values.get("moe_router_topk_scaling_factor")
-    cfg.update({"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-                "moe_router_pre_softmax": False, "moe_shared_expert_gate": False,
-                "moe_router_topk_scaling_factor": float(factor_k) if factor_k is not None else 1.0,
-                "moe_router_num_groups": groups if groups > 1 else None,
-                "moe_router_group_topk": int(values["moe_router_group_topk"]) if groups > 1 else None,
+    cfg.update({**_routing_nemo(values), "moe_shared_expert_gate": False,
                 "moe_router_load_balancing_type": "aux_loss", "moe_token_dispatcher_type": "alltoall",
                 "moe_grouped_gemm": False})
+    if score == "sigmoid":
+        cfg["moe_router_pre_softmax"] = False  # sigmoid routing does not read it
 
 
 def _mla_rope(values: dict[str, Any], where: str) -> dict[str, Any]:
