@@ -291,6 +291,11 @@ def _run(given: list[str], argv: Sequence[str] | None, exiting: bool) -> int:
                 if getattr(args, "quiet", False):
                     warnings.simplefilter("ignore")  # --quiet: errors only
                 code = int(args.func(args) or 0)
+            if args.command in PARALLEL_COMMANDS:
+                # every process has finished before any tears the group down: a gloo peer whose
+                # partner destroyed the group first can abort ("terminate called without an
+                # active exception"); only on success, where all of them reach this line
+                args.workers.barrier()
             if exiting:
                 _ignore_interrupts_while_exiting()
             if sys.stdout is not None:
