@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import torch
@@ -20,10 +20,12 @@ import torch
 from nemo_convert.dtypes import SHORT, cast_for_output, lossy_cast
 from nemo_convert.errors import InputError
 from nemo_convert.mapping.planner import Plan
-from nemo_convert.tensors.base import TensorSource
+from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Pieces, materialize
 
-Sink = Callable[[str, torch.Tensor], None]
+#: ``sink(name, tensor)``: a ``torch.Tensor``, or :class:`Pieces` for a lazy plan (the writers that
+#: copy byte ranges take them without joining)
+Sink = Callable[[str, Any], None]
 
 
 class Progress(Protocol):
@@ -68,7 +70,7 @@ def apply_dtype(plan: Plan, dtype: torch.dtype | None) -> list[str]:
                 why = lossy_cast(info.dtype, dtype)
                 if why:
                     lossy[(info.dtype, why)] = lossy.get((info.dtype, why), 0) + 1
-                info = replace(info, dtype=dtype)
+                info = TensorInfo(info.name, info.shape, dtype)
             new.append(info)
         task.infos = tuple(new)
     return [f"casting {n} tensor(s) from {SHORT.get(src, str(src))} to {SHORT.get(dtype, str(dtype))} "
@@ -111,7 +113,7 @@ class _Writer(threading.Thread):
                     self.error = exc
             del item
 
-    def put(self, name: str, tensor: torch.Tensor) -> None:
+    def put(self, name: str, tensor: Any) -> None:
         if self.error is not None:
             raise self.error
         self.queue.put((name, tensor))
@@ -170,7 +172,8 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
                     raise InputError(f"internal error: {info.name} came out as {list(out.shape)} {out.dtype}, "
                                      f"planned {list(info.shape)} {info.dtype}")
                 if plan.check_finite and out.dtype.is_floating_point:
-                    bad = int(out.numel() - torch.isfinite(out).sum())
+                    whole = materialize(out) if isinstance(out, Pieces) else out
+                    bad = int(whole.numel() - torch.isfinite(whole).sum())
                     if bad:
                         stats.non_finite[info.name] = bad
                 put(info.name, out)

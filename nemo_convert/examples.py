@@ -60,7 +60,7 @@ def make_tiny_llama(folder: str, *, dtype: torch.dtype = torch.float32, seed: in
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     randomize_(model, seed)
-    model = model.to(dtype)
+    model = model.to(dtype)  # type: ignore[arg-type]  # transformers types .to as PreTrainedModel.to(device)
     model.save_pretrained(folder, safe_serialization=True)
     if tokenizer:
         write_sentencepiece(os.path.join(folder, "tokenizer.model"), vocab_size=min(cfg.vocab_size, 300))

@@ -139,7 +139,8 @@ def split_balanced(sizes: Sequence[int], parts: int) -> list[range]:
     n = len(sizes)
     parts = max(1, min(parts, n))
     total = sum(sizes) or 1
-    bounds, acc, start = [], 0, 0
+    bounds: list[range] = []
+    acc, start = 0, 0
     for i, s in enumerate(sizes):
         acc += s
         if len(bounds) < parts - 1 and acc >= total * (len(bounds) + 1) / parts and i + 1 < n:

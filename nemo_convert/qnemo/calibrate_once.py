@@ -129,7 +129,7 @@ def _calibrate(job: Job, src: str, out: str, *, calib_data: str | None, calib_si
 
 
 def _stats_on(stats: dict[str, Stats], device: torch.device) -> dict[str, Stats]:
-    def move(t: torch.Tensor | None) -> torch.Tensor | None:
+    def move(t: Any) -> Any:  # a tensor, or None where a statistic is optional
         return None if t is None else t.to(device)
 
     return {k: dataclasses.replace(st, input_amax=move(st.input_amax), act_mean=move(st.act_mean),

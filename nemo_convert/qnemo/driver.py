@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -236,7 +236,9 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             infos = {k: source.info(k) for k in list(source.keys())}
         mapping = fam.mapping(nemo_cfg)
         model_config = table.config(copy.deepcopy(nemo_cfg))
-        target = plan_target(table, nemo_cfg, model_config, source, nemo_parallel_kinds(mapping, nemo_cfg),
+        # a family with a TensorRT-LLM table has no sectioned tensors (those are hybrid stacks')
+        kinds = cast(dict[str, Parallel], nemo_parallel_kinds(mapping, nemo_cfg))
+        target = plan_target(table, nemo_cfg, model_config, source, kinds,
                              [d for part in mapping.parts() for d in part.drop_nemo])
         kv_parts = {n: len(o.parts) for n, o in nemo_origins(mapping, nemo_cfg).items()}
         plan = build_plan(target, algo=algo, tp=tp, pp=pp, ep=ep, dtype=_model_dtype(hf_cfg, infos, dtype),

@@ -273,8 +273,11 @@ def _linear_outputs(algo: str, template: str, key: str, spec: OutSpec, shape: tu
 
 def _quantize_task(weight: str, outputs: list[Output], lin: Linear, quantizer: Quantizer) -> Task:
     """The quantization task added after the task making ``weight``."""
-    return Task((weight,), tuple(o.name for o in outputs), lambda ts, q=quantizer, x=lin: q.linear(x, ts[0]),
-                (Parallel.REPLICATED,) * len(outputs), label="quantize")
+    def quantize(ts: Sequence[Any]) -> Any:
+        return quantizer.linear(lin, ts[0])
+
+    return Task((weight,), tuple(o.name for o in outputs), quantize, (Parallel.REPLICATED,) * len(outputs),
+                label="quantize")
 
 
 def build_plan(target: TargetPlan, *, algo: str, tp: int, pp: int, dtype: torch.dtype, group_size: int,
@@ -399,8 +402,10 @@ def _kv_item(t: TrtTask, template: str, local: int | None, stage: int, quantizer
     name = template.replace("{i}", str(t.layer))
     kv_of[name] = qkv
     out = Output(name, template, (1,), torch.float32, Parallel.REPLICATED)
-    task = Task((), (name,), lambda ts, q=quantizer, n=name: (q.kv_scale(n),), (Parallel.REPLICATED,),
-                label="kv_cache_scale")
+    def kv_scale(ts: Sequence[Any], n: str = name) -> Any:
+        return (quantizer.kv_scale(n),)
+
+    task = Task((), (name,), kv_scale, (Parallel.REPLICATED,), label="kv_cache_scale")
     return Item(name, [task], [out], t.layer, local, stage)
 
 

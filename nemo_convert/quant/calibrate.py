@@ -31,7 +31,7 @@ import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -64,7 +64,7 @@ def merge_stats(parts: Sequence[Stats], max_samples: int | None = None) -> Stats
         raise ValueError("merge_stats needs at least one Stats")
     n = sum(p.n_tokens for p in parts)
     amax = torch.stack([p.input_amax for p in parts]).amax()
-    mean = sum(p.act_mean * p.n_tokens for p in parts) / max(n, 1)
+    mean = cast(torch.Tensor, sum(p.act_mean * p.n_tokens for p in parts)) / max(n, 1)  # (parts is not empty)
     samples = torch.cat([p.samples for p in parts], dim=0)
     if max_samples is not None:
         samples = samples[:max_samples]
@@ -199,7 +199,7 @@ def collect_activation_stats(model: torch.nn.Module, batches: Iterable[Any],
         return hook
 
     def make_experts_hook(name: str, experts: int):
-        def hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        def hook(module: Any, args: tuple[Any, ...]) -> None:  # a fused-experts module (transformers 5)
             if not args or not isinstance(args[0], torch.Tensor):
                 return
             x = rows_of(args[0])

@@ -43,6 +43,9 @@ class Checked(_Frozen):
     """An allowed callable ``Checked(source, fn)``: our own argument-checking function."""
 
     __slots__ = ("source", "fn")  # noqa: RUF023 - positional order of __init__
+    if TYPE_CHECKING:  # the slots' types (set by _Frozen.__init__)
+        source: str
+        fn: Callable[..., Any]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -52,12 +55,18 @@ class StorageType(_Frozen):
     """A torch storage class as a token: ``StorageType(source, dtype, untyped)``."""
 
     __slots__ = ("source", "dtype", "untyped")  # noqa: RUF023 - positional order
+    if TYPE_CHECKING:
+        source: str
+        dtype: str  # torch's dtype name
+        untyped: bool
 
 
 class TypeToken(_Frozen):
     """A type a pickle names only as data (``torch.Tensor``, ``typing.Any``)."""
 
     __slots__ = ("source",)
+    if TYPE_CHECKING:
+        source: str
 
 
 # --------------------------------------------------------------------- stand-ins
@@ -66,6 +75,10 @@ class StandIn(metaclass=_FrozenMeta):
     record NEWOBJ/REDUCE ``args``/``kwargs`` and the BUILD ``state``."""
 
     source: str = "?"
+    if TYPE_CHECKING:  # set in __dict__ by __new__ and __setstate__
+        args: tuple[Any, ...]
+        kwargs: dict[str, Any]
+        state: Any
 
     def __new__(cls, *args: Any, **kwargs: Any) -> StandIn:
         obj = object.__new__(cls)
@@ -193,7 +206,8 @@ def _reconstructor(cls: Any, base: Any, state: Any = None) -> Any:
     """``copyreg._reconstructor`` (protocol 0/1 objects), for stand-in classes only."""
     if isinstance(cls, type) and issubclass(cls, (StandIn, AttributeDictStandIn)) and (
             base is (dict if issubclass(cls, dict) else object)):
-        return cls(state or {}) if base is dict else cls.__new__(cls)
+        made: Any = cls  # a StandIn or AttributeDictStandIn subclass, checked above
+        return made(state or {}) if base is dict else made.__new__(made)
     raise InputError(f"pickle reconstructs {cls!r} (base {base!r}), which is not allowed")
 
 

@@ -64,8 +64,9 @@ class Pieces:
 
     # -- views -------------------------------------------------------------------------
     def reshape(self, *shape: int | Sequence[int]) -> "Pieces":
-        dims = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
-        want = list(dims)
+        first = shape[0] if len(shape) == 1 else None
+        want: list[int] = ([int(d) for d in first] if first is not None and not isinstance(first, int)
+                           else [int(d) for d in shape if isinstance(d, int)])
         if -1 in want:
             known = _numel([d for d in want if d != -1])
             want[want.index(-1)] = self.numel() // known if known else 0

@@ -155,7 +155,8 @@ def _is_float_dtype_name(v: Any) -> bool:
 def _dtype_changes(config: list[ConfigDiff]) -> tuple[list[ConfigDiff], list[ConfigDiff]]:
     """Split config differences into (changes of the ``dtype`` / ``torch_dtype`` key between
     floating dtypes, the others)."""
-    dtype, other = [], []
+    dtype: list[ConfigDiff] = []
+    other: list[ConfigDiff] = []
     for c in config:
         key = c.path.rsplit(".", 1)[-1]
         is_dtype = (key in ("dtype", "torch_dtype") and c.kind == "changed" and _is_float_dtype_name(c.a)
@@ -282,8 +283,8 @@ def verify(a: str | os.PathLike[str], b: str | os.PathLike[str], *, atol: float 
         with tempfile.TemporaryDirectory(prefix="nemo-convert-verify-") as tmp:
             fa = _hf_folder(side_a, tmp, reg, trust_pickle, rope_scaling, drop_head)
             fb = _hf_folder(side_b, tmp, reg, trust_pickle, rope_scaling, drop_head)
-            for v, opts in verifiers:
-                rep.extra[v.name] = v.run(fa, fb, opts)
+            for verifier, opts in verifiers:
+                rep.extra[verifier.name] = verifier.run(fa, fb, opts)
     return rep
 
 

@@ -49,7 +49,11 @@ class _Keyed(_Instance):
     """An instance used as a dict key (``MetadataIndex``): hashable by identity."""
 
 
-class _StubPickler(pickle._Pickler):  # type: ignore[misc,name-defined]
+#: the pure-Python pickler, private to ``pickle`` and without a type stub
+_PurePickler: Any = getattr(pickle, "_Pickler")  # noqa: B009 - typeshed does not declare it
+
+
+class _StubPickler(_PurePickler):
     """The pure-Python pickler (same opcodes as the C one) that can name stand-ins."""
 
     def save_global(self, obj: Any, name: str | None = None) -> None:

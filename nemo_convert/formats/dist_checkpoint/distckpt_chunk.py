@@ -13,7 +13,7 @@ import math
 import struct
 from dataclasses import dataclass
 
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from nemo_convert.errors import InputError
 from nemo_convert.tensors.base import ByteRegion, FileMap, dtype_size
@@ -134,7 +134,7 @@ def load_chunk(region: ByteRegion, where: str, raw: str) -> torch.Tensor:
     import torch
     try:
         with region.open() as f:
-            t = torch.load(f, map_location="cpu", weights_only=True)
+            t = torch.load(cast(IO[bytes], f), map_location="cpu", weights_only=True)  # a read-only file object
     except Exception as exc:
         raise InputError(f"{where}: cannot read a chunk of {raw} "
                          f"({type(exc).__name__}: {exc}); the data file may be truncated") from exc

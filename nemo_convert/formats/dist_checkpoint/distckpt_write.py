@@ -20,7 +20,7 @@ import io
 import json
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import torch
 
@@ -195,7 +195,7 @@ class DistCheckpointWriter:
         stream = self._data_stream()
         self._pad(stream)
         start = stream.pos
-        TorchSaveWriter(stream).save_tensor(tensor, flush=False)  # what torch.save writes
+        TorchSaveWriter(cast(BinaryIO, stream)).save_tensor(tensor, flush=False)  # what torch.save writes
         self._chunks.append(ChunkRecord(key, offs, sizes, self._data_file, start, stream.pos - start))
 
     def add_extra_state(self, key: str, layer: int | None, num_layers: int | None, *,

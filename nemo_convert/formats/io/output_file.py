@@ -123,7 +123,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
         t = hugepages.empty(t.shape, t.dtype).copy_(t)
     if t.numel() == 0:
         return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data  # the array's own memoryview (it keeps the array)
 
 
 @dataclass(frozen=True)

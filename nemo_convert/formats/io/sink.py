@@ -7,6 +7,7 @@ an unpacked folder or streams straight into a ``.nemo`` tar with no second copy 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ class MemberSink(Protocol):
         """Copy the file at ``path`` in as member ``name``."""
         ...
 
-    def open_member(self, name: str) -> "contextlib.AbstractContextManager[BinaryIO]":  # noqa: F821
+    def open_member(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
         """A write-only binary stream for member ``name``; ``tell()`` counts from the
         member's start. The member is complete when the context exits."""
         ...

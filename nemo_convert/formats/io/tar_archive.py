@@ -20,6 +20,7 @@ import tarfile
 import tempfile
 import weakref
 import zlib
+from typing import Any, cast
 
 from nemo_convert.errors import InputError
 from nemo_convert.tensors.base import ByteRegion, RegionReader
@@ -180,7 +181,7 @@ class TarArchive(Container):
         return "/".join(parts) or None
 
     def _scan_plain(self, tf: tarfile.TarFile) -> None:
-        size = os.fstat(tf.fileobj.fileno()).st_size  # type: ignore[union-attr]
+        size = os.fstat(cast(Any, tf.fileobj).fileno()).st_size  # a real file: opened from a path
         try:
             for ti in tf:
                 name = self._member_name(ti)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, cast
 
 import torch
 
@@ -196,7 +196,7 @@ class DistWeightsWriter:
         kind = self._sections.get(name)
         if kind is not None:
             for key, part in section_parts(name, tensor, kind):
-                self._write_one(key, part)
+                self._write_one(key, cast(torch.Tensor, part))  # a tensor's sections are tensors
             return
         self._write_one(name, tensor)
 

@@ -117,21 +117,21 @@ def locate(src: str, checkpoint_name: str | None = None) -> Located:
     ranks = _rank_folders(src)
     if ranks:
         return _locate_ranks(src, ranks, checkpoint_name)
-    found = _candidates(src)
+    cands = _candidates(src)
     if checkpoint_name:
         for cand in (checkpoint_name, checkpoint_name.removesuffix(CKPT_SUFFIX)):
             full = os.path.join(src, cand)
             if os.path.isfile(full) or (os.path.isdir(full) and _is_dist(full)):
                 return locate(full)
         raise InputError(f"{src}: no checkpoint named {checkpoint_name!r}"
-                         + (f" (found: {', '.join(found)})" if found else ""))
-    if len(found) == 1:
-        return locate(os.path.join(src, found[0]))
-    if not found:
+                         + (f" (found: {', '.join(cands)})" if cands else ""))
+    if len(cands) == 1:
+        return locate(os.path.join(src, cands[0]))
+    if not cands:
         raise InputError(f"{src}: no training checkpoint here: expected a .ckpt file, rank folders "
                          "(mp_rank_XX/ or tp_rank_XX_pp_rank_YYY/), or a distributed checkpoint folder "
                          "(with metadata.json)")
-    raise InputError(f"{src} holds {len(found)} checkpoints: {', '.join(found)}; pick one with "
+    raise InputError(f"{src} holds {len(cands)} checkpoints: {', '.join(cands)}; pick one with "
                      "--checkpoint-name")
 
 
