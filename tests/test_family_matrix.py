@@ -330,7 +330,8 @@ def test_ignore_config_key_is_explicit_and_recorded(tmp_path, models):
     ("gemma3", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4}), "is not one block per layer kind"),
     ("gemma3", dict(layer_types=["sliding_attention", "chunked_attention"]), "layer_types entries ['chunked_attention']"),
     ("gemma3", dict(hidden_activation="gelu"), "hidden_activation='gelu'"),
-    ("gemma3", dict(attn_logit_softcapping=-1.0), "attn_logit_softcapping=-1.0 is not a positive soft-cap"),
+    ("gemma3", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0: Gemma3ForCausalLM reads it but never"),
+    ("gemma3", dict(final_logit_softcapping=-1.0), "final_logit_softcapping=-1.0 is not a positive soft-cap"),
     ("qwen2", dict(use_mrope=True), "use_mrope=True"),
     ("gpt_oss", dict(initial_context_length=8192, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 4096}),

@@ -138,6 +138,19 @@ def test_gemma3_refuses_a_config_without_the_local_base():
     assert reason is not None and "rotary_base_local=None" in reason, reason
 
 
+def test_a_score_cap_is_refused_both_ways():
+    """transformers 5.25 never applies ``attn_logit_softcapping`` to Gemma 3 (the family's
+    docstring): a config setting one is refused on import, a NeMo config with one on export."""
+    from nemo_convert_gemma3.family import GEMMA3
+
+    with pytest.raises(UnsupportedError, match="attn_logit_softcapping=50.0: Gemma3ForCausalLM reads it but never"):
+        _nemo({**_hf(), "attn_logit_softcapping": 50.0})
+    cfg = _nemo(_hf())
+    cfg["attn_logit_softcapping"] = 50.0
+    reason = GEMMA3.refuses_nemo_config(cfg)
+    assert reason is not None and "attn_logit_softcapping=50.0" in reason, reason
+
+
 @pytest.mark.slow
 def test_megatron_bridge_directory_is_refused_by_name(tmp_path):
     """No Gemma 3 provider is written yet: ``--to megatron-bridge`` says why, writes nothing."""

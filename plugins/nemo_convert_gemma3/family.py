@@ -11,7 +11,8 @@ multiple of ``sliding_window_pattern`` (default 6; lines 105-111 — the key
 kind (``convert_rope_params_to_dict``, lines 132-159): ``rope_parameters`` per layer kind
 (v5), else v4's ``rope_scaling`` applied to ``full_attention`` only, ``rope_theta`` the
 global base and ``rope_local_base_freq`` the local one; ``use_bidirectional_attention``
-changes the mask and the window (lines 101-102). ``modeling_gemma3.py``: ``q_norm`` /
+changes the mask and the window (lines 101-102); ``attn_logit_softcapping`` is kept but
+never applied (:func:`_no_score_cap`). ``modeling_gemma3.py``: ``q_norm`` /
 ``k_norm`` are ``Gemma3RMSNorm(head_dim)`` (lines 119-137, 310-311: ``(1 + w)``), applied
 before the RoPE (lines 329-333); the layer's rotary table is its kind's (lines 533-540).
 
@@ -144,6 +145,19 @@ WINDOWS = Derived(_LAYER_WINDOWS.hf_keys,
                   lambda hf: _LAYER_WINDOWS.to_nemo(hf if "sliding_window" in hf else {**hf, "sliding_window": 4096}),
                   _LAYER_WINDOWS.to_hf, restore=True)
 
+def _no_score_cap(hf: dict[str, Any]) -> dict[str, Any]:
+    """``attn_logit_softcapping``: ``Gemma3TextConfig`` keeps the field, but transformers 5.25's
+    ``Gemma3Attention`` never passes it to the attention function (``modeling_gemma3.py``
+    lines 342-352; ``eager_attention_forward`` caps only when given ``softcap``, lines
+    253-267): null (every published config) is no cap; a number is a cap the HF model does
+    not compute while Megatron-Bridge's Gemma 2-style attention would, refused by name."""
+    value = hf.get("attn_logit_softcapping")
+    if value is not None:
+        raise UnsupportedError(f"attn_logit_softcapping={value!r}: Gemma3ForCausalLM reads it but never applies it "
+                               "(transformers 5.25 modeling_gemma3.py lines 342-352)")
+    return {"attn_logit_softcapping": None}
+
+
 GEMMA3_CONFIG = GPT_CONFIG.extend(
     activation("gelu_pytorch_tanh", "geglu", key="hidden_activation"),
     Check(("hidden_act",), _hidden_act),
@@ -154,7 +168,8 @@ GEMMA3_CONFIG = GPT_CONFIG.extend(
           nemo_default=lambda c: c.get("encoder_seq_length")),
     Field("max_position_embeddings", "encoder_seq_length", 131072, to_nemo=int, to_hf=None),
     query_pre_attn_scalar(256),
-    softcap("attn_logit_softcapping", None, lambda spec: spec.attention.logit_softcap),
+    Derived(("attn_logit_softcapping",), _no_score_cap, lambda cfg: {
+        "attn_logit_softcapping": spec_of(cfg).attention.logit_softcap}),
     softcap("final_logit_softcapping", None, lambda spec: spec.final_logit_softcap),
     WINDOWS,
     Check(("_sliding_window_pattern",), _stale_pattern),
