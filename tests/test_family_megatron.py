@@ -23,6 +23,17 @@ post-norms of ``TERowParallelLinearLayerNorm`` (``models/common/te_layers.py`` l
 ``c·tanh(s/c)`` on the scaled scores, before the mask and softmax) and the logit soft-cap of
 ``Gemma2OutputLayer`` (lines 410-425).
 
+Gemma 3 runs the same post-norm shim, Megatron-Core's own q/k norms (``qk_layernorm``, their
+``+1`` from the zero-centred shim), ``softmax_scale`` and ``window_attn_skip_freq``, and
+``GPTModel``'s RoPE with ``rotary_base`` and ``seq_len_interpolation_factor`` (the global
+layers' linear factor). One more shim applies the math of Megatron-Bridge's Gemma 3 modules
+(``067f987d`` ``src/megatron/bridge/models/gemma/gemma3_provider.py``), which Megatron-Core
+0.16.1 lacks: the windowed layers rotate with a RoPE table of their own base,
+``rotary_base_local``, and no interpolation (``Gemma3RotaryEmbedding``, lines 285-346: a
+second ``RotaryEmbedding`` for local layers, the global one's ``inv_freq`` divided by
+``rope_scaling_factor``; ``Gemma3SelfAttention``, lines 173-220: a local layer takes the
+local table).
+
 Mixture-of-experts families run with the settings families.md measured: SequentialMLP
 (no grouped GEMM), the all-gather token dispatcher, no load balancing, fp32 routing; at
 EP=2 two processes each hold half of the experts and load them from the same checkpoint.
@@ -42,7 +53,7 @@ import pytest
 # found, not imported, at collection: importing megatron.core costs seconds (tests/conftest.py, test time)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="needs megatron.core")
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3",
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3",
             "gpt_oss", "nemotron", "gpt2", "glm4_moe")
 TOLERANCE = 1e-4  # correct layouts measure ~1e-6; a wrong one 0.05 and more (families.md)
 #: RoPE fields Megatron-Core reads: MLATransformerConfig's (multi_latent_attention.py lines 129-148) and
@@ -212,6 +223,7 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
                      rotary_base=int(cfg.get("rotary_base", 10000)),
                      rotary_percent=cfg.get("rotary_percentage", 1.0),
                      share_embeddings_and_output_weights=cfg["share_embeddings_and_output_weights"],
+                     seq_len_interpolation_factor=cfg.get("seq_len_interpolation_factor"),
                      parallel_output=False, mtp_block_spec=mtp_spec)
     if cfg.get("nemo_convert", {}).get("post_norms") and not os.environ.get("MCORE_NO_POST_NORMS"):
         # shim: Megatron-Bridge's TERowParallelLinearLayerNorm, a norm on linear_proj's and
@@ -230,6 +242,22 @@ def _rank(rank: int, family: str, nemo: str, want_path: str, root: str, tp: int,
         for layer in model.decoder.layers:
             with_post_norm(layer.self_attention.linear_proj)
             with_post_norm(layer.mlp.linear_fc2)
+    if cfg.get("rotary_base_local") is not None and not os.environ.get("MCORE_NO_LOCAL_ROPE"):
+        # shim: Megatron-Bridge's Gemma3RotaryEmbedding / Gemma3SelfAttention: a windowed
+        # layer rotates with the local base and no interpolation (module docstring)
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+        local_rope = RotaryEmbedding(kv_channels=tc.kv_channels, rotary_percent=1.0,
+                                     rotary_base=cfg["rotary_base_local"], use_cpu_initialization=True)
+        windowed = cfg.get("window_attn_skip_freq") or [1] * cfg["num_layers"]
+        for layer in model.decoder.layers:
+            if windowed[layer.layer_number - 1]:
+                attention = layer.self_attention
+
+                def local(*a: Any, rotary_pos_emb: Any = None, _inner: Any = attention.forward, **k: Any) -> Any:
+                    return _inner(*a, rotary_pos_emb=local_rope(rotary_pos_emb.shape[0]), **k)
+
+                attention.forward = local
     if cfg.get("attn_logit_softcapping"):  # shim: Gemma2DotProductAttention's c·tanh(s/c) on the scaled scores
         cap = float(cfg["attn_logit_softcapping"])
         for layer in model.decoder.layers:
@@ -430,7 +458,7 @@ def test_megatron_core_logits_equal_hf(tmp_path: Any, family: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen2", "phi3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "nemotron", "gpt2",
-                                    "gemma2", "glm4_moe"])
+                                    "gemma2", "gemma3", "glm4_moe"])
 def test_megatron_core_at_tp2_loads_the_same_checkpoint(tmp_path: Any, family: str) -> None:
     """Megatron reshards the dist checkpoint on load: at TP=2 each rank's slices of the
     grouped QKV (and its bias, and Phi-3's regrouped packed projection) are whole query
@@ -598,6 +626,10 @@ def test_the_check_sees_gpt_oss_sinks(tmp_path: Any) -> None:
     ("gemma2", {"final_logit_softcapping": 6.0}, None, "the logit cap 6 instead of 3"),
     ("gemma2", {"query_pre_attn_scalar": 32}, None, "scores scaled by the head size instead of query_pre_attn_scalar"),
     ("gemma2", {"window_attn_skip_freq": None}, None, "the window on every layer"),
+    ("gemma3", None, {"MCORE_NO_LOCAL_ROPE": "1"}, "the windowed layer rotating with the global RoPE"),
+    ("gemma3", {"seq_len_interpolation_factor": None}, None, "the global RoPE without its linear factor"),
+    ("gemma3", {"qk_layernorm": False}, None, "without the q/k norms"),
+    ("gemma3", {"window_attn_skip_freq": [1, 1]}, None, "the window on the global layer too"),
     # erf vs tanh GeLU is a small difference (9.5e-5 here): checked at 1e-5, 30x what the
     # right GeLU measures (3.6e-7)
     ("gpt2", {"openai_gelu": False}, {"MCORE_TOLERANCE": "1e-5"}, "the erf GeLU instead of the tanh approximation"),
@@ -610,6 +642,36 @@ def test_the_check_sees_the_norm_and_activation_conventions(tmp_path: Any, famil
     delta = float(proc.stdout.split("= ")[1].split()[0])
     print(f"{family}, {what}: max|dlogit| = {delta:.3g}")
     assert delta > float((env_extra or {}).get("MCORE_TOLERANCE", TOLERANCE)), delta
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what, overrides", [
+    # gemma-3-1b's pattern and RoPEs as published (six layers, the sixth global; bases 1e6 / 1e4
+    # from the v4 keys), a window of 8 under the 12 ids
+    ("the published layer pattern and RoPE bases", dict(
+        num_hidden_layers=6, sliding_window_pattern=6, sliding_window=8, rope_parameters=None, rope_theta=1e6,
+        rope_local_base_freq=1e4, query_pre_attn_scalar=256)),
+    # Gemma3TextConfig's optional logit cap, run by Gemma 2's shim (its score cap is refused:
+    # transformers never applies it, plugins/nemo_convert_gemma3/family.py)
+    ("the final logit soft-cap", dict(final_logit_softcapping=3.0)),
+])
+def test_megatron_core_runs_gemma3_variants(tmp_path: Any, what: str, overrides: dict[str, Any]) -> None:
+    proc = _run(tmp_path, "gemma3", tp=2, **overrides)
+    assert proc.returncode == 0 and "MCORE-PARITY OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print(what, *[ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE")], sep="\n")
+
+
+@pytest.mark.slow
+def test_the_check_sees_gemma3s_published_local_base(tmp_path: Any) -> None:
+    """With the published bases (1e6 global, 1e4 local) the five windowed layers rotating with
+    the global RoPE part from HF within 12 positions (measured 0.567): the shim matters."""
+    proc = _run(tmp_path, "gemma3", env_extra={"MCORE_NO_LOCAL_ROPE": "1"}, num_hidden_layers=6,
+                sliding_window_pattern=6, sliding_window=8, rope_parameters=None, rope_theta=1e6,
+                rope_local_base_freq=1e4, query_pre_attn_scalar=256)
+    assert proc.returncode != 0 and "MCORE gemma3" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    delta = float(proc.stdout.split("= ")[1].split()[0])
+    print(f"gemma3 (published bases), windowed layers on the global RoPE: max|dlogit| = {delta:.3g}")
+    assert delta > 1e-2, delta
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ def signature(spec: ModelSpec) -> dict[str, Any]:
         "rotary_base": rope.theta if rope else None,
         "rope_scaling": (rope.interpolation, rope.scaling) if rope else None,
         "rotary_interleaved": rope.interleaved if rope else False,
+        "rotary_base_local": rope.local_theta if rope else None,
         "bias": (a.qkv_bias, a.proj_bias, mlp.bias),
         "num_query_groups": spec.geometry.query_groups,
         "kv_channels": spec.geometry.head_dim,

@@ -140,6 +140,10 @@ class Rope:
     :param interpolation: position interpolation (HF's ``linear`` scaling factor, NeMo's
         ``seq_len_interpolation_factor``); None: none. It composes with ``scaling``.
     :param scaling: frequency scaling (llama3 or YaRN), None: none.
+    :param local_theta: the base of the windowed layers' RoPE, which neither interpolation
+        nor scaling touch (Gemma 3's ``rope_local_base_freq``: its full-attention layers
+        rotate with ``theta`` and the scaling, its sliding-window layers with this base
+        alone); None: every layer rotates alike.
     """
 
     theta: float = 10000.0
@@ -147,6 +151,7 @@ class Rope:
     interleaved: bool = False
     interpolation: float | None = None
     scaling: Scaling | None = None
+    local_theta: float | None = None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,13 @@ section's side channels, with NeMo's defaults applied once (NeMo ``8cfedd72``
   ``megatron_gpt_model.py`` ``get_specs``) with the three numbers in
   ``mcore_customization_config`` (``scripts/checkpoint_converters/convert_gemma2_hf_to_nemo.py``
   ``adjust_nemo_config``); both spellings are read, ours first;
+- a second RoPE base for the windowed layers, ``rotary_base_local`` (absent or null: none;
+  :attr:`Rope.local_theta`): those layers rotate with it and no interpolation or scaling,
+  the others with ``rotary_base`` and ``seq_len_interpolation_factor``. Megatron-Bridge's
+  ``Gemma3ModelProvider`` holds the same two numbers as ``rotary_base = (local, global)``
+  and the global layers' linear factor as ``rope_scaling_factor`` (Megatron-Bridge
+  ``067f987d`` ``src/megatron/bridge/models/gemma/gemma3_provider.py`` lines 62, 76,
+  113-137, 285-309); a NeMo config has one number per field, so the local base is its own;
 - ``precision`` 32.
 """
 
@@ -278,7 +285,8 @@ def _rope(cfg: Mapping[str, Any], positions: str, mla: bool) -> Rope | None:
     scaling: Scaling | None = yarn_scaling(cfg, mla=mla) or llama3_scaling(cfg)
     interpolation = _opt_float(cfg, "seq_len_interpolation_factor")
     return Rope(_float(cfg, "rotary_base", 10000.0), _float(cfg, "rotary_percentage", 1.0),
-                bool(cfg.get("rotary_interleaved")), interpolation or None, scaling)
+                bool(cfg.get("rotary_interleaved")), interpolation or None, scaling,
+                _opt_float(cfg, "rotary_base_local"))
 
 
 def rope_of(cfg: Mapping[str, Any]) -> Rope | None:
