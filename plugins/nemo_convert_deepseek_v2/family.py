@@ -23,7 +23,9 @@ Megatron-Core 0.16.1 settings that compute the same:
 * MoE block (``DeepseekV2Moe``, lines 120–137): routed experts plus ungated shared experts of
   ``moe_intermediate_size · n_shared_experts`` ⇄ ``mlp.shared_experts``
   (``moe_shared_expert_intermediate_size``), no expert bias; layer ``i`` is MoE when
-  ``i >= first_k_dense_replace`` (line 428) ⇄ ``moe_layer_freq`` as a list. transformers does
+  ``i >= first_k_dense_replace`` (line 428) ⇄ ``moe_layer_freq`` as a list
+  (:func:`~nemo_convert.families.dense_first_experts` without its groups: here they depend on
+  ``topk_method``, the router row below). transformers does
   not read ``moe_layer_freq``, ``scoring_func``, ``norm_topk_prob`` (DeepSeek's own code does,
   differently): only the values under which both agree are accepted (1, softmax, false).
 * training-only keys, kept verbatim and not translated: ``aux_loss_alpha`` and ``seq_aux``
