@@ -109,13 +109,13 @@ def test_dense_first_experts_both_ways_and_refusals():
     say is refused by name, each way."""
     from nemo_convert.families import dense_first_experts
 
-    row = dense_first_experts(dense_default=1)
+    row = dense_first_experts(GLM)
     hf = {"num_hidden_layers": 4, "n_routed_experts": 8, "moe_intermediate_size": 16, "n_shared_experts": 2,
-          "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2}
+          "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 4}
     cfg = row.to_nemo(hf)
     assert cfg == {"num_moe_experts": 8, "moe_ffn_hidden_size": 16, "moe_shared_expert_intermediate_size": 32,
                    "moe_layer_freq": [0, 1, 1, 1], "moe_router_num_groups": 4, "moe_router_group_topk": 2}
-    nemo = {**cfg, "num_layers": 4, "hidden_size": 8, "num_attention_heads": 2, "moe_router_topk": 2}
+    nemo = {**cfg, "num_layers": 4, "hidden_size": 8, "num_attention_heads": 2, "moe_router_topk": 4}
     assert row.to_hf(nemo) == {k: hf[k] for k in row.hf_keys}
     # the class's defaults (GLM-4.5: one dense layer, one shared expert) when the keys are absent
     plain = row.to_nemo({"num_hidden_layers": 2, "n_routed_experts": 4, "moe_intermediate_size": 16})
@@ -127,3 +127,69 @@ def test_dense_first_experts_both_ways_and_refusals():
         row.to_hf({**nemo, "moe_layer_freq": [0, 1, 0, 1]})
     with pytest.raises(UnsupportedError, match="moe_shared_expert_intermediate_size=24 is not a multiple"):
         row.to_hf({**nemo, "moe_shared_expert_intermediate_size": 24})
+
+
+#: ``Glm4MoeConfig``'s defaults (transformers 5.25.0 ``configuration_glm4_moe.py`` lines 102-110).
+GLM = {"n_routed_experts": 128, "moe_intermediate_size": 1408, "n_shared_experts": 1, "first_k_dense_replace": 1,
+       "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8}
+
+
+def test_dense_first_experts_absent_and_null_keys():
+    """An absent key is the class's default (every one of them: a config may say only the
+    layers), an explicit null is none (no dense layer, no shared expert, one group); a null
+    size is refused by name, and a declaration without a default for a key fails at once."""
+    from nemo_convert.families import dense_first_experts
+
+    row = dense_first_experts({**GLM, "n_group": 8, "topk_group": 4})
+    cfg = row.to_nemo({"num_hidden_layers": 3})
+    assert cfg == {"num_moe_experts": 128, "moe_ffn_hidden_size": 1408, "moe_shared_expert_intermediate_size": 1408,
+                   "moe_layer_freq": [0, 1, 1], "moe_router_num_groups": 8, "moe_router_group_topk": 4}
+    nulls = row.to_nemo({"num_hidden_layers": 3, "first_k_dense_replace": None, "n_shared_experts": None,
+                         "n_group": None, "topk_group": None})
+    assert (nulls["moe_layer_freq"], nulls["moe_shared_expert_intermediate_size"], nulls["moe_router_num_groups"],
+            nulls["moe_router_group_topk"]) == (1, None, None, None)
+    with pytest.raises(ConfigError, match="config.json moe_intermediate_size=None"):
+        row.to_nemo({"num_hidden_layers": 3, "moe_intermediate_size": None})
+    with pytest.raises(TypeError, match="no class default for n_group, topk_group, num_experts_per_tok"):
+        dense_first_experts({k: GLM[k] for k in ("n_routed_experts", "moe_intermediate_size", "n_shared_experts",
+                                                 "first_k_dense_replace")})
+
+
+def test_dense_first_experts_groups_off_leaves_the_group_keys():
+    """``groups=False`` (DeepSeek-V2, whose groups depend on ``topk_method``): the row neither
+    reads nor writes ``n_group`` / ``topk_group``, and needs no top-k default."""
+    from nemo_convert.families import dense_first_experts
+
+    row = dense_first_experts({k: GLM[k] for k in ("n_routed_experts", "moe_intermediate_size", "n_shared_experts",
+                                                   "first_k_dense_replace")}, groups=False)
+    assert row.hf_keys == ("n_routed_experts", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace")
+    cfg = row.to_nemo({"num_hidden_layers": 2, "n_group": 8, "topk_group": 3, "first_k_dense_replace": 0})
+    assert cfg == {"num_moe_experts": 128, "moe_ffn_hidden_size": 1408, "moe_shared_expert_intermediate_size": 1408,
+                   "moe_layer_freq": 1}
+    nemo = {**cfg, "num_layers": 2, "hidden_size": 8, "num_attention_heads": 2, "moe_router_topk": 2,
+            "moe_router_num_groups": 4, "moe_router_group_topk": 2}
+    assert row.to_hf(nemo) == {"n_routed_experts": 128, "moe_intermediate_size": 1408, "n_shared_experts": 1,
+                               "first_k_dense_replace": 0}
+
+
+@pytest.mark.parametrize("topk, keep, ok", [(8, 4, True), (4, 2, True), (5, 2, True), (6, 2, False), (4, 4, False),
+                                            (2, 2, False)])
+def test_dense_first_experts_groups_need_the_top_two_sum(topk, keep, ok):
+    """The HF classes score a group by the sum of its two best experts, Megatron-Core by its
+    best ``topk // group_topk``: only a quotient of 2 is the same routing, each way (one
+    group routes as none and is always accepted)."""
+    from nemo_convert.families import dense_first_experts
+
+    row = dense_first_experts(GLM)
+    hf = {"num_hidden_layers": 2, "n_routed_experts": 16, "n_group": 4, "topk_group": keep, "num_experts_per_tok": topk}
+    nemo = {"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2, "num_moe_experts": 16, "moe_ffn_hidden_size": 8,
+            "moe_layer_freq": [0, 1], "moe_router_topk": topk, "moe_router_num_groups": 4, "moe_router_group_topk": keep}
+    if ok:
+        assert row.to_nemo(hf)["moe_router_group_topk"] == keep
+        assert row.to_hf(nemo)["topk_group"] == keep
+    else:
+        with pytest.raises(UnsupportedError, match=f"num_experts_per_tok={topk} with topk_group={keep}: the HF class"):
+            row.to_nemo(hf)
+        with pytest.raises(UnsupportedError, match=f"moe_router_topk={topk} with moe_router_group_topk={keep}"):
+            row.to_hf(nemo)
+    assert row.to_nemo({**hf, "n_group": 1})["moe_router_num_groups"] is None

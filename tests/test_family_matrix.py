@@ -777,6 +777,28 @@ def test_deepseek_v3_fp8_block_scaled_weights_are_dequantized(tmp_path, models):
 
 # -- multi-token prediction (DeepSeek-V3) ------------------------------------------------------
 
+@pytest.mark.slow
+def test_deepseek_v3_config_without_q_lora_rank_has_the_query_lora(tmp_path):
+    """A DeepSeek-V3 ``config.json`` without ``q_lora_rank`` is ``DeepseekV3Config``'s 1536:
+    transformers builds ``q_a_proj`` / ``q_b_proj`` for it, and so does the import (before, it
+    read no query LoRA and refused the checkpoint's ``q_a_proj``); export gives back the config
+    without the key and every tensor bit for bit."""
+    src = make_model(str(tmp_path / "hf"), "deepseek_v3", mtp_weights=False, q_lora_rank=1536,
+                     num_nextn_predict_layers=0)
+    cfg = read_json(os.path.join(src, "config.json"))
+    del cfg["q_lora_rank"]
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    assert "model.layers.0.self_attn.q_a_proj.weight" in hf_tensors(src)
+    nemo, back = str(tmp_path / "m"), str(tmp_path / "back")
+    api.import_hf(src, nemo, packed=False)
+    with api.open_checkpoint(nemo) as ck:
+        assert ck.config["q_lora_rank"] == 1536
+    api.export_hf(nemo, back)
+    assert "q_lora_rank" not in read_json(os.path.join(back, "config.json"))
+    assert_same(src, back)
+
+
 def test_deepseek_v3_mtp_dist_keys_and_pipeline_stage(tmp_path, models):
     """The MTP layer's dist keys are Megatron-Core's (``mtp.layers.0.…``, never stacked, experts
     ``[E, …]``, ``eh_proj`` with an extra state; ``tests/test_family_megatron.py`` checks them

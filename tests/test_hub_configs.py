@@ -446,6 +446,30 @@ def test_qwen25_use_mrope_false_is_harmless_and_restored(tmp_path):
     assert torch.equal(_logits(src), _logits(back))
 
 
+def test_deepseek_v3_absent_sizes_are_its_class_defaults():
+    """deepseek-ai/DeepSeek-V3's MLA and expert sizes are ``DeepseekV3Config``'s defaults, so
+    the config without any of them is the same model to transformers, and to the import
+    (before: an absent ``q_lora_rank`` read as no query LoRA, one ``linear_q_proj``, and an
+    absent ``n_group`` as one group). An explicit null ``q_lora_rank`` is the one without."""
+    from transformers import DeepseekV3Config
+
+    from nemo_convert.plugins.manager import get_registry
+
+    fam = get_registry().family("deepseek_v3")
+    hub = read_json(os.path.join(HUB, "deepseek_v3/DeepSeek-V3.json"))
+    del hub["quantization_config"]
+    keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+            "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group")
+    default = DeepseekV3Config()
+    assert {k: getattr(default, k) for k in keys} == {k: hub[k] for k in keys}  # the premise
+    want = fam.config_to_nemo(copy.deepcopy(hub))
+    assert (want["q_lora_rank"], want["moe_router_num_groups"]) == (1536, 8)
+    for key in keys:
+        assert fam.config_to_nemo({k: v for k, v in hub.items() if k != key}) == want, key
+    assert fam.config_to_nemo({k: v for k, v in hub.items() if k not in keys}) == want
+    assert fam.config_to_nemo({**hub, "q_lora_rank": None})["q_lora_rank"] is None
+
+
 def test_clip_legacy_tower_dicts_must_agree(tmp_path):
     """openai/clip-vit-large-patch14's ``text_config_dict`` / ``vision_config_dict`` agree with
     ``text_config`` / ``vision_config``; one that disagrees is refused by the field's name

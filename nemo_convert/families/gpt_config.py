@@ -6,7 +6,7 @@ base is :mod:`nemo_convert.families.gpt`.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.architecture import describe_activation, mlp_activation
@@ -470,29 +470,67 @@ def _ffn_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
 EXPERTS_FFN = Derived(("intermediate_size",), _ffn_to_nemo, _ffn_to_hf)
 
 
-def dense_first_experts(dense_default: int, shared_default: int = 1) -> Derived:
+#: The keys :func:`dense_first_experts` reads; the last two only with ``groups=True``.
+DENSE_FIRST_KEYS = ("n_routed_experts", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+                    "n_group", "topk_group")
+
+
+def _top_two_groups(topk: int, keep: int, topk_name: str, keep_name: str) -> None:
+    """The HF classes of :func:`dense_first_experts` score a group by the sum of its two best
+    experts (transformers 5.24 ``modeling_deepseek_v3.py`` lines 137-141,
+    ``modeling_glm4_moe.py`` lines 287-291: ``.topk(2)``); Megatron-Core 0.16.1 by the sum of
+    its best ``topk // group_topk`` (``transformer/moe/moe_utils.py`` lines 552-555)."""
+    if keep < 1 or topk // keep != 2:
+        raise UnsupportedError(f"{topk_name}={topk} with {keep_name}={keep}: the HF class scores a group by the sum of "
+                               f"its top 2 experts, Megatron-Core by the sum of its top {topk // max(keep, 1)} "
+                               f"(moe_utils.py group_limited_topk); they agree only when {topk_name} // {keep_name} is 2")
+
+
+def dense_first_experts(defaults: Mapping[str, Any], *, groups: bool = True) -> Derived:
     """Routed experts after ``first_k_dense_replace`` dense layers, with
-    ``n_shared_experts`` always-on experts and group-limited routing, as DeepSeek-style
-    configs spell them: ``n_routed_experts``, ``moe_intermediate_size`` (one routed
-    expert; the shared MLP is ``n_shared_experts`` times it), ``first_k_dense_replace``
+    ``n_shared_experts`` always-on experts and (``groups``) group-limited routing, as
+    DeepSeek-style configs spell them: ``n_routed_experts``, ``moe_intermediate_size`` (one
+    routed expert; the shared MLP is ``n_shared_experts`` times it), ``first_k_dense_replace``
     (layer ``i`` is MoE from ``i = k`` on), ``n_group`` / ``topk_group`` ⇄
     ``num_moe_experts``, ``moe_ffn_hidden_size``, ``moe_shared_expert_intermediate_size``,
-    ``moe_layer_freq`` (the per-layer list when ``k > 0``), ``moe_router_num_groups`` /
-    ``moe_router_group_topk`` (None for one group). ``dense_default`` / ``shared_default``:
-    the HF config class's defaults for a config without the keys.
+    ``moe_layer_freq`` (the per-layer list when ``k > 0``, else 1),
+    ``moe_router_num_groups`` / ``moe_router_group_topk`` (None for one group).
+
+    ``defaults``: the HF config class's default for each of these keys — what a
+    ``config.json`` without the key means (the classes differ: DeepSeek-V2 64 experts and no
+    dense layer, DeepSeek-V3 256 experts in 8 groups after 3 dense layers, GLM-4.5 128 after
+    one). An explicit null means none: no dense layer, no shared expert, one group.
+
+    ``groups=True`` (DeepSeek-V3, GLM-4.5): the class always routes within the best
+    ``topk_group`` of ``n_group`` groups, a group scored by the sum of its two best experts;
+    Megatron-Core sums the best ``topk // group_topk``, so more than one group with
+    ``num_experts_per_tok // topk_group`` other than 2 is refused by name, each way
+    (``defaults`` then also holds ``num_experts_per_tok``). ``groups=False`` leaves
+    ``n_group`` / ``topk_group`` to the family's own row, for a class whose groups mean
+    something else (DeepSeek-V2 reads them only under ``topk_method:
+    group_limited_greedy`` and scores a group by its largest expert).
 
     Megatron-Core's MTP layer is the last decoder layer's kind (``get_gpt_mtp_block_spec``),
     the HF MTP layer is MoE (its index is past ``k``): an MTP layer over an all-dense stack is
     refused by name (``--drop-mtp`` leaves it out). A NeMo config with a dense layer after
     an MoE one, or a shared MLP that is not a whole number of experts, has no such config and
     is refused on export."""
-    keys = ("n_routed_experts", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "n_group",
-            "topk_group")
+    keys = DENSE_FIRST_KEYS if groups else DENSE_FIRST_KEYS[:4]
+    missing = [k for k in ((*keys, "num_experts_per_tok") if groups else keys) if k not in defaults]
+    if missing:
+        raise TypeError(f"dense_first_experts: no class default for {', '.join(missing)}")
+
+    def get(hf: dict[str, Any], key: str, none: int | None = None) -> int:
+        value = hf[key] if key in hf else defaults[key]
+        if value is None:
+            if none is None:
+                raise ConfigError(f"config.json {key}=None: must be a number")
+            return none
+        return int(value)
 
     def to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
-        experts, ffn, layers = int(hf["n_routed_experts"]), int(hf["moe_intermediate_size"]), int(hf["num_hidden_layers"])
-        dense = int(hf.get("first_k_dense_replace", dense_default) or 0)
-        shared = int(hf.get("n_shared_experts", shared_default) or 0)
+        experts, ffn, layers = get(hf, "n_routed_experts"), get(hf, "moe_intermediate_size"), int(hf["num_hidden_layers"])
+        dense, shared = get(hf, "first_k_dense_replace", 0), get(hf, "n_shared_experts", 0)
         if experts < 1 or not 0 <= dense <= layers:
             raise UnsupportedError(f"n_routed_experts={experts} / first_k_dense_replace={dense} with {layers} layers")
         mtp = int(hf.get("num_nextn_predict_layers") or 0)
@@ -500,12 +538,15 @@ def dense_first_experts(dense_default: int, shared_default: int = 1) -> Derived:
             raise UnsupportedError(f"num_nextn_predict_layers={mtp} with first_k_dense_replace={dense}: the HF MTP "
                                    "layer would be MoE, Megatron-Core's a copy of the last (dense) layer (use "
                                    "--drop-mtp)")
-        groups = int(hf.get("n_group") or 1)
-        return {"num_moe_experts": experts, "moe_ffn_hidden_size": ffn,
-                "moe_shared_expert_intermediate_size": ffn * shared or None,
-                "moe_layer_freq": [int(i >= dense) for i in range(layers)] if dense else 1,
-                "moe_router_num_groups": groups if groups > 1 else None,
-                "moe_router_group_topk": int(hf.get("topk_group") or 1) if groups > 1 else None}
+        out: dict[str, Any] = {"num_moe_experts": experts, "moe_ffn_hidden_size": ffn,
+                               "moe_shared_expert_intermediate_size": ffn * shared or None,
+                               "moe_layer_freq": [int(i >= dense) for i in range(layers)] if dense else 1}
+        if groups:
+            n, keep = get(hf, "n_group", 1), get(hf, "topk_group", 1)
+            if n > 1:
+                _top_two_groups(get(hf, "num_experts_per_tok"), keep, "num_experts_per_tok", "topk_group")
+            out.update(moe_router_num_groups=n if n > 1 else None, moe_router_group_topk=keep if n > 1 else None)
+        return out
 
     def to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
         moe = spec_of(cfg).moe
@@ -519,9 +560,13 @@ def dense_first_experts(dense_default: int, shared_default: int = 1) -> Derived:
         if moe.shared_ffn % moe.ffn:
             raise UnsupportedError(f"moe_shared_expert_intermediate_size={moe.shared_ffn} is not a multiple of "
                                    f"moe_ffn_hidden_size={moe.ffn} (n_shared_experts counts whole experts)")
-        return {"n_routed_experts": moe.experts, "moe_intermediate_size": moe.ffn,
-                "n_shared_experts": moe.shared_ffn // moe.ffn, "first_k_dense_replace": dense,
-                "n_group": moe.groups, "topk_group": moe.group_topk or 1}
+        out = {"n_routed_experts": moe.experts, "moe_intermediate_size": moe.ffn,
+               "n_shared_experts": moe.shared_ffn // moe.ffn, "first_k_dense_replace": dense}
+        if groups:
+            if moe.groups > 1:
+                _top_two_groups(moe.topk, moe.group_topk or 1, "moe_router_topk", "moe_router_group_topk")
+            out.update(n_group=moe.groups, topk_group=moe.group_topk or 1)
+        return out
 
     return Derived(keys, to_nemo, to_hf)
 

@@ -23,7 +23,9 @@ Megatron-Core 0.16.1 settings that compute the same:
 * MoE block (``DeepseekV2Moe``, lines 120–137): routed experts plus ungated shared experts of
   ``moe_intermediate_size · n_shared_experts`` ⇄ ``mlp.shared_experts``
   (``moe_shared_expert_intermediate_size``), no expert bias; layer ``i`` is MoE when
-  ``i >= first_k_dense_replace`` (line 428) ⇄ ``moe_layer_freq`` as a list. transformers does
+  ``i >= first_k_dense_replace`` (line 428) ⇄ ``moe_layer_freq`` as a list
+  (:func:`~nemo_convert.families.dense_first_experts` without its groups: here they depend on
+  ``topk_method``, the router row below). transformers does
   not read ``moe_layer_freq``, ``scoring_func``, ``norm_topk_prob`` (DeepSeek's own code does,
   differently): only the values under which both agree are accepted (1, softmax, false).
 * training-only keys, kept verbatim and not translated: ``aux_loss_alpha`` and ``seq_aux``
@@ -33,9 +35,10 @@ Megatron-Core 0.16.1 settings that compute the same:
 
 from typing import Any
 
-from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.errors import UnsupportedError
 from nemo_convert.families import (DENSE, GPT_CONFIG, MLA_PROVIDER, MLA_ROWS, MOE_NEMO_CONSTANTS, NO_LINEAR_BIAS, SILU,
-                                   Check, Derived, Field, GPTFeatures, MoEBlock, ProviderFamily, gpt_family, rope)
+                                   Check, Derived, Field, GPTFeatures, MoEBlock, ProviderFamily, dense_first_experts,
+                                   gpt_family, rope)
 from nemo_convert.spec import spec_of
 
 
@@ -47,33 +50,6 @@ DEFAULTS = {"n_routed_experts": 64, "moe_intermediate_size": 1407, "n_shared_exp
 
 def _get(hf: dict[str, Any], key: str) -> Any:
     return hf[key] if key in hf else DEFAULTS[key]
-
-
-def _experts_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
-    layers, dense = int(hf["num_hidden_layers"]), int(_get(hf, "first_k_dense_replace") or 0)
-    experts = int(_get(hf, "n_routed_experts"))
-    if experts < 1:
-        raise UnsupportedError(f"n_routed_experts={experts} (DeepSeek-V2 routes experts)")
-    ffn, shared = int(_get(hf, "moe_intermediate_size")), int(_get(hf, "n_shared_experts") or 0)
-    pattern = [int(i >= dense) for i in range(layers)]
-    return {"num_moe_experts": experts, "moe_ffn_hidden_size": ffn,
-            "moe_shared_expert_intermediate_size": ffn * shared or None,
-            "moe_layer_freq": 1 if all(pattern) else pattern}
-
-
-def _experts_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    moe = spec_of(cfg).moe
-    if moe is None:
-        raise ConfigError("the NeMo config has no num_moe_experts (DeepSeek-V2 routes experts)")
-    dense = moe.layer_pattern.index(True) if True in moe.layer_pattern else len(moe.layer_pattern)
-    if not all(moe.layer_pattern[dense:]):
-        raise UnsupportedError(f"moe_layer_freq={list(map(int, moe.layer_pattern))}: DeepseekV2ForCausalLM's MoE "
-                               "layers are every layer from first_k_dense_replace on")
-    if moe.shared_ffn % moe.ffn:
-        raise UnsupportedError(f"moe_shared_expert_intermediate_size={moe.shared_ffn} is not a multiple of "
-                               f"moe_ffn_hidden_size={moe.ffn} (HF's shared experts are n_shared_experts of them)")
-    return {"n_routed_experts": moe.experts, "moe_intermediate_size": moe.ffn,
-            "n_shared_experts": moe.shared_ffn // moe.ffn, "first_k_dense_replace": dense}
 
 
 def _routing_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
@@ -119,8 +95,8 @@ def _agreed(hf: dict[str, Any]) -> str | None:
 
 DEEPSEEK_V2_CONFIG = GPT_CONFIG.extend(
     *MLA_ROWS,
-    Derived(("n_routed_experts", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"),
-            _experts_to_nemo, _experts_to_hf),
+    # the groups mean something else here (topk_method): _routing_to_nemo
+    dense_first_experts(DEFAULTS, groups=False),
     Field("num_experts_per_tok", "moe_router_topk", to_nemo=int, to_hf=int),
     Derived(("topk_method", "n_group", "topk_group"), _routing_to_nemo, _routing_to_hf),
     Field("routed_scaling_factor", "moe_router_topk_scaling_factor", 1.0, to_nemo=float, to_hf=float),

@@ -11,74 +11,23 @@ RoPE, plain or YaRN (the hub models'), is MLA's: ``rope_type`` and
 ``MLATransformerConfig``'s YaRN fields (:mod:`nemo_convert.families.yarn`).
 The hub's multi-token-prediction layers (``num_nextn_predict_layers``) go to Megatron-Core's
 MTP block (``GPTFeatures(mtp=True)``: :func:`~nemo_convert.families.gpt.mtp_rules`).
+The MLA sizes are :data:`~nemo_convert.families.MLA_ROWS`, the experts
+:func:`~nemo_convert.families.dense_first_experts` with ``DeepseekV3Config``'s defaults: a
+config without ``q_lora_rank`` has the 1536-wide query LoRA, one without ``n_group`` 8 groups.
 """
 
 from typing import Any
 
-from nemo_convert.errors import ConfigError, UnsupportedError
-from nemo_convert.families import (Check, DENSE, Derived, Field, GPTFeatures, GPT_CONFIG, MLA_PROVIDER,
-                                   MOE_NEMO_CONSTANTS, MoEBlock, NO_LINEAR_BIAS, ProviderFamily, SILU, gpt_family, rope)
+from nemo_convert.families import (DENSE, GPT_CONFIG, MLA_PROVIDER, MLA_ROWS, MOE_NEMO_CONSTANTS, NO_LINEAR_BIAS, SILU,
+                                   Check, Field, GPTFeatures, MoEBlock, ProviderFamily, dense_first_experts, gpt_family,
+                                   rope)
 from nemo_convert.spec import spec_of
 
 
-def _mla_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
-    return {"q_lora_rank": hf.get("q_lora_rank"), "kv_lora_rank": int(hf["kv_lora_rank"]),
-            "qk_head_dim": int(hf["qk_nope_head_dim"]), "qk_pos_emb_head_dim": int(hf["qk_rope_head_dim"]),
-            "v_head_dim": int(hf["v_head_dim"]), "kv_channels": int(hf["v_head_dim"])}
-
-
-def _mla_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    mla = spec_of(cfg).attention.mla
-    if mla is None or None in (mla.kv_lora_rank, mla.qk_head_dim, mla.qk_pos_emb_head_dim, mla.v_head_dim):
-        raise ConfigError("the NeMo config is not multi-latent attention with its dimensions (kv_lora_rank, "
-                          "qk_head_dim, qk_pos_emb_head_dim, v_head_dim)")
-    return {"q_lora_rank": mla.q_lora_rank, "kv_lora_rank": mla.kv_lora_rank,
-            "qk_nope_head_dim": mla.qk_head_dim, "qk_rope_head_dim": mla.qk_pos_emb_head_dim,
-            "v_head_dim": mla.v_head_dim, "head_dim": mla.qk_pos_emb_head_dim,
-            "qk_head_dim": int(mla.qk_head_dim or 0) + int(mla.qk_pos_emb_head_dim or 0)}
-
-
-def _mla_derived(hf: dict[str, Any]) -> str | None:
-    rope, qk = int(hf["qk_rope_head_dim"]), int(hf["qk_nope_head_dim"]) + int(hf["qk_rope_head_dim"])
-    if hf.get("head_dim") not in (None, rope) or hf.get("qk_head_dim") not in (None, qk):
-        return f"head_dim={hf.get('head_dim')} / qk_head_dim={hf.get('qk_head_dim')} (MLA derives {rope} / {qk})"
-    if int(hf.get("num_key_value_heads") or hf["num_attention_heads"]) != int(hf["num_attention_heads"]):
-        return f"num_key_value_heads={hf['num_key_value_heads']} (MLA has one key and value per head)"
-    return None
-
-
-def _experts_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
-    fe, layers, dense = int(hf["moe_intermediate_size"]), int(hf["num_hidden_layers"]), int(hf["first_k_dense_replace"])
-    reason = _mtp_layer_kind(hf)
-    if reason:
-        raise UnsupportedError(f"{reason} (family deepseek_v3 cannot represent it exactly)")
-    groups = int(hf.get("n_group") or 1)
-    return {"num_moe_experts": int(hf["n_routed_experts"]), "moe_ffn_hidden_size": fe,
-            "moe_shared_expert_intermediate_size": fe * int(hf["n_shared_experts"]) or None,
-            "moe_layer_freq": [0] * dense + [1] * (layers - dense) if dense else 1,
-            "moe_router_num_groups": groups if groups > 1 else None,
-            "moe_router_group_topk": int(hf["topk_group"]) if groups > 1 else None}
-
-
-def _experts_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    moe = spec_of(cfg).moe
-    if moe is None:
-        raise ConfigError("the NeMo config has no num_moe_experts (DeepSeek-V3 routes experts)")
-    dense = next((i for i, on in enumerate(moe.layer_pattern) if on), len(moe.layer_pattern))
-    return {"n_routed_experts": moe.experts, "moe_intermediate_size": moe.ffn,
-            "n_shared_experts": moe.shared_ffn // moe.ffn, "first_k_dense_replace": dense,
-            "n_group": moe.groups, "topk_group": moe.group_topk or 1}
-
-
-def _mtp_layer_kind(hf: dict[str, Any]) -> str | None:
-    """Megatron-Core's MTP layer has the last decoder layer's kind; HF's is MoE from layer
-    ``first_k_dense_replace`` on. They differ only when every decoder layer is dense and the
-    first MTP layer is the first MoE one."""
-    layers, dense = int(hf["num_hidden_layers"]), int(hf["first_k_dense_replace"])
-    if int(hf.get("num_nextn_predict_layers") or 0) and dense == layers:
-        return (f"num_nextn_predict_layers={hf['num_nextn_predict_layers']} with first_k_dense_replace={dense}: HF's "
-                "MTP layer would be MoE, Megatron-Core's a copy of the last (dense) layer (use --drop-mtp)")
-    return None
+#: What an absent key means: ``DeepseekV3Config``'s defaults (transformers 5.25.0
+#: ``configuration_deepseek_v3.py`` lines 86-102).
+DEFAULTS = {"n_routed_experts": 256, "moe_intermediate_size": 2048, "n_shared_experts": 1, "first_k_dense_replace": 3,
+            "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8}
 
 
 def _hub_routing(hf: dict[str, Any]) -> str | None:
@@ -104,11 +53,8 @@ MEGATRON_BRIDGE = ProviderFamily(
 DEEPSEEK_V3 = gpt_family(
     "deepseek_v3", architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3",
     config=GPT_CONFIG.extend(
-        Derived(("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
-                _mla_to_nemo, _mla_to_hf),
-        Check(("head_dim", "qk_head_dim"), _mla_derived),
-        Derived(("n_routed_experts", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
-                 "n_group", "topk_group"), _experts_to_nemo, _experts_to_hf),
+        *MLA_ROWS,
+        dense_first_experts(DEFAULTS),
         Field("num_experts_per_tok", "moe_router_topk", to_nemo=int, to_hf=int),
         Field("routed_scaling_factor", "moe_router_topk_scaling_factor", 1.0, to_nemo=float, to_hf=float),
         Field("norm_topk_prob", "nemo_convert.norm_topk_prob", True, accept=lambda v: v is True),
@@ -116,7 +62,7 @@ DEEPSEEK_V3 = gpt_family(
         Field("attention_bias", "bias", False, accept=lambda v: v is False),
         Check(("scoring_func", "topk_method", "moe_layer_freq"), _hub_routing),
         rope("yarn", mla=True),
-        harmless=("output_router_logits", "aux_loss_alpha", "seq_aux", "ep_size"), drop=("head_dim",),
+        harmless=("output_router_logits", "aux_loss_alpha", "seq_aux", "ep_size"),
         nemo_constants={**MOE_NEMO_CONSTANTS, "multi_latent_attention": True, "qk_layernorm": True,
                         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
                         "moe_router_pre_softmax": False, "moe_shared_expert_gate": False}),

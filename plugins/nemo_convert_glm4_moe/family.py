@@ -60,12 +60,17 @@ def _qkv_bias_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
 #: ``attention_bias`` ⇄ biases on q, k and v only (Megatron's ``add_qkv_bias``).
 QKV_BIAS = Derived(("attention_bias",), _qkv_bias_to_nemo, _qkv_bias_to_hf, restore=True)
 
+#: What an absent key means: ``Glm4MoeConfig``'s defaults (transformers 5.25.0
+#: ``configuration_glm4_moe.py`` lines 102-110).
+DEFAULTS = {"n_routed_experts": 128, "moe_intermediate_size": 1408, "n_shared_experts": 1, "first_k_dense_replace": 1,
+            "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8}
+
 GLM4_MOE_CONFIG = GPT_CONFIG.extend(
     QKV_BIAS,
     Field("use_qk_norm", "qk_layernorm", False, to_nemo=bool, to_hf=bool),
     partial_rope(0.5),
-    dense_first_experts(dense_default=1),
-    Field("num_experts_per_tok", "moe_router_topk", 8, to_nemo=int, to_hf=int),
+    dense_first_experts(DEFAULTS),
+    Field("num_experts_per_tok", "moe_router_topk", DEFAULTS["num_experts_per_tok"], to_nemo=int, to_hf=int),
     Field("routed_scaling_factor", "moe_router_topk_scaling_factor", 1.0, to_nemo=float, to_hf=float),
     Field("norm_topk_prob", "nemo_convert.norm_topk_prob", True, accept=lambda v: v is True),
     harmless=("output_router_logits",),
