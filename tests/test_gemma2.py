@@ -157,6 +157,24 @@ def test_provider_fields_both_ways_and_refusals():
             provider_to_nemo({**gpt, "_target_": target, "attn_logit_softcapping": 50.0}, "r", providers)
 
 
+def test_a_nemo1_gemma2_is_refused_by_the_provider_by_name():
+    """NeMo 1's Gemma 2 windows the 0-based odd layers (its layer spec); Gemma2ModelProvider's
+    the even ones: that ``.nemo`` has no Megatron-Bridge directory, and says so."""
+    import torch
+
+    from nemo_convert.formats.megatron.megatron_config import nemo_to_provider
+    from nemo_convert.plugins.manager import get_registry
+
+    cfg = _config("google__gemma-2-2b.json")
+    for k in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "window_attn_skip_freq"):
+        del cfg[k]
+    cfg["nemo_convert"] = {"vocab_size": 256000}
+    cfg["window_size"] = [4096, 0]
+    with pytest.raises(UnsupportedError, match=r"window_attn_skip_freq=\[0, 1, 0, 1"):
+        nemo_to_provider(cfg, "gemma2", providers=get_registry().providers(), vocab_size=256000,
+                         params_dtype=torch.bfloat16)
+
+
 @pytest.mark.slow
 def test_megatron_bridge_directory_without_our_record_and_class_defaults(tmp_path):
     """A Megatron-Bridge directory reduced to the geometry and the fields that differ from

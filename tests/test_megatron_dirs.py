@@ -623,7 +623,7 @@ def test_args_table_dense_families() -> None:
             args_to_nemo(vars(megatron_lm_args(**over)), "x")
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma"])
+@pytest.mark.parametrize("family", ["mistral", "gemma", "gemma2"])
 def test_family_nemo_to_megatron_bridge_one_command(family_models, tmp_path, cli, family) -> None:
     nemo = str(tmp_path / "m.nemo")
     api.import_hf(family_models[family], nemo, parallel=api.Parallelism(2, 1))

@@ -71,6 +71,16 @@ defaulting to ``ffn_hidden_size``, lines 1016–1018) pass into the NeMo config,
 family registry decides (Mixtral, Qwen3-MoE, Qwen2-MoE by their claims); routing the table
 does not express is refused by name (:data:`MOE_NEUTRAL`).
 
+A provider subclass may carry more than the shared fields, as its family declares
+(:class:`~nemo_convert.formats.megatron.providers.ProviderFamily`): the score fields
+(:data:`SCORE_FIELDS`: ``query_pre_attn_scalar`` and the tanh soft-caps, ``softcaps``),
+post-norms in its layer spec (``post_norms``) and a window pattern of its own layer spec
+(``window_layers``: ``window_attn_skip_freq`` is then neither written nor read). Megatron-Bridge
+``067f987d`` ``gemma/gemma2_provider.py`` is the case: fields at lines 497-499, the odd 1-based
+layers windowed at lines 125-129, the post-norms at lines 438-463. Where such a class's default
+for a field is not null (window ``(4095, 0)``, caps 50 / 30), a model without it is written
+with an explicit null.
+
 Which provider a family writes is the family's own declaration (``ModelFamily.megatron_bridge``,
 a :class:`~nemo_convert.formats.megatron.providers.ProviderFamily`, collected by the registry
 into a :class:`~nemo_convert.formats.megatron.providers.ProviderTable` that every function here
