@@ -104,8 +104,9 @@ def _odd_layers(layers: int) -> tuple[bool, ...]:
 #: biases, tied embeddings and zero-centred norms; ``gemma2_provider.py`` lines 466-499 are the
 #: class's defaults, its ``provide()`` scales the embedding by sqrt(hidden) (lines 514-518) and
 #: caps the logits (lines 520-524, 410-417); its layer spec (lines 438-463) has the post-norms
-#: (``linear_proj.post_layernorm``, ``linear_fc2.post_layernorm``: the names our dist keys
-#: have) and windows the odd 1-based layers itself (:func:`_odd_layers`): a model windowing
+#: (``linear_proj.post_layernorm``, ``linear_fc2.post_layernorm``: ``models/common/te_layers.py``
+#: lines 26-57 adds ``post_layernorm`` to Transformer Engine's row-parallel linear, whose
+#: checkpoint keys it keeps: the names our dist keys have) and windows the odd 1-based layers itself (:func:`_odd_layers`): a model windowing
 #: other layers is refused by name.
 GEMMA2_PROVIDER = "megatron.bridge.models.gemma.gemma2_provider.Gemma2ModelProvider"
 MEGATRON_BRIDGE = ProviderFamily(
