@@ -488,6 +488,14 @@ FAMILY_PROVIDERS: dict[str, dict] = {
                     "make_vocab_size_divisible_by": 3200, "rope_type": "yarn", "rotary_scaling_factor": 4.0,
                     "original_max_position_embeddings": 8, "mscale": 0.707, "mscale_all_dim": 0.707,
                     "share_embeddings_and_output_weights": False, "add_bias_linear": False},
+    # gemma/gemma2_bridge.py (067f987d) lines 47-66 and gemma2_provider.py 466-499: the tiny model's scalar,
+    # soft-caps and window 4 (W - 1 = 3 keys before the query); the class windows the odd 1-based layers itself
+    "gemma2": {"_target_": "megatron.bridge.models.gemma.gemma2_provider.Gemma2ModelProvider",
+               "activation_func": {"_target_": "megatron.core.activations.fast_gelu", "_call_": False},
+               "layernorm_zero_centered_gamma": True, "share_embeddings_and_output_weights": True,
+               "kv_channels": 32, "gated_linear_unit": True, "normalization": "RMSNorm", "add_bias_linear": False,
+               "query_pre_attn_scalar": 24, "attn_logit_softcapping": 1.5, "final_logit_softcapping": 3.0,
+               "window_size": [3, 0], "window_attn_skip_freq": None},
     # glm/glm45_bridge.py (067f987d) lines 57-94 over conversion/model_bridge.py 456-498: the GPT provider
     # with sigmoid routing, expert bias, routed scaling, the MTP layer count and half-rotary RoPE
     "glm4_moe": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "add_qkv_bias": True,
@@ -587,8 +595,8 @@ def test_family_refusals_by_name(family_models, tmp_path) -> None:
     os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
     for target, words in (("megatron.bridge.models.gpt_provider.GPTModelProvider", "layernorm_zero_centered_gamma "
                            "without GemmaModelProvider"),
-                          ("megatron.bridge.models.gemma.gemma2_provider.Gemma2ModelProvider",
-                           "Gemma2ModelProvider is not supported")):
+                          ("megatron.bridge.models.gemma.gemma4_provider.Gemma4ModelProvider",
+                           "Gemma4ModelProvider is not supported")):
         with open(path, "w") as f:
             yaml.safe_dump({"model": {**doc["model"], "_target_": target}}, f)
         with pytest.raises(UnsupportedError, match=words):
@@ -615,7 +623,7 @@ def test_args_table_dense_families() -> None:
             args_to_nemo(vars(megatron_lm_args(**over)), "x")
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma"])
+@pytest.mark.parametrize("family", ["mistral", "gemma", "gemma2"])
 def test_family_nemo_to_megatron_bridge_one_command(family_models, tmp_path, cli, family) -> None:
     nemo = str(tmp_path / "m.nemo")
     api.import_hf(family_models[family], nemo, parallel=api.Parallelism(2, 1))

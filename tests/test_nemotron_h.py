@@ -258,9 +258,10 @@ def test_tp_that_splits_a_group_is_refused_before_writing(tmp_path, models) -> N
 
 
 def test_megatron_bridge_target_is_refused_by_name(tmp_path, models) -> None:  # noqa: ANN001
-    """No Megatron-Bridge provider is declared for the hybrid family yet (docs/families/nemotron_h.md)."""
+    """The hybrid family says why it has no Megatron-Bridge directory (docs/families/nemotron_h.md)."""
     out = str(tmp_path / "mb")
-    with pytest.raises(UnsupportedError, match="nemotron_h"):
+    with pytest.raises(UnsupportedError, match="'nemotron_h' cannot be written with --to megatron-bridge: "
+                                               "Megatron-Bridge's NemotronHBridge writes a HybridModelProvider"):
         api.import_hf(models["nemotron_h_8b"], out, to="megatron-bridge")
     assert not os.path.exists(out)
 

@@ -353,7 +353,8 @@ def spec_of(cfg: Mapping[str, Any]) -> ModelSpec:
         geometry=geometry,
         attention=Attention(qkv_bias=qkv, proj_bias=proj, qk_norm=bool(cfg.get("qk_layernorm")),
                             window=window, window_lookahead=lookahead,
-                            window_pattern=_window_pattern(cfg, geometry.layers),
+                            # which layers a window applies to means nothing without a window
+                            window_pattern=None if window is None else _window_pattern(cfg, geometry.layers),
                             softmax=str(cfg.get("softmax_type") or "vanilla"), mla=mla,
                             normalized_scores=bool(cfg.get("normalize_attention_scores", True)),
                             query_pre_attn_scalar=_customised(cfg, "query_pre_attn_scalar"),

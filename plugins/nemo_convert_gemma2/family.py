@@ -16,15 +16,16 @@ Megatron-Core names (Megatron-Bridge ``067f987d``
 ``self_attention.linear_proj.post_layernorm`` and ``mlp.linear_fc2.post_layernorm``; the
 provider fields ``query_pre_attn_scalar``, ``attn_logit_softcapping``,
 ``final_logit_softcapping``, ``window_size = (sliding_window - 1, 0)`` on odd (1-based)
-layers (``gemma2_provider.py`` lines 127-129, 497-499), which is Megatron-Core's
-``window_attn_skip_freq`` pattern here.
+layers (``gemma2_provider.py`` lines 127-129, 497-499): the class's own layer pattern (its
+``window_attn_skip_freq`` is not read), which is HF's default ``layer_types``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from nemo_convert.families import (GPT_CONFIG, Check, Derived, Field, GPTFeatures, activation, gpt_family, layer_windows,
+from nemo_convert.families import (DENSE, DENSE_CLASS_DEFAULTS, FAST_GELU, GPT_CONFIG, NO_LINEAR_BIAS, Check, Derived,
+                                   Field, GPTFeatures, ProviderFamily, activation, gpt_family, layer_windows,
                                    linear_biases, query_pre_attn_scalar, softcap)
 from nemo_convert.spec import spec_of
 
@@ -87,12 +88,37 @@ GEMMA2_CONFIG = GPT_CONFIG.extend(
 )
 
 
-#: Not written yet: Megatron-Bridge's ``Gemma2ModelProvider`` (``067f987d``
-#: ``src/megatron/bridge/models/gemma/gemma2_provider.py`` lines 466-499) carries
-#: ``query_pre_attn_scalar`` and both soft-caps, and its layer spec the post-norms and the
-#: odd-layer windows (lines 127-129, 441-463); the provider writer has no rows for them.
-MEGATRON_BRIDGE = ("Megatron-Bridge's Gemma2ModelProvider carries query_pre_attn_scalar and the attention and "
-                   "final soft-caps, which nemo-convert's provider writer does not write yet")
+def _odd_layers(layers: int) -> tuple[bool, ...]:
+    """The layers ``Gemma2DotProductAttention`` windows: ``layer_number % 2 == 1``
+    (Megatron-Bridge ``067f987d`` ``gemma/gemma2_provider.py`` lines 125-129) on Megatron-Core's
+    1-based global layer number (megatron-core 0.16.1 ``transformer/transformer_block.py``
+    line 369 ``build_layer(layer_spec, i + 1)``, ``transformer_layer.py`` line 280 adds the
+    pipeline offset, ``attention.py`` line 320 passes it on): the 0-based even layers, HF's
+    default ``layer_types`` (:func:`_alternating`)."""
+    return tuple(i % 2 == 0 for i in range(layers))
+
+
+#: ``--to megatron-bridge``: Megatron-Bridge ``067f987d`` ``gemma/gemma2_bridge.py`` lines 47-66
+#: builds a ``Gemma2ModelProvider`` with HF's ``query_pre_attn_scalar``, both soft-caps,
+#: ``window_size = (sliding_window - 1, 0)``, RMSNorm, tanh GeGLU (``fast_gelu``), no linear
+#: biases, tied embeddings and zero-centred norms; ``gemma2_provider.py`` lines 466-499 are the
+#: class's defaults, its ``provide()`` scales the embedding by sqrt(hidden) (lines 514-518) and
+#: caps the logits (lines 520-524, 410-417); its layer spec (lines 438-463) has the post-norms
+#: (``linear_proj.post_layernorm``, ``linear_fc2.post_layernorm``: ``models/common/te_layers.py``
+#: lines 26-57 adds ``post_layernorm`` to Transformer Engine's row-parallel linear, whose
+#: checkpoint keys it keeps: the names our dist keys have) and windows the odd 1-based layers itself (:func:`_odd_layers`): a model windowing
+#: other layers is refused by name.
+GEMMA2_PROVIDER = "megatron.bridge.models.gemma.gemma2_provider.Gemma2ModelProvider"
+MEGATRON_BRIDGE = ProviderFamily(
+    GEMMA2_PROVIDER, DENSE + NO_LINEAR_BIAS + (("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
+                                               ("share_embeddings_and_output_weights", True)),
+    nemo=(("apply_embedding_scaling", True),),
+    defaults=tuple({**DENSE_CLASS_DEFAULTS, "activation_func": FAST_GELU, "seq_length": 8192, "kv_channels": 256,
+                    "share_embeddings_and_output_weights": True, "layernorm_zero_centered_gamma": True,
+                    "layernorm_epsilon": 1e-6, "rotary_base": 10000.0, "window_size": [4095, 0],
+                    "vocab_size": 256000, "query_pre_attn_scalar": 224, "attn_logit_softcapping": 50.0,
+                    "final_logit_softcapping": 30.0}.items()),
+    softcaps=True, post_norms=True, window_layers=_odd_layers)
 
 
 def _claims(cfg: dict[str, Any]) -> bool:

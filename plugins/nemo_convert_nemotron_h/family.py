@@ -151,10 +151,24 @@ NEMOTRON_H_CONFIG = GPT_CONFIG.extend(
 NEMOTRON_H_MOE = MoEBlock(block="mixer", router="gate", experts="experts.{e}", up="up_proj", down="down_proj",
                           shared="shared_experts", expert_bias="gate.e_score_correction_bias", gated=False)
 
+#: ``--to megatron-bridge`` is refused: Megatron-Bridge's ``NemotronHBridge`` (v0.6.0 and main at
+#: ``067f987d``, ``src/megatron/bridge/models/nemotronh/nemotron_h_bridge.py`` lines 233-332)
+#: builds ``hybrid/hybrid_provider.HybridModelProvider`` for Megatron-Core's ``HybridModel``
+#: (``megatron.core.models.hybrid``, newer than the 0.16.1 pinned here, which has ``MambaModel``),
+#: with ``hybrid_layer_pattern`` (``hybrid_provider.py`` lines 130-131, 181-196); the Nemotron-H
+#: provider classes (``nemotronh/nemotron_h_provider.py``) were removed in ``fff8ba3e``. The layer
+#: names of its mapping (lines 404-435: ``decoder.layers.{i}.mixer.*``, ``decoder.final_norm``)
+#: are our dist keys, but the provider table reads and writes GPT providers only: a hybrid
+#: provider (pattern, Mamba sizes, the ``E`` layers' sigmoid routing) is not written or read yet.
+MEGATRON_BRIDGE = ("Megatron-Bridge's NemotronHBridge writes a HybridModelProvider for Megatron-Core's HybridModel "
+                   "(hybrid_layer_pattern, newer than Megatron-Core 0.16.1's MambaModel), and nemo-convert's provider "
+                   "table writes and reads GPT providers only")
+
 NEMOTRON_H = hybrid_family(
     "nemotron_h", architecture="NemotronHForCausalLM", model_type="nemotron_h", config=NEMOTRON_H_CONFIG,
     blocks=HybridBlocks(moe=NEMOTRON_H_MOE),
     description="Nemotron-H hybrid: Mamba-2, attention, squared-ReLU MLP, MoE layers (Megatron-Core MambaModel)",
+    megatron_bridge=MEGATRON_BRIDGE,
 )
 
 __all__ = ["NEMOTRON_H", "NEMOTRON_H_CONFIG", "NEMOTRON_H_MOE", "PATTERN"]

@@ -71,6 +71,16 @@ defaulting to ``ffn_hidden_size``, lines 1016–1018) pass into the NeMo config,
 family registry decides (Mixtral, Qwen3-MoE, Qwen2-MoE by their claims); routing the table
 does not express is refused by name (:data:`MOE_NEUTRAL`).
 
+A provider subclass may carry more than the shared fields, as its family declares
+(:class:`~nemo_convert.formats.megatron.providers.ProviderFamily`): the score fields
+(:data:`SCORE_FIELDS`: ``query_pre_attn_scalar`` and the tanh soft-caps, ``softcaps``),
+post-norms in its layer spec (``post_norms``) and a window pattern of its own layer spec
+(``window_layers``: ``window_attn_skip_freq`` is then neither written nor read). Megatron-Bridge
+``067f987d`` ``gemma/gemma2_provider.py`` is the case: fields at lines 497-499, the odd 1-based
+layers windowed at lines 125-129, the post-norms at lines 438-463. Where such a class's default
+for a field is not null (window ``(4095, 0)``, caps 50 / 30), a model without it is written
+with an explicit null.
+
 Which provider a family writes is the family's own declaration (``ModelFamily.megatron_bridge``,
 a :class:`~nemo_convert.formats.megatron.providers.ProviderFamily`, collected by the registry
 into a :class:`~nemo_convert.formats.megatron.providers.ProviderTable` that every function here
@@ -247,6 +257,58 @@ DEEPSEEK_ROUTING = ("multi_latent_attention", "moe_router_score_function", "moe_
                     "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk",
                     "mtp_num_layers")  # DeepSeekV3Bridge: mtp_num_layers = num_nextn_predict_layers or None
 
+#: Fields of a provider that declares :attr:`ProviderFamily.softcaps` (Megatron-Bridge
+#: ``067f987d`` ``gemma/gemma2_provider.py`` lines 497-499, read at lines 150, 242 and 416;
+#: the same names in the NeMo config, :mod:`nemo_convert.spec.nemo`): the scores' scalar and
+#: the two tanh soft-caps (``logit_softcapping``, lines 420-425: null or 0 caps nothing).
+SCORE_FIELDS = ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")
+
+
+def _scores(s: ModelSpec) -> tuple[float | None, float | None, float | None]:
+    return s.attention.query_pre_attn_scalar, s.attention.logit_softcap, s.final_logit_softcap
+
+
+def _scores_provider(s: ModelSpec) -> dict[str, Any]:
+    """:data:`SCORE_FIELDS` of a model for a provider that carries them: the scalar as an
+    int where it is one (the provider's type; HF's configs spell it so), the caps or null.
+    A model without a scalar scales by the head size's ``-0.5`` power: ``kv_channels``."""
+    scalar, attn, final = _scores(s)
+    value = float(scalar) if scalar is not None else float(s.geometry.head_dim)
+    return {"query_pre_attn_scalar": int(value) if value.is_integer() else value,
+            "attn_logit_softcapping": attn, "final_logit_softcapping": final}
+
+
+def _scores_nemo(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """:data:`SCORE_FIELDS` of a provider section that carries them, for the NeMo config."""
+    out: dict[str, Any] = {}
+    for k in SCORE_FIELDS:
+        v = values.get(k)
+        if v is None and k != "query_pre_attn_scalar":
+            out[k] = None
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (v == 0 and k == "query_pre_attn_scalar"):
+            raise UnsupportedError(f"{where}: {k}={v!r} is not a positive number")
+        out[k] = v if k == "query_pre_attn_scalar" else (float(v) or None)
+    return out
+
+
+def _declared_nemo(cfg: dict[str, Any], values: dict[str, Any], pf: ProviderFamily | None, where: str) -> None:
+    """What the section's provider class expresses beyond the shared fields (its
+    :class:`ProviderFamily` flags) into ``cfg``; a class that does not carry the score
+    fields must leave them unset."""
+    if pf is not None and pf.softcaps:
+        cfg.update(_scores_nemo(values, where))
+    else:
+        for k in SCORE_FIELDS:
+            if values.get(k) is not None:
+                raise UnsupportedError(f"{where}: {k}={values[k]!r} changes the model's math and is not supported "
+                                       f"by {_target_of(values) or 'a provider without _target_'}")
+    if pf is not None and pf.post_norms:
+        cfg["nemo_convert"] = {**(cfg.get("nemo_convert") or {}), "post_norms": True}
+    if pf is not None and pf.window_layers is not None and cfg.get("window_size"):
+        cfg["window_attn_skip_freq"] = [int(x) for x in pf.window_layers(int(cfg["num_layers"]))]
+
+
 #: What an absent provider field means where it differs from :data:`FIELDS`' default
 #: (``GPTModelProvider``'s own defaults, ``src/megatron/bridge/models/gpt_provider.py``).
 PROVIDER_DEFAULTS: dict[str, Any] = {"position_embedding_type": "learned_absolute", "seq_length": 1024,
@@ -296,12 +358,21 @@ def _inexpressible(s: ModelSpec, pf: ProviderFamily) -> dict[str, Any]:
         bad["rotary_interleaved"] = True
     if s.block.residual_post_norm:
         bad["apply_residual_connection_post_layernorm"] = True
+    pattern = None if a.window_pattern is None else [int(x) for x in a.window_pattern]
     if not pf.gpt_oss:
         bad.update({k: v for k, v, neutral in (
             ("softmax_type", a.softmax, "vanilla"), ("glu_linear_offset", mlp.glu_offset, 0.0),
             ("activation_func_clamp_value", mlp.clamp, None),
-            ("window_attn_skip_freq", None if a.window_pattern is None else [int(x) for x in a.window_pattern], None),
+            ("window_attn_skip_freq", None if pf.window_layers is not None else pattern, None),
         ) if v != neutral})
+    if pf.window_layers is not None and a.window is not None:
+        layers = s.geometry.layers
+        if [int(x) for x in pf.window_layers(layers)] != (pattern or [1] * layers):
+            bad["window_attn_skip_freq"] = pattern or [1] * layers  # the provider's layer spec windows others
+    if not pf.softcaps:
+        bad.update({k: v for k, v in zip(SCORE_FIELDS, _scores(s)) if v is not None})
+    if s.block.post_norms != pf.post_norms:
+        bad["nemo_convert.post_norms"] = s.block.post_norms
     if s.mtp_layers and not (pf.mla or pf.mtp):
         bad["mtp_num_layers"] = s.mtp_layers
     if moe is not None and pf.moe and not (pf.mla or pf.routing):
@@ -396,6 +467,13 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, providers: ProviderTab
             raise UnsupportedError(f"{family}: the config has {k}={have!r}; its provider needs {v!r}")
         model[k] = _callable(v) if k == "activation_func" else v
     model.update(dict(pf.extra))
+    if pf.softcaps:
+        model.update(_scores_provider(s))
+    # a field left unset reads as the class's default: where that is not null, say null
+    class_defaults = dict(pf.defaults)
+    for name in [str(f.provider) for f in FIELDS if f.provider is not None]:
+        if name not in model and class_defaults.get(name) is not None:
+            model[name] = None
     return model
 
 
@@ -659,6 +737,7 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
                                "model any family here runs")
     cfg.update(_activation(gated, fn, bool(model.get("bias_activation_fusion", False)), where))
     cfg.update(providers.implied_nemo(target))
+    _declared_nemo(cfg, model, providers.declared(target), where)
     if cfg.get("layernorm_zero_centered_gamma") and cfg["normalization"] == "rmsnorm" and not cfg.get(
             "apply_embedding_scaling"):
         raise UnsupportedError(f"{where}: layernorm_zero_centered_gamma without GemmaModelProvider's embedding "

@@ -11,7 +11,7 @@ the field groups several bridges set alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +78,14 @@ class ProviderFamily:
         ``moe_router_group_topk``), written from the spec.
     :param mtp: without multi-latent attention, ``mtp_num_layers`` (the multi-token
         prediction block).
+    :param softcaps: the provider carries ``query_pre_attn_scalar`` (the scores scaled by
+        its ``-0.5`` power) and the tanh soft-caps ``attn_logit_softcapping`` /
+        ``final_logit_softcapping`` (null or 0: none), under the NeMo config's names.
+    :param post_norms: the provider's layer spec normalises each sublayer's output before
+        the residual add (read back as our record ``nemo_convert.post_norms``).
+    :param window_layers: the provider's layer spec picks the windowed layers itself
+        (``window_attn_skip_freq`` is not read): ``window_layers(num_layers)`` is one flag per
+        layer (True: ``window_size`` applies). A model windowing other layers is refused.
     """
 
     target: str
@@ -94,6 +102,9 @@ class ProviderFamily:
     shared_experts: bool = False
     routing: bool = False
     mtp: bool = False
+    softcaps: bool = False
+    post_norms: bool = False
+    window_layers: Callable[[int], tuple[bool, ...]] | None = None
 
 
 #: A family's declaration: its provider, a refusal's reason, or nothing (not confirmed).
@@ -131,6 +142,13 @@ class ProviderTable:
                 for target, defaults in p.reads:
                     out.setdefault(target, dict(defaults))
         return out
+
+    def declared(self, target: str) -> ProviderFamily | None:
+        """The one declaration whose provider class is ``target``: what that class
+        expresses when a directory is read (None: no family declares it, or several share it,
+        like ``GPTModelProvider``: then only the shared fields are read)."""
+        mine = [p for p in self.families.values() if isinstance(p, ProviderFamily) and p.target == target]
+        return mine[0] if len(mine) == 1 else None
 
     def implied_nemo(self, target: str) -> dict[str, Any]:
         """The NeMo fields provider class ``target`` implies (:attr:`ProviderFamily.nemo`)."""
