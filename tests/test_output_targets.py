@@ -141,3 +141,21 @@ def test_duplicate_target_names_are_reported() -> None:
 def test_a_target_names_a_known_output_kind() -> None:
     with pytest.raises(PluginError, match="output target 'odd' of plugin 'p'.*kind 'folder'"):
         registry_with(("p", targets_plugin(OutputTarget("odd", "folder", write_flat))), entry_points=False)
+
+
+def test_the_cli_offers_the_registered_targets(monkeypatch) -> None:
+    from nemo_convert.cli import main
+    from nemo_convert.cli.cmd_plugins import collect
+    from nemo_convert.plugins import manager
+
+    with_flat = registry_with(("flat-target", targets_plugin(FLAT)))
+    monkeypatch.setattr(manager, "registry_with", lambda *a, **k: with_flat)
+    parser = main.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    for command in ("import", "reshard", "from-ckpt"):
+        to = next(a for a in sub[command]._actions if a.dest == "to")
+        assert to.choices == ["nemo", "megatron-bridge", "flat"], command
+    monkeypatch.setattr(manager, "_REGISTRY", with_flat)
+    listed = {t["name"]: t for t in collect()["output_targets"]}
+    assert listed["flat"]["plugin"] == "flat-target" and listed["flat"]["kind"] == "hf"
+    assert listed["nemo"]["takes"] == ["layout", "packed", "workers"] and listed["megatron-bridge"]["takes"] == []
