@@ -159,3 +159,33 @@ def test_the_cli_offers_the_registered_targets(monkeypatch) -> None:
     listed = {t["name"]: t for t in collect()["output_targets"]}
     assert listed["flat"]["plugin"] == "flat-target" and listed["flat"]["kind"] == "hf"
     assert listed["nemo"]["takes"] == ["layout", "packed", "workers"] and listed["megatron-bridge"]["takes"] == []
+
+
+@pytest.mark.slow  # a Lightning checkpoint saved for real (one Adam step), then converted: ~10 s
+def test_third_party_target_reached_by_from_ckpt(tiny_llama, tmp_path) -> None:
+    import shutil
+
+    from ckpt_builders import CKPT_NAME, lightning_save, nemo_config, nemo_tensors, training_config
+
+    reg = registry_with(("flat-target", targets_plugin(FLAT)))
+    src = tiny_llama()
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(src, nemo, layout="legacy", registry=reg)
+    want = nemo_tensors(nemo)
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(os.path.join(src, "tokenizer.model"), run / "tokenizer.model")
+    ckpt = lightning_save({"model." + k: v for k, v in want.items()}, training_config(nemo_config(nemo)),
+                          str(run / CKPT_NAME))
+    out = str(tmp_path / "flat")
+    report = api.from_ckpt(ckpt, out, to="flat", registry=reg)
+    assert report.layout == "flat" and report.tensors == len(want)
+    got = load_file(os.path.join(out, "model.safetensors"))
+    assert got.keys() == want.keys()
+    vocab = report.vocab_size  # the SentencePiece tokenizer's size
+    trimmed = {k for k in want if got[k].shape != want[k].shape}  # the legacy .nemo's padding rows are dropped
+    assert trimmed == {"embedding.word_embeddings.weight", "output_layer.weight"}
+    assert all(got[k].shape[0] == vocab < want[k].shape[0] for k in trimmed)
+    assert all(torch.equal(got[k], want[k][: got[k].shape[0]]) for k in want)
+    meta = _json(os.path.join(out, "config.json"))
+    assert meta["command"] == "from-ckpt" and meta["tokenizer"] == ["tokenizer.model"]
