@@ -45,11 +45,11 @@ def write_megatron_bridge_target(job: OutputJob) -> RunStats:
 
 
 NEMO = OutputTarget("nemo", "nemo", write_nemo_target, frozenset({"layout", "packed", "workers"}),
-                    description="a .nemo archive (or its unpacked folder): NeMo 1 model_config.yaml, dist or "
-                                "legacy weights")
+                    description="a .nemo archive or its unpacked folder (NeMo 1 model_config.yaml, dist or "
+                                "legacy weights)")
 MEGATRON_BRIDGE = OutputTarget(TARGET, "megatron-bridge", write_megatron_bridge_target,
-                               description="a Megatron-Bridge checkpoint directory: iter_0000000/ torch_dist "
-                                           "weights, run_config.yaml with the family's provider")
+                               description="a Megatron-Bridge checkpoint directory (torch_dist weights, "
+                                           "run_config.yaml with the family's provider)")
 
 
 @hookimpl
