@@ -9,10 +9,12 @@ from nemo_convert.cli.common import TABLE_MIN_WIDTH, QUIET_RESULT_HELP, common_f
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("plugins", help="list model families, tokenizer patchers, sharding strategies and verifiers",
-                       description="List the model families, tokenizer patchers, sharding strategies and "
-                                   "verifiers (the extra checks of verify, with their options) provided by "
-                                   "installed plugins, with the distribution of each.")
+    p = sub.add_parser("plugins", help="list model families, tokenizer patchers, sharding strategies, verifiers and "
+                                            "output targets",
+                       description="List the model families, tokenizer patchers, sharding strategies, "
+                                   "verifiers (the extra checks of verify, with their options) and output targets "
+                                   "(what --to writes) provided by installed plugins, with the distribution of "
+                                   "each.")
     common_flags(p, quiet_help=QUIET_RESULT_HELP)
     p.set_defaults(func=run)
 
@@ -32,7 +34,11 @@ def collect() -> dict[str, list[dict[str, object]]]:
                "options": [{"command": o.command, "flag": o.flag, "kind": o.kind, "metavar": o.metavar,
                             "help": o.help} for o in p.record.options],
                "description": p.record.description} for n, p in sorted(reg.verifiers.items())]
-    return {"model_families": fams, "tokenizer_patchers": toks, "sharding_strategies": shard, "verifiers": checks}
+    outs = [{"name": t.name, "kind": t.kind, "takes": sorted(t.options), "plugin": p.plugin,
+             "distribution": p.distribution, "description": t.description}
+            for p in reg.output_targets.values() for t in [p.record]]
+    return {"model_families": fams, "tokenizer_patchers": toks, "sharding_strategies": shard, "verifiers": checks,
+            "output_targets": outs}
 
 
 def _usage(option: dict[str, Any]) -> str:
@@ -65,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"[bold]{title.replace('_', ' ')}[/]")
             for r in rows:
                 what = (", ".join(r.get("hf_architectures", [])) or (f"axis {r['axis']}" if "axis" in r else "")
-                        or _cell(r.get("options", [])))
+                        or (f"kind {r['kind']}" if "kind" in r else "") or _cell(r.get("options", [])))
                 out.print(f"  [bold]{r['name']}[/]" + (f" ({what})" if what else ""))
                 for line in wrapped(f"{r['description']} [plugin {r['plugin']}, {r['distribution']}]",
                                     width, "      "):

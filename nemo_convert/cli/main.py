@@ -20,7 +20,7 @@ from typing import Iterator, NoReturn, Sequence
 from nemo_convert import __version__
 from nemo_convert.cli import (cmd_clean, cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect,  # noqa: I001
                               cmd_plugins, cmd_quantize, cmd_reshard, cmd_tokenizer, cmd_verify)
-from nemo_convert.cli.plugin_options import add_plugin_options
+from nemo_convert.cli.plugin_options import add_plugin_options, set_target_choices
 from nemo_convert.cli.startup import INTERRUPTED, start_up_done
 from nemo_convert.errors import NemoConvertError
 
@@ -71,11 +71,14 @@ def build_parser(*, plugin_options: bool = True, offer: bool = False) -> argpars
                 warnings.simplefilter("always")
                 registry = registry_with()
                 declared = registry.command_options()
+                targets = [t.name for t in registry.targets()]
             if offer:  # with the warnings a build of its own would give (a plugin that fails to load)
                 offer_registry(registry, [w for w in caught if issubclass(w.category, PluginLoadWarning)])
         except NemoConvertError:
-            declared = []
+            declared, targets = [], []
         add_plugin_options(sub.choices, declared)
+        if targets:
+            set_target_choices(sub.choices, targets)
     return parser
 
 

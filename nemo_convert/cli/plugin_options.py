@@ -2,7 +2,8 @@
 added to their command's parser, and handed back by key once parsed.
 
 The core CLI knows no family's options: LLaVA's ``import --embed-vision-tower`` and the
-CLIP verifier's ``verify --clip-image/--texts`` come from the installed plugins.
+CLIP verifier's ``verify --clip-image/--texts`` come from the installed plugins; so do the
+choices of ``--to`` (the installed output targets, :func:`set_target_choices`).
 """
 
 from __future__ import annotations
@@ -41,3 +42,12 @@ def plugin_option_values(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None and value is not False:
             out[key] = value
     return out
+
+
+def set_target_choices(subparsers: dict[str, argparse.ArgumentParser], names: Sequence[str]) -> None:
+    """Make ``names`` (the installed output targets, ``Registry.targets()``) the choices of
+    every command's ``--to``."""
+    for parser in subparsers.values():
+        for action in parser._actions:
+            if action.dest == "to" and "--to" in action.option_strings:
+                action.choices = list(names)

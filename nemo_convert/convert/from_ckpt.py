@@ -22,8 +22,7 @@ from typing import Any
 from nemo_convert import __version__
 from nemo_convert.convert.ckpt_config import model_config, read_hparams, yaml_ready
 from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
-from nemo_convert.convert.nemo_write import Parallelism, write_nemo
-from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
+from nemo_convert.convert.output import check_output, choose_target, write_output
 from nemo_convert.convert.vocab import true_vocab_size
 from nemo_convert.engine import Progress
 from nemo_convert.errors import (
@@ -34,13 +33,13 @@ from nemo_convert.errors import (
     UnsupportedError,
 )
 from nemo_convert.formats.dist_checkpoint.sections import join_sections
-from nemo_convert.formats.io.staging import check_target
 from nemo_convert.formats.nemo.nemo import VocabTrimView, artifact_name
 from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
 from nemo_convert.formats.ptl.ptl_ckpt import TrainingCheckpoint, locate, open_training_checkpoint
 from nemo_convert.mapping.planner import identity_plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.plugins.manager import Registry
+from nemo_convert.plugins.records import OutputJob
 from nemo_convert.sharding.layout import embedding_on_last_stage
 from nemo_convert.tensors.base import TensorSource
 
@@ -214,15 +213,14 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
     started = time.monotonic()
     src, out = os.fspath(src), os.fspath(out)
     hparams = None if hparams is None else os.fspath(hparams)
-    check_target_kind(to, layout=layout)
     reg = registry_or_default(registry)
+    target = choose_target(reg, to, layout=layout)
     if layout is not None and layout not in LAYOUTS:
         raise NemoConvertError(f"unknown layout {layout!r} (use {' or '.join(LAYOUTS)})")
     for flag, size in (("--tp", tp), ("--pp", pp)):
         if size is not None and size < 1:
             raise UnsupportedError(f"{flag} must be at least 1, got {size}")
-    check_target(out, overwrite=overwrite, kind="megatron-bridge" if to == TARGET else "nemo",
-                 is_dir=to == TARGET or not packed)
+    check_output(target, out, overwrite=overwrite, packed=packed)
     loc = locate(src, checkpoint_name)
     warnings: list[str] = []
     notes: list[str] = []
@@ -275,19 +273,11 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
         else:  # global tensors: TP×PP is only recorded, and any TP×PP can load them
             tp, pp = 1 if tp is None else tp, 1 if pp is None else pp
         plan = identity_plan(source, kinds)
-        if to == TARGET:
-            tp, pp = 1 if tp is None else tp, 1 if pp is None else pp
-            stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
-                                          par=Parallelism(tp, pp, stage_layers), overwrite=overwrite,
-                                          progress=progress, tokenizer=_tokenizer_files(data_of),
-                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes)
-            layout = TARGET
-        else:
-            stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
-                               par=Parallelism(tp, pp, stage_layers), overwrite=overwrite, packed=packed,
-                               progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
-                               extra_states=fam.nemo.dist_extra_states,
-                               strategies=reg.strategies())
+        job = OutputJob("from-ckpt", out, cfg, plan, source, fam, kinds, reg.strategies(), reg.providers(),
+                        tp=tp, pp=pp, stage_layers=stage_layers, layout=layout, packed=packed, overwrite=overwrite,
+                        progress=progress, artifacts=lambda: artifacts,
+                        tokenizer=lambda: _tokenizer_files(data_of), notes=notes)
+        stats, layout = write_output(target, job)
         total = ck.dropped_total
         files = [loc.rank_file(t, p) for p in range(loc.pp) for t in range(loc.tp)] \
             if loc.kind == "per-rank" else [loc.path]

@@ -14,9 +14,8 @@ from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, registry_or_default,
                                           tokenizer_rows_warning)
 from nemo_convert.convert.hf_quantized import dequantize_on_read
-from nemo_convert.convert.nemo_defaults import restore_notes, restore_warnings
-from nemo_convert.convert.nemo_write import Parallelism, write_nemo
-from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
+from nemo_convert.convert.nemo_write import Parallelism
+from nemo_convert.convert.output import check_output, choose_target, write_output
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, apply_dtype
 from nemo_convert.errors import ConfigError, NemoConvertError
@@ -24,13 +23,13 @@ from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.hf.hf import open_hf
 from nemo_convert.formats.nemo.nemo import artifact_name
 from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
-from nemo_convert.formats.io.staging import check_target, refuse_overlap
+from nemo_convert.formats.io.staging import refuse_overlap
 from nemo_convert.hf_config import read_config_json
 from nemo_convert.mapping.planner import Plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.tokenizers import add_tokens_sentencepiece
 from nemo_convert.workers import SINGLE, Workers
-from nemo_convert.plugins.records import ModelFamily
+from nemo_convert.plugins.records import ModelFamily, OutputJob
 from nemo_convert.spec import geometry_of, precision_of_dtype_name, provenance_of
 from nemo_convert.tensors.base import TensorSource
 
@@ -185,16 +184,16 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
         stores global tensors and records the sizes; the legacy layout writes per-rank files.
     :param device: where the transforms run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``
         (see :mod:`nemo_convert.compute`).
-    :param to: ``"nemo"`` or ``"megatron-bridge"`` (``layout`` and ``packed`` then do not
-        apply; TP × PP is recorded in ``run_config.yaml``).
+    :param to: the output target (``Registry.targets()``): ``"nemo"``, ``"megatron-bridge"``
+        (``layout`` and ``packed`` then do not apply; TP × PP is recorded in
+        ``run_config.yaml``) or one a plugin registers (:mod:`nemo_convert.convert.output`).
     """
     src, out = os.fspath(src), os.fspath(out)
-    check_target_kind(to, workers, layout)
-    compute = Compute.of(device)
     reg = registry_or_default(registry)
+    target = choose_target(reg, to, layout=layout, workers=workers)
+    compute = Compute.of(device)
     refuse_overlap(src, out)
-    check_target(out, overwrite=overwrite, kind="megatron-bridge" if to == TARGET else "nemo",
-                 is_dir=to == TARGET or not packed)
+    check_output(target, out, overwrite=overwrite, packed=packed)
     require_kind(src, ("hf",), "a Hugging Face model folder")
     want = parse_dtype(dtype)
     hf_cfg = read_config_json(src)
@@ -232,20 +231,14 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
             cfg["tokenizer"] = tok
             cfg[SECTION]["tokenizer_files"] = refs
         kinds = nemo_parallel_kinds(fam.mapping(cfg), cfg)
-        if to == TARGET:
-            stats = write_megatron_bridge(out, cfg, plan, ckpt.source, family=fam.name, kinds=kinds,
-                                          par=parallel or Parallelism(), overwrite=overwrite, progress=progress,
-                                          tokenizer={n: _read(p) for n, p in ckpt.extra_files.items()},
-                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes)
-            layout = TARGET
-        else:
-            warnings += restore_warnings(cfg)
-            notes += restore_notes(cfg)
-            stats = write_nemo(out, cfg, plan, ckpt.source, layout=layout, kinds=kinds,
-                               par=parallel or Parallelism(), overwrite=overwrite, packed=packed,
-                               progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
-                               extra_states=fam.nemo.dist_extra_states,
-                               workers=workers, strategies=reg.strategies(), compute=compute)
+        par = parallel or Parallelism()
+        job = OutputJob("import", out, cfg, plan, ckpt.source, fam, kinds, reg.strategies(), reg.providers(),
+                        tp=par.tp, pp=par.pp, ep=par.ep, stage_layers=par.stage_layers, layout=layout,
+                        packed=packed, overwrite=overwrite, progress=progress, workers=workers, compute=compute,
+                        artifacts=lambda: artifacts,
+                        tokenizer=lambda: {n: _read(p) for n, p in ckpt.extra_files.items()},
+                        notes=notes, warnings=warnings)
+        stats, layout = write_output(target, job)
         notes += compute.notes(plan, ckpt.source)
     finally:
         ckpt.close()

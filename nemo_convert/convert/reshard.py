@@ -12,16 +12,16 @@ from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warni
                                          registry_or_default)
 from nemo_convert.convert.export_config import complete_config
 from nemo_convert.convert.nemo_to_hf import tokenizer_files
-from nemo_convert.convert.nemo_write import Parallelism, write_nemo
-from nemo_convert.convert.to_megatron_bridge import TARGET, check_target_kind, write_megatron_bridge
+from nemo_convert.convert.output import check_output, choose_target, write_output
 from nemo_convert.engine import Progress
 from nemo_convert.formats.nemo.nemo import CONFIG_MEMBER, NemoCheckpoint, artifact_name
 from nemo_convert.formats.nemo.nemo_ranks import WEIGHTS
-from nemo_convert.formats.io.staging import check_target, refuse_overlap
+from nemo_convert.formats.io.staging import refuse_overlap
 from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.mapping.planner import identity_plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry
+from nemo_convert.plugins.records import OutputJob
 from nemo_convert.workers import SINGLE, Workers
 from nemo_convert.sharding.layout import parse_rank_dir
 
@@ -63,19 +63,19 @@ def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int
     Any checkpoint :func:`~nemo_convert.formats.open_any.open_model_checkpoint` reads is a source: a
     ``.nemo`` of any layout, a NeMo 2 folder, a Megatron-Bridge or Megatron-LM directory
     (``iteration`` picks its ``iter_XXXXXXX/``). With ``to="megatron-bridge"`` the output is
-    a Megatron-Bridge checkpoint directory recording ``tp``/``pp`` in ``run_config.yaml``.
+    a Megatron-Bridge checkpoint directory recording ``tp``/``pp`` in ``run_config.yaml``;
+    ``to`` may name any installed output target (:mod:`nemo_convert.convert.output`).
 
     The output is checked to be a complete model of its family before anything is written.
     ``device`` is where the transforms run (:mod:`nemo_convert.compute`): a reshard's
     tasks are copies, so only the per-rank writer's splits that build new tensors move.
     """
     src, out = os.fspath(src), os.fspath(out)
-    check_target_kind(to, workers, layout)
-    compute = Compute.of(device)
     reg = registry_or_default(registry)
+    target = choose_target(reg, to, layout=layout, workers=workers)
+    compute = Compute.of(device)
     refuse_overlap(src, out)
-    check_target(out, overwrite=overwrite, kind="megatron-bridge" if to == TARGET else "nemo",
-                 is_dir=to == TARGET or not packed)
+    check_output(target, out, overwrite=overwrite, packed=packed)
     ckpt = open_nemo_source(src, reg, family=family, compute=compute, trust_pickle=trust_pickle,
                             iteration=iteration)
     try:
@@ -92,19 +92,12 @@ def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int
         plan.check_finite = check_finite
         notes = [f"TP={tp} PP={pp}" + (f" EP={ep}" if ep != 1 else "")] + list(getattr(ckpt, "notes", []))
         warnings = list(getattr(ckpt, "warnings", [])) + prep.warnings
-        if to == TARGET:
-            stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
-                                          par=Parallelism(tp, pp, stage_layers, ep), overwrite=overwrite,
-                                          progress=progress, tokenizer=tokenizer_files(ckpt),
-                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes)
-            layout = TARGET
-        else:
-            artifacts = carried_artifacts(ckpt, cfg)
-            stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,
-                               par=Parallelism(tp, pp, stage_layers, ep), overwrite=overwrite, packed=packed,
-                               progress=progress, artifacts=artifacts, unstacked=fam.nemo.dist_unstacked,
-                               extra_states=fam.nemo.dist_extra_states,
-                               workers=workers, strategies=reg.strategies(), compute=compute)
+        job = OutputJob("reshard", out, cfg, plan, source, fam, kinds, reg.strategies(), reg.providers(),
+                        tp=tp, pp=pp, ep=ep, stage_layers=stage_layers, layout=layout, packed=packed,
+                        overwrite=overwrite, progress=progress, workers=workers, compute=compute,
+                        artifacts=lambda: carried_artifacts(ckpt, cfg), tokenizer=lambda: tokenizer_files(ckpt),
+                        notes=notes, warnings=warnings)
+        stats, layout = write_output(target, job)
         notes += compute.notes(plan, source)
     finally:
         ckpt.close()

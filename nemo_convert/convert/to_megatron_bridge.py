@@ -51,24 +51,13 @@ from nemo_convert.mapping.planner import Plan
 from nemo_convert.mapping.rules import Parallel
 from nemo_convert.spec import dtype_name_of_precision, provenance_of, recorded_vocab, spec_of
 from nemo_convert.tensors.base import TensorSource
-from nemo_convert.workers import SINGLE, Workers
 
 TARGET = "megatron-bridge"
+#: the built-in output targets (:mod:`nemo_convert.convert.targets`); ``Registry.targets()`` lists
+#: every installed one
 TARGETS = ("nemo", TARGET)
 TOKENIZER_CONFIG = "megatron.bridge.training.tokenizers.config.TokenizerConfig"
 EMBEDDING = "embedding.word_embeddings.weight"
-
-
-def check_target_kind(to: str, workers: Workers = SINGLE, layout: str | None = None) -> None:
-    """Refuse an unknown ``--to``, a ``.nemo`` layout or a multi-process run for a
-    Megatron-Bridge directory, up front."""
-    if to not in TARGETS:
-        raise UnsupportedError(f"unknown target {to!r} (use {' or '.join(TARGETS)})")
-    if to == TARGET and workers.world > 1:
-        raise UnsupportedError("--to megatron-bridge is written by one process; run it without torchrun")
-    if to == TARGET and layout is not None:
-        raise UnsupportedError(f"--layout {layout} is a .nemo layout; a Megatron-Bridge directory is always a "
-                               "torch_dist checkpoint (drop --layout)")
 
 
 def params_dtype_of(cfg: dict[str, Any], plan: Plan) -> torch.dtype:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pluggy
 
-from nemo_convert.plugins.records import ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
+from nemo_convert.plugins.records import ModelFamily, OutputTarget, ShardingStrategy, TokenizerPatcher, Verifier
 
 PROJECT = "nemo_convert"
 
@@ -129,5 +129,32 @@ def nemo_convert_verifiers() -> list[Verifier]:
             return [Verifier(name="clip", run=zero_shot_report, check=check_zero_shot_options,
                              options=(CommandOption("verify", "--clip-image", "the image", kind="value"),
                                       CommandOption("verify", "--texts", "captions", kind="values")))]
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def nemo_convert_targets() -> list[OutputTarget]:
+    """Return the output targets this plugin provides.
+
+    A target is something ``import``, ``reshard`` and ``from-ckpt`` can write (``--to
+    NAME``): its name, the output kind ``--overwrite`` checks, which target-specific
+    options it honours (``layout``, ``packed``, ``workers``), and ``write(job)``, which
+    writes the planned tensors and the config of an
+    :class:`~nemo_convert.plugins.records.OutputJob`. Each conversion opens its source,
+    picks the family and plans; then one step checks the target and calls its writer, so
+    a new target reaches every conversion (and every family) with no core edit. The
+    built-in ``nemo`` and ``megatron-bridge`` targets are registered through this hook.
+
+    :return: a list of :class:`~nemo_convert.plugins.records.OutputTarget`.
+
+    .. versionadded:: 0.1
+
+    Example::
+
+        @hookimpl
+        def nemo_convert_targets():
+            return [OutputTarget(name="flat", kind="hf", write=write_flat_folder,
+                                 description="one safetensors file of NeMo-named tensors")]
     """
     raise NotImplementedError

@@ -21,7 +21,9 @@ from nemo_convert.errors import NemoConvertError, PluginError, UnsupportedError
 from nemo_convert.formats.megatron.providers import ProviderTable
 from nemo_convert.formats.nemo.nemo_targets import canonical_target
 from nemo_convert.plugins import hookspecs
-from nemo_convert.plugins.records import CommandOption, ModelFamily, ShardingStrategy, TokenizerPatcher, Verifier
+from nemo_convert.formats.io.replace import KIND_NAMES
+from nemo_convert.plugins.records import (CommandOption, ModelFamily, OutputTarget, ShardingStrategy, TokenizerPatcher,
+                                         Verifier)
 from nemo_convert.sharding.protocol import ExpertSharding, PipelineSharding, Strategies, TensorSharding, protocol_problem
 from nemo_convert.spec import provenance_of
 
@@ -53,6 +55,7 @@ class Registry:
         self.tokenizer_patchers = self._collect("nemo_convert_tokenizer_patchers", TokenizerPatcher)
         self.sharding_strategies = self._collect("nemo_convert_sharding_strategies", ShardingStrategy)
         self.verifiers = self._collect("nemo_convert_verifiers", Verifier)
+        self.output_targets = self._collect("nemo_convert_targets", OutputTarget)
 
     def _collect(self, hook_name: str, kind: type[Any]) -> dict[str, Provided]:
         out: dict[str, Provided] = {}
@@ -70,6 +73,10 @@ class Registry:
                     if problem is not None:
                         raise PluginError(f"sharding strategy {rec.name!r} of plugin {plugin_name!r} ({dist}) is "
                                           f"refused: {problem}; see nemo_convert/sharding/protocol.py")
+                if isinstance(rec, OutputTarget) and rec.kind not in KIND_NAMES:
+                    raise PluginError(f"output target {rec.name!r} of plugin {plugin_name!r} ({dist}) names output "
+                                      f"kind {rec.kind!r}; use one of {', '.join(sorted(KIND_NAMES))} (what "
+                                      "--overwrite may replace: nemo_convert/formats/io/replace.py)")
                 if rec.name in out:
                     other = out[rec.name]
                     raise PluginError(
@@ -158,6 +165,20 @@ class Registry:
                                   f"{other[1]!r} and {plugin!r}")
             seen.setdefault((opt.command, opt.flag), (opt, plugin))
         return [o for o, _ in seen.values()]
+
+    # -- output targets -----------------------------------------------------------------
+    def target(self, name: str) -> OutputTarget:
+        """The output target named ``name`` (``--to``); :class:`UnsupportedError` listing the
+        installed ones otherwise."""
+        try:
+            return self.output_targets[name].record
+        except KeyError:
+            known = " or ".join(self.output_targets) or "none installed"
+            raise UnsupportedError(f"unknown target {name!r} (use {known})") from None
+
+    def targets(self) -> list[OutputTarget]:
+        """Every installed output target, in registration order (the built-in ones first)."""
+        return [p.record for p in self.output_targets.values()]
 
     def sharding(self, axis: str) -> ShardingStrategy:
         """The one strategy for ``axis`` (``"tp"``, ``"pp"``, ``"ep"``); two claiming it is an

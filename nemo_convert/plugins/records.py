@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, Un
 if TYPE_CHECKING:  # pragma: no cover
     from nemo_convert.families.trtllm import TrtllmTable
     from nemo_convert.formats.megatron.providers import ProviderFamily
-    from nemo_convert.mapping.rules import Mapping
-    from nemo_convert.sharding.protocol import ExpertSharding, PipelineSharding, TensorSharding
+    from nemo_convert.formats.megatron.providers import ProviderTable
+    from nemo_convert.mapping.planner import Plan
+    from nemo_convert.mapping.rules import Mapping, Parallel
+    from nemo_convert.sharding.protocol import ExpertSharding, PipelineSharding, Strategies, TensorSharding
+    from nemo_convert.tensors.base import TensorSource
 
 
 #: the HF tokenizer files a family keeps unless it names its own (:attr:`HFSide.tokenizer_files`)
@@ -267,3 +270,115 @@ class Verifier:
     run: Callable[[str, str, dict[str, Any]], Any]
     check: Callable[[dict[str, Any]], None] | None = None
     description: str = ""
+
+
+#: The options of a conversion that only some targets take (:attr:`OutputTarget.options`).
+TargetOption = Literal["layout", "packed", "workers"]
+
+
+@runtime_checkable
+class WriteStats(Protocol):
+    """What a target's writer returns (the engine's ``RunStats`` is one): the report of
+    every conversion is built from it."""
+
+    tensors: int
+    bytes: int
+    seconds: float
+    warnings: list[str]
+    non_finite: dict[str, int]
+
+
+@dataclass(frozen=True)
+class OutputJob:
+    """Everything one conversion hands the target it writes (:attr:`OutputTarget.write`):
+    the planned tensors and the config, and what the command was asked. ``import``,
+    ``reshard`` and ``from-ckpt`` each open their source, pick the family and plan; the
+    one output step (:mod:`nemo_convert.convert.output`) builds this record.
+
+    :param command: which conversion runs it: ``"import"``, ``"reshard"`` or ``"from-ckpt"``.
+    :param out: the path to write (checked writable before the source was opened).
+    :param cfg: the NeMo config of the model (``model_config.yaml``'s content; a writer
+        may complete it).
+    :param plan: the checked plan: each output tensor under its NeMo logical name.
+    :param source: the tensors the plan reads.
+    :param family: the model family of the checkpoint.
+    :param kinds: each NeMo logical name's parallel kind (how it splits across TP ranks).
+    :param tp, pp, ep: the target parallelism; ``stage_layers`` explicit pipeline stage
+        sizes (None: an even split).
+    :param strategies: the registry's sharding strategies (``Registry.strategies()``).
+    :param providers: the registry's Megatron-Bridge providers (``Registry.providers()``).
+    :param layout: the ``.nemo`` weights layout (``"dist"`` / ``"legacy"``); a target
+        without the ``"layout"`` option ignores it.
+    :param packed: one archive file (True) or the unpacked folder form.
+    :param overwrite: replace an existing output (it was checked to be one of the target's
+        kind).
+    :param progress: a :class:`nemo_convert.engine.Progress`, or None.
+    :param workers: the process group (:class:`nemo_convert.workers.Workers`); more than one
+        process only for a target with the ``"workers"`` option.
+    :param compute: where transforms run (:class:`nemo_convert.compute.Compute`).
+    :param artifacts: ``artifacts() -> [(member, bytes)]``: the non-weight members a
+        ``.nemo`` holds, already referenced from ``cfg`` (a call: only a target that stores
+        them reads them, and reading may update ``cfg``).
+    :param tokenizer: ``tokenizer() -> {file name: bytes}``: the source's tokenizer files
+        (a call, read only by a target that stores them).
+    :param notes: the report's notes so far; the writer appends its own.
+    :param warnings: the report's warnings so far; the writer appends its own.
+    """
+
+    command: str
+    out: str
+    cfg: dict[str, Any]
+    plan: "Plan"
+    source: "TensorSource"
+    family: ModelFamily
+    kinds: "dict[str, Parallel]"
+    strategies: "Strategies"
+    providers: "ProviderTable"
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    stage_layers: tuple[int, ...] | None = None
+    layout: str | None = None
+    packed: bool = True
+    overwrite: bool = False
+    progress: Any = None
+    workers: Any = None
+    compute: Any = None
+    artifacts: Callable[[], Sequence[tuple[str, bytes]]] = lambda: ()
+    tokenizer: Callable[[], dict[str, bytes]] = lambda: {}
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OutputTarget:
+    """Something a conversion can write (``--to NAME``): a ``.nemo``, a Megatron-Bridge
+    directory, or a third party's format. Every conversion reaches every target through
+    one step: the target is checked before the source is opened, then its ``write`` gets
+    an :class:`OutputJob`.
+
+    :param name: unique short name, the value of ``--to`` (``"nemo"``, ``"megatron-bridge"``).
+    :param kind: the output kind ``--overwrite`` checks an existing output against (one of
+        ``KIND_NAMES`` in :mod:`nemo_convert.formats.io.replace`: ``"nemo"``,
+        ``"megatron-bridge"``, ``"hf"``, …); checked when the registry is built.
+    :param write: ``write(job) -> stats``: writes ``job.out`` completely (staged and renamed
+        into place) and returns a :class:`WriteStats`; refusals are one-line
+        ``UnsupportedError``/``ConfigError`` raised before anything is written.
+    :param options: which of the options that only some targets take it honours
+        (``"layout"``, ``"packed"``, ``"workers"``); a conversion given one it does not
+        take (``--layout``, several processes) is refused up front.
+    :param directory: whether the output is a folder when ``"packed"`` is not among
+        ``options`` (with it, a folder exactly when not packed).
+    :param description: one line for ``nemo-convert plugins``.
+    """
+
+    name: str
+    kind: str
+    write: Callable[[OutputJob], WriteStats]
+    options: frozenset[TargetOption] = frozenset()
+    directory: bool = True
+    description: str = ""
+
+    def is_dir(self, packed: bool) -> bool:
+        """Whether the output is a folder, for ``packed`` as the conversion was asked."""
+        return not packed if "packed" in self.options else self.directory
