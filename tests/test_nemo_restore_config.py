@@ -16,6 +16,7 @@ config in struct mode (a small stand-in below, and OmegaConf itself where it is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -26,10 +27,17 @@ import pytest
 import yaml
 from tiny_models import make_tiny_llama
 
-from nemo_convert import api
-from nemo_convert.convert.nemo_defaults import (CLIP_TARGET, DEFAULTS, GPT_TARGET, NEVA_TARGET,
-                                                complete_nemo_config, defaults_for)
-from nemo_convert.plugins.manager import get_registry
+from nemo_convert import NemoTarget, api
+from nemo_convert.convert.nemo_defaults import complete_nemo_config, defaults_for
+from nemo_convert.errors import PluginError
+from nemo_convert.families.nemo_runtime import GPT_TARGET, SHARED_DEFAULTS
+from nemo_convert.plugins.hookspecs import hookimpl
+from nemo_convert.plugins.manager import get_registry, registry_with
+
+#: what the CLIP and LLaVA plugins declare for their NeMo classes
+DECLARED = get_registry().nemo_runtime_defaults()
+CLIP_TARGET = get_registry().family("clip").nemo.target
+NEVA_TARGET = get_registry().family("llava").nemo.target
 
 N = "NVIDIA/NeMo@379b876"
 MBM = f"{N}:nemo/collections/nlp/models/language_modeling/megatron_base_model.py"
@@ -271,8 +279,8 @@ def test_every_family_target_has_defaults_and_pins():
     """A family whose NeMo class has no row here would write a config NeMo cannot build."""
     for provided in get_registry().families.values():
         target = provided.record.nemo.target
-        assert defaults_for(target) is not None, target
-        if target in DEFAULTS:
+        assert defaults_for(target, DECLARED) is not None, target
+        if target in DECLARED or target in SHARED_DEFAULTS:
             assert target in REQUIRED and target in EMULATE, target
 
 
@@ -406,14 +414,35 @@ def test_from_ckpt_output_loads_in_nemo(llama_files, tmp_path):
 def test_complete_nemo_config_never_overwrites():
     cfg: dict[str, Any] = {"target": GPT_TARGET, "encoder_seq_length": 64, "seed": None,
                            "optim": {"name": "adam"}, "data": {"num_workers": 0}, "nemo_convert": {}}
-    added = complete_nemo_config(cfg)
+    added = complete_nemo_config(cfg, DECLARED)
     assert cfg["seed"] is None and cfg["optim"] == {"name": "adam"} and cfg["data"]["num_workers"] == 0
     assert cfg["data"]["seq_length"] == 64 and "data.seq_length" in added and "optim" not in added
-    assert complete_nemo_config(cfg) == []  # idempotent
+    assert complete_nemo_config(cfg, DECLARED) == []  # idempotent
     other = {"target": "some.other.Model", "x": 1}
-    assert complete_nemo_config(other) == [] and other == {"target": "some.other.Model", "x": 1}
+    assert complete_nemo_config(other, DECLARED) == [] and other == {"target": "some.other.Model", "x": 1}
     mega = {"target": "a.b.MegatronT5Model"}
-    assert "optim" in complete_nemo_config(mega)
+    assert "optim" in complete_nemo_config(mega, DECLARED)
+
+
+def test_runtime_defaults_are_the_families_declarations():
+    """CLIP's and NeVA's classes get their keys from their plugins' records, and only there:
+    the core table knows NeMo's shared GPT class alone; two families declaring different
+    defaults for one class are refused by name."""
+    assert set(DECLARED) == {CLIP_TARGET, NEVA_TARGET}
+    assert set(SHARED_DEFAULTS) == {GPT_TARGET}
+    assert "vision" in defaults_for(CLIP_TARGET, DECLARED)({})
+    assert defaults_for(CLIP_TARGET, {}) is not None and "vision" not in defaults_for(CLIP_TARGET, {})({})  # base only
+    clip = get_registry().family("clip")
+    other = dataclasses.replace(clip, name="clip_other", hf_architectures=("OtherCLIP",), hf_model_types=("clip_other",),
+                                nemo=NemoTarget(CLIP_TARGET, runtime_defaults=lambda cfg: {}))
+
+    class Plugin:
+        @hookimpl
+        def nemo_convert_model_families(self):
+            return [other]
+
+    with pytest.raises(PluginError, match="clip.*clip_other|clip_other.*clip"):
+        registry_with(("other-clip", Plugin())).nemo_runtime_defaults()
 
 
 # ------------------------------------------------------------------------------ HF tokenizers

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from nemo_convert.compute import CPU, Compute
 from nemo_convert.convert.common import SECTION, dir_sink
 from nemo_convert.convert.nemo_defaults import complete_nemo_config
+from nemo_convert.families.nemo_runtime import RuntimeDefaults
 from nemo_convert.engine import NoProgress, Progress, RunStats, merge_stats, run_plan
 from nemo_convert.errors import InputError, UnsupportedError
 from nemo_convert.formats.dist_checkpoint.sections import sectioned
@@ -204,12 +205,14 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
                packed: bool = True, progress: Progress | None = None,
                artifacts: Sequence[tuple[str, bytes]] = (), workers: Workers = SINGLE,
                unstacked: tuple[str, ...] = (), strategies: Strategies, compute: Compute = CPU,
-               extra_states: tuple[str, ...] = ()) -> RunStats:
+               extra_states: tuple[str, ...] = (),
+               runtime_defaults: Mapping[str, RuntimeDefaults] | None = None) -> RunStats:
     """Stage and write a complete ``.nemo`` (config, artifacts, weights) at ``out``.
 
     ``cfg`` is completed with the parallel sizes and vocabulary sizes, and with the keys
     NeMo's target class reads at construction that it lacks
-    (:func:`nemo_convert.convert.nemo_defaults.complete_nemo_config`); ``artifacts`` are
+    (:func:`nemo_convert.convert.nemo_defaults.complete_nemo_config`, with the family's own
+    ``runtime_defaults`` for its class: :func:`~nemo_convert.convert.nemo_defaults.declared_by`); ``artifacts`` are
     ``(member name, bytes)`` pairs already referenced from ``cfg``. With several
     ``workers`` each process writes the weight parts it owns and process 0 the rest;
     the result is byte-identical to a one-process run. ``strategies`` are the registry's
@@ -230,7 +233,7 @@ def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, 
         override_vocab_size(cfg, artifacts, vocab, padded)
     if par.stage_layers is not None:
         ours["pipeline_stage_layers"] = list(par.stage_layers)
-    complete_nemo_config(cfg)
+    complete_nemo_config(cfg, runtime_defaults or {})
     cfg[SECTION] = cfg.pop(SECTION)  # our section stays last, after NeMo's keys
     parts = weight_parts(layout, compute.place(plan, source), source, kinds, playout, padded, strategies,
                          unstacked, compute, extra_states)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from nemo_convert.compute import CPU
-from nemo_convert.convert.nemo_defaults import restore_notes, restore_warnings
+from nemo_convert.convert.nemo_defaults import declared_by, restore_notes, restore_warnings
 from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.convert.to_megatron_bridge import TARGET, write_megatron_bridge
 from nemo_convert.engine import RunStats
@@ -23,8 +23,8 @@ def write_nemo_target(job: OutputJob) -> RunStats:
     checked for what NeMo's ``restore_from`` would need from outside the archive (a
     reshard or a training checkpoint carries its config as NeMo had it)."""
     if job.command == "import":
-        job.warnings.extend(restore_warnings(job.cfg))
-        job.notes.extend(restore_notes(job.cfg))
+        job.warnings.extend(restore_warnings(job.cfg, declared_by(job.family.nemo)))
+        job.notes.extend(restore_notes(job.cfg, declared_by(job.family.nemo)))
     if job.layout is None:
         raise ValueError("a .nemo is written in a layout: the conversion sets OutputJob.layout")
     return write_nemo(job.out, job.cfg, job.plan, job.source, layout=job.layout, kinds=job.kinds,
@@ -32,7 +32,8 @@ def write_nemo_target(job: OutputJob) -> RunStats:
                       artifacts=job.artifacts(), unstacked=job.family.nemo.dist_unstacked,
                       extra_states=job.family.nemo.dist_extra_states,
                       workers=SINGLE if job.workers is None else job.workers, strategies=job.strategies,
-                      compute=CPU if job.compute is None else job.compute)
+                      compute=CPU if job.compute is None else job.compute,
+                      runtime_defaults=declared_by(job.family.nemo))
 
 
 def write_megatron_bridge_target(job: OutputJob) -> RunStats:

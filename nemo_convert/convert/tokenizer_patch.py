@@ -328,7 +328,7 @@ def _patch_nemo(src: str, out: str, tokens: list[str], options: dict[str, Any], 
         if isinstance(vocab, int) and isinstance(padded, int):  # NeMo would size the embedding from the tokenizer
             override_vocab_size(new_cfg, [(new[len(prefix):], data) for new, data in new_bytes.values()], vocab, padded)
         # what NeMo's class reads at construction, where missing; our section stays last
-        complete_nemo_config(new_cfg)
+        complete_nemo_config(new_cfg, registry_or_default(registry).nemo_runtime_defaults())
         if isinstance(new_cfg.get(SECTION), dict):
             new_cfg[SECTION] = new_cfg.pop(SECTION)
         if primary.added:

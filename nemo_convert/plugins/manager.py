@@ -13,7 +13,7 @@ import importlib.metadata as md
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, cast
+from typing import Any, Callable, Iterable, cast
 
 import pluggy
 
@@ -191,6 +191,22 @@ class Registry:
         if not found:
             raise PluginError(f"no sharding strategy for axis {axis!r} is installed")
         return found[0].record
+
+    def nemo_runtime_defaults(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+        """NeMo class → the runtime keys it needs, as the families declare them
+        (``NemoTarget.runtime_defaults``); two families declaring different ones for one
+        class is an error naming both."""
+        out: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+        by: dict[str, str] = {}
+        for name, p in self.families.items():
+            target, make = p.record.nemo.target, p.record.nemo.runtime_defaults
+            if make is None:
+                continue
+            if target in out and out[target] is not make:
+                raise PluginError(f"families {by[target]!r} and {name!r} declare different runtime defaults for "
+                                  f"NeMo class {target}")
+            out[target], by[target] = make, name
+        return out
 
     def providers(self) -> ProviderTable:
         """The Megatron-Bridge providers the families declare (``ModelFamily.megatron_bridge``):

@@ -44,6 +44,12 @@ class NemoTarget:
     :param dist_extra_states: modules outside the layers whose ``_extra_state`` the model
         class saves in a dist checkpoint (Megatron-Core's ``MambaModel`` keeps its
         ``output_layer``'s; ``GPTModel`` drops it)
+    :param runtime_defaults: ``defaults(cfg) -> keys``: the runtime keys ``target`` reads at
+        construction beyond what NeMo's shared classes need (its example config's
+        optimizer, data and fusion sections; :mod:`nemo_convert.families.nemo_runtime` has
+        the shared pieces), added to the written ``model_config.yaml`` where absent so that
+        NeMo restores it. None: ``MegatronGPTModel``'s for that class, the Megatron base
+        for another ``…Megatron*`` class.
     """
 
     target: str
@@ -51,6 +57,7 @@ class NemoTarget:
     default_layout: Literal["dist", "legacy"] = "dist"
     dist_unstacked: tuple[str, ...] = ()
     dist_extra_states: tuple[str, ...] = ()
+    runtime_defaults: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

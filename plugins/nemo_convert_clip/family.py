@@ -14,6 +14,7 @@ from typing import Any
 from nemo_convert import HFSide, ModelFamily, NemoTarget
 from nemo_convert.mapping import FuseQKV, Mapping, Parallel, Rename, Reshape
 from nemo_convert_clip.config import NEMO_CLIP_TARGET, clip_config_to_hf, clip_config_to_nemo
+from nemo_convert_clip.runtime import clip_defaults
 
 E = "encoder.layers.{i}."
 D = "decoder.layers.{i}."
@@ -96,7 +97,7 @@ CLIP = ModelFamily(
     config_to_nemo=clip_config_to_nemo,
     config_to_hf=clip_config_to_hf,
     # MegatronCLIPModel has no sharded_state_dict: one model_weights.ckpt
-    nemo=NemoTarget(NEMO_CLIP_TARGET, default_layout="legacy"),
+    nemo=NemoTarget(NEMO_CLIP_TARGET, default_layout="legacy", runtime_defaults=clip_defaults),
     hf=HFSide(model_class="CLIPModel",
               tokenizer_files=("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                                "merges.txt", "preprocessor_config.json")),
