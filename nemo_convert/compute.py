@@ -31,7 +31,7 @@ import torch
 from nemo_convert.dtypes import cast_for_output
 from nemo_convert.errors import InputError
 from nemo_convert.mapping.planner import Plan, Task, TaskFn
-from nemo_convert.mapping.rules import Parallel
+from nemo_convert.mapping.rules import Kind, Parallel
 from nemo_convert.sharding.protocol import TensorSharding
 from nemo_convert.tensors.base import TensorSource
 
@@ -163,7 +163,7 @@ class OnDevice:
         return tuple(self.compute.to_host(cast_for_output(o, d)) for o, d in zip(outs, self.dtypes))
 
 
-def _split_builds(t: torch.Tensor, kind: Parallel, tp: int, padded_vocab: int | None) -> bool:
+def _split_builds(t: torch.Tensor, kind: Kind, tp: int, padded_vocab: int | None) -> bool:
     """Whether splitting ``t`` makes a new tensor rather than a slice of it."""
     if kind is Parallel.GATED_FC1:
         return tp > 1
@@ -179,20 +179,20 @@ class DeviceTensorParallel:
     def __init__(self, inner: TensorSharding, compute: Compute) -> None:
         self.inner, self.compute = inner, compute
 
-    def split(self, t: torch.Tensor, kind: Parallel, tp: int, rank: int, *, name: str = "tensor",
+    def split(self, t: torch.Tensor, kind: Kind, tp: int, rank: int, *, name: str = "tensor",
               padded_vocab: int | None = None) -> torch.Tensor:
         if not _split_builds(t, kind, tp, padded_vocab):
             return self.inner.split(t, kind, tp, rank, name=name, padded_vocab=padded_vocab)
         piece = self.inner.split(self.compute.to_device(t), kind, tp, rank, name=name, padded_vocab=padded_vocab)
         return self.compute.to_host(piece)
 
-    def merge(self, parts: Sequence[torch.Tensor], kind: Parallel, *, name: str = "tensor",
+    def merge(self, parts: Sequence[torch.Tensor], kind: Kind, *, name: str = "tensor",
               vocab: int | None = None) -> torch.Tensor:
         if len(parts) == 1 or kind is Parallel.REPLICATED or parts[0].is_meta:
             return self.inner.merge(parts, kind, name=name, vocab=vocab)  # no new tensor (or shapes only)
         merged = self.inner.merge([self.compute.to_device(p) for p in parts], kind, name=name, vocab=vocab)
         return self.compute.to_host(merged)
 
-    def local_shape(self, shape: tuple[int, ...], kind: Parallel, tp: int, *,
+    def local_shape(self, shape: tuple[int, ...], kind: Kind, tp: int, *,
                     padded_vocab: int | None = None) -> tuple[int, ...]:
         return self.inner.local_shape(shape, kind, tp, padded_vocab=padded_vocab)

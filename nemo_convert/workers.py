@@ -150,7 +150,7 @@ def split_balanced(sizes: Sequence[int], parts: int) -> list[range]:
     return [b for b in bounds if len(b)]
 
 
-def write_together(out: str, members: Sequence[str], write_mine: Callable[[MemberSink], T], *,
+def write_together(out: str, members: Sequence[str], write_mine: Callable[[DirectorySink], T], *,
                    workers: Workers, overwrite: bool, packed: bool, kind: str,
                    head: Callable[[MemberSink], None] | None = None,
                    tail: Callable[[MemberSink, list[T]], None] | None = None) -> list[T]:

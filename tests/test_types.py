@@ -1,6 +1,5 @@
-"""The type checker's gate: mypy over what ``[tool.mypy]`` in ``pyproject.toml`` lists (every
-package of ``nemo_convert`` but ``convert/``, ``cli/`` and ``api.py``, and every plugin we
-ship) reports nothing. A plugin's hook implementations are
+"""The type checker's gate: mypy over what ``[tool.mypy]`` in ``pyproject.toml`` lists (all
+of ``nemo_convert`` and every plugin we ship) reports nothing. A plugin's hook implementations are
 annotated (``-> list[ModelFamily]``), with no ``type: ignore``."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from typing import Callable
+from typing import Any, Callable
 
 from nemo_convert.cli.common import common_flags, print_json
 from nemo_convert.errors import InputError
@@ -77,7 +77,7 @@ def _round_trip(args: argparse.Namespace, work: str, say: Callable[..., None]) -
 
     # With --from-ckpt the vocabulary is the tokenizer's (300), as in a training run's model: from-ckpt
     # takes the true vocabulary size from tokenizer.model and drops the padding rows beyond it.
-    vocab = {"vocab_size": 300} if args.from_ckpt else {}
+    vocab: dict[str, Any] = {"vocab_size": 300} if args.from_ckpt else {}
     src = make_tiny_llama(os.path.join(work, "tiny-llama-hf"), num_hidden_layers=4, num_key_value_heads=2, **vocab)
     say(f"generated {src}")
     nemo = os.path.join(work, "tiny-llama.nemo")

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def collect() -> dict[str, list[dict[str, object]]]:
+def collect() -> dict[str, list[dict[str, Any]]]:
     from nemo_convert.plugins.manager import get_registry  # lazy: CLI start-up time (loads the plugins)
 
     reg = get_registry()

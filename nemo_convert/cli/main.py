@@ -15,7 +15,7 @@ import signal
 import warnings
 import sys
 from contextlib import contextmanager
-from typing import Iterator, NoReturn, Sequence
+from typing import Iterator, NoReturn, Sequence, cast
 
 from nemo_convert import __version__
 from nemo_convert.cli import (cmd_clean, cmd_convert, cmd_demo, cmd_from_ckpt, cmd_inspect,  # noqa: I001
@@ -76,9 +76,9 @@ def build_parser(*, plugin_options: bool = True, offer: bool = False) -> argpars
                 offer_registry(registry, [w for w in caught if issubclass(w.category, PluginLoadWarning)])
         except NemoConvertError:
             declared, targets = [], []
-        add_plugin_options(sub.choices, declared)
+        add_plugin_options(cast(dict[str, argparse.ArgumentParser], sub.choices), declared)
         if targets:
-            set_target_choices(sub.choices, targets)
+            set_target_choices(cast(dict[str, argparse.ArgumentParser], sub.choices), targets)
     return parser
 
 

@@ -79,7 +79,7 @@ def inspect_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = Fal
     """Format, config summary and tensor table of a checkpoint (no tensor bytes read)."""
     path = os.fspath(path)
     with open_checkpoint(path, trust_pickle=trust_pickle, iteration=iteration) as ck:
-        tensors = []
+        tensors: list[dict[str, Any]] = []
         for k in ck.source.keys():
             info = ck.source.info(k)
             tensors.append({"name": k, "shape": list(info.shape), "dtype": info.dtype_name,
@@ -102,7 +102,7 @@ def inspect_checkpoint(path: str | os.PathLike[str], *, trust_pickle: bool = Fal
                 notes += _true_vocabulary(ck, fam, summary)
             except (NemoConvertError, KeyError, TypeError, ValueError):  # a config its family cannot plan
                 pass
-        out = {"path": path, "format": ck.format, "layout": ck.layout, "family": family, "config": summary,
+        out: dict[str, Any] = {"path": path, "format": ck.format, "layout": ck.layout, "family": family, "config": summary,
                "num_tensors": len(tensors), "total_bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}
         if getattr(ck.handle, "backend", None) == "zarr":
             out["backend"] = "zarr"

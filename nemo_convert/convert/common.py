@@ -92,3 +92,10 @@ def open_nemo_source(src: str, registry: Registry, *, family: str | None, comput
                                  providers=registry.providers(),
                                  strategies=strategies.with_tensor(compute.tensor_parallel(strategies.tensor)),
                                  iteration=iteration)
+
+
+def dict_at(cfg: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``cfg[key]`` where it is a dict (that very object: edits reach ``cfg``), else a new
+    empty one (a section that is absent, null or malformed)."""
+    value = cfg.get(key)
+    return value if isinstance(value, dict) else {}

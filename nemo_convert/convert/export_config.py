@@ -27,7 +27,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_convert.convert.common import SECTION
+from nemo_convert.convert.common import SECTION, dict_at
 from nemo_convert.convert.nemo_tokenizer import ExportTokenizer, export_tokenizer
 from nemo_convert.convert.vocab import NEMO_DEFAULT_DIVISIBLE_BY
 from nemo_convert.formats.nemo.nemo import NemoCheckpoint, VocabTrimView
@@ -112,7 +112,7 @@ def complete_config(ckpt: NemoCheckpoint, fam: ModelFamily) -> ExportConfig:
                    else f"has a tokenizer of {tokens} tokens, which padding does not take to {rows}")
             warnings.append(f"the true vocabulary size is unknown (the .nemo {why}): config.json has vocab_size "
                             f"{rows}, the embedding's rows, which may include Megatron's padding")
-        ours = cfg.get(SECTION) if isinstance(cfg.get(SECTION), dict) else {}
+        ours = dict_at(cfg, SECTION)
         cfg[SECTION] = {**ours, "vocab_size": vocab}
         defaults["vocab_size"] = vocab
         if vocab < rows:

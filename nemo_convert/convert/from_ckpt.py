@@ -21,7 +21,7 @@ from typing import Any
 
 from nemo_convert import __version__
 from nemo_convert.convert.ckpt_config import model_config, read_hparams, yaml_ready
-from nemo_convert.convert.common import SECTION, ConversionReport, registry_or_default
+from nemo_convert.convert.common import SECTION, ConversionReport, dict_at, registry_or_default
 from nemo_convert.convert.output import check_output, choose_target, write_output
 from nemo_convert.convert.vocab import true_vocab_size
 from nemo_convert.engine import Progress
@@ -100,9 +100,9 @@ def pack_tokenizer_files(cfg: dict[str, Any], bases: list[str], *, allow_missing
     Relative paths are looked up in ``bases`` in order; ``nemo:<name>`` references (a run
     restored from a ``.nemo``) by their name with and without NeMo's hash prefix.
     """
-    tok = cfg.get("tokenizer") if isinstance(cfg.get("tokenizer"), dict) else {}
-    ours = cfg.get(SECTION) if isinstance(cfg.get(SECTION), dict) else {}
-    files = ours.get("tokenizer_files") if isinstance(ours.get("tokenizer_files"), dict) else {}
+    tok = dict_at(cfg, "tokenizer")
+    ours = dict_at(cfg, SECTION)
+    files = dict_at(ours, "tokenizer_files")
     slots: list[tuple[dict[str, Any], str, str, str]] = []  # (holder, key, field label, basename)
     for k in TOKENIZER_FILE_KEYS:
         v = tok.get(k)
@@ -244,7 +244,7 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
         warnings += tok_warnings
         source = join_sections(ck.weights(kinds, strategies=reg.strategies(), tied=embedding_on_last_stage(cfg)),
                                kinds)
-        tok = cfg.get("tokenizer") if isinstance(cfg.get("tokenizer"), dict) else {}
+        tok = dict_at(cfg, "tokenizer")
         spm = data_of.get("tokenizer.model") if tok.get("library", "sentencepiece") == "sentencepiece" else None
         vocab, vocab_note = true_vocab_size(cfg, source, kinds, src_tp, vocab_size, spm)
         if vocab_note:

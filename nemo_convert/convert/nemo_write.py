@@ -21,7 +21,7 @@ from nemo_convert.formats.io.staging import staged_output
 from nemo_convert.formats.io.tar_writer import TarWriter
 from nemo_convert.mapping.ops import padded_vocab_size
 from nemo_convert.mapping.planner import Plan
-from nemo_convert.mapping.rules import Parallel
+from nemo_convert.mapping.rules import Kind, Parallel
 from nemo_convert.sharding.layout import ParallelLayout, embedding_on_last_stage, rank_dir
 from nemo_convert.sharding.protocol import Strategies, TensorSharding
 from nemo_convert.spec import query_groups, recorded_vocab
@@ -32,7 +32,7 @@ from nemo_convert.workers import SINGLE, Workers, split_balanced, write_together
 
 
 def write_rank_file(sink: MemberSink, plan: Plan, source: TensorSource, layout: ParallelLayout,
-                    kinds: dict[str, Parallel], *, pp_rank: int, tp_rank: int, padded_vocab: int | None,
+                    kinds: dict[str, Kind], *, pp_rank: int, tp_rank: int, padded_vocab: int | None,
                     tensor_parallel: TensorSharding, progress: Progress | None = None,
                     lazy: bool = False) -> RunStats:
     """Run the part of ``plan`` that stage ``pp_rank`` needs and write TP rank ``tp_rank``'s
@@ -58,7 +58,7 @@ class Parallelism:
     ep: int = 1
 
 
-def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], par: Parallelism,
+def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Kind], par: Parallelism,
                    padded_vocab: int | None, strategies: Strategies, layout: str = "dist") -> ParallelLayout:
     """Fail with a clear message, before anything is written, when TP/PP/EP cannot split the model."""
     tp, pp = par.tp, par.pp
@@ -86,7 +86,7 @@ def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], 
                                pipeline=strategies.pipeline)
 
 
-def vocab_sizes(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Parallel], tp: int) -> tuple[int | None, int | None]:
+def vocab_sizes(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Kind], tp: int) -> tuple[int | None, int | None]:
     """The unpadded vocabulary (rows of the vocab-parallel tensors) and its padded size at ``tp``."""
     rows = [i.shape[0] for i in plan.outputs() if kinds.get(i.name) is Parallel.VOCAB]
     if not rows:
@@ -139,7 +139,7 @@ class WeightPart:
 DIST_PART_BYTES = 1 << 30
 
 
-def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str, Parallel],
+def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str, Kind],
                  playout: ParallelLayout, padded: int | None, strategies: Strategies,
                  unstacked: tuple[str, ...] = (), compute: Compute = CPU,
                  extra_states: tuple[str, ...] = ()) -> list[WeightPart]:
@@ -201,7 +201,7 @@ def weight_parts(layout: str, plan: Plan, source: TensorSource, kinds: dict[str,
 
 
 def write_nemo(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, *, layout: str,
-               kinds: dict[str, Parallel], par: Parallelism = Parallelism(), overwrite: bool = False,
+               kinds: dict[str, Kind], par: Parallelism = Parallelism(), overwrite: bool = False,
                packed: bool = True, progress: Progress | None = None,
                artifacts: Sequence[tuple[str, bytes]] = (), workers: Workers = SINGLE,
                unstacked: tuple[str, ...] = (), strategies: Strategies, compute: Compute = CPU,

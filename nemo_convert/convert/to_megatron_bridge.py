@@ -48,7 +48,7 @@ from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
 from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.formats.io.staging import staged_output
 from nemo_convert.mapping.planner import Plan
-from nemo_convert.mapping.rules import Parallel
+from nemo_convert.mapping.rules import Kind, Parallel
 from nemo_convert.spec import dtype_name_of_precision, provenance_of, recorded_vocab, spec_of
 from nemo_convert.tensors.base import TensorSource
 
@@ -83,7 +83,7 @@ def tokenizer_section(files: dict[str, bytes], out: str, notes: list[str]) -> di
 
 
 def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: TensorSource, *, family: str,
-                          kinds: dict[str, Parallel], par: Parallelism = Parallelism(), overwrite: bool = False,
+                          kinds: dict[str, Kind], par: Parallelism = Parallelism(), overwrite: bool = False,
                           progress: Progress | None = None, tokenizer: dict[str, bytes] | None = None,
                           strategies: Strategies, providers: ProviderTable,
                           notes: list[str] | None = None) -> RunStats:

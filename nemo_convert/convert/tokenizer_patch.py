@@ -23,7 +23,7 @@ from typing import Any, Literal, Sequence
 
 import yaml
 
-from nemo_convert.convert.common import SECTION, registry_or_default
+from nemo_convert.convert.common import SECTION, dict_at, registry_or_default
 from nemo_convert.convert.nemo_defaults import complete_nemo_config
 from nemo_convert.convert.nemo_write import override_vocab_size
 from nemo_convert.errors import InputError, NemoConvertError
@@ -244,9 +244,9 @@ def _patch_nemo(src: str, out: str, tokens: list[str], options: dict[str, Any], 
         cfg_name = find_member(container, CONFIG_MEMBER)
         prefix = cfg_name[: -len(CONFIG_MEMBER)]
         raw, cfg = _read_raw_config(container, cfg_name)
-        ours = cfg.get(SECTION) if isinstance(cfg.get(SECTION), dict) else {}
+        ours = dict_at(cfg, SECTION)
         files: dict[str, str] = {k: v for k, v in (ours.get("tokenizer_files") or {}).items() if isinstance(v, str)}
-        tok = cfg.get("tokenizer") if isinstance(cfg.get("tokenizer"), dict) else {}
+        tok = dict_at(cfg, "tokenizer")
         library = str(tok.get("library") or "")
 
         sp_members: list[str] = []  # distinct SentencePiece members

@@ -9,7 +9,7 @@ from typing import Any
 
 from nemo_convert.errors import ConfigError
 from nemo_convert.mapping.ops import padded_vocab_size
-from nemo_convert.mapping.rules import Parallel
+from nemo_convert.mapping.rules import Kind, Parallel
 from nemo_convert.spec import recorded_vocab
 from nemo_convert.tensors.base import TensorSource
 
@@ -27,7 +27,7 @@ def _sentencepiece_size(data: bytes) -> int | None:
         return None
 
 
-def true_vocab_size(cfg: dict[str, Any], source: TensorSource, kinds: dict[str, Parallel], src_tp: int,
+def true_vocab_size(cfg: dict[str, Any], source: TensorSource, kinds: dict[str, Kind], src_tp: int,
                     explicit: int | None, tokenizer_model: bytes | None) -> tuple[int | None, str | None]:
     """The unpadded vocabulary of the vocab-parallel tensors, and how it was found.
 

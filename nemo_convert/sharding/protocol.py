@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from nemo_convert.mapping.rules import Parallel
+    from nemo_convert.mapping.rules import Kind
     from nemo_convert.tensors.pieces import Lazy
 
 
@@ -38,19 +38,19 @@ if TYPE_CHECKING:
 class TensorSharding(Protocol):
     """Tensor parallelism (axis ``"tp"``): how a global tensor splits across TP ranks."""
 
-    def split(self, t: torch.Tensor, kind: Parallel, tp: int, rank: int, *, name: str = "tensor",
+    def split(self, t: torch.Tensor, kind: Kind, tp: int, rank: int, *, name: str = "tensor",
               padded_vocab: int | None = None) -> torch.Tensor:
         """Rank ``rank``'s slice of global tensor ``t`` of parallel kind ``kind`` at TP size
         ``tp``; a ``VOCAB`` tensor is first padded to ``padded_vocab`` rows (when given)."""
         ...
 
-    def merge(self, parts: Sequence[torch.Tensor], kind: Parallel, *, name: str = "tensor",
+    def merge(self, parts: Sequence[torch.Tensor], kind: Kind, *, name: str = "tensor",
               vocab: int | None = None) -> torch.Tensor:
         """The global tensor from every rank's slice, in rank order; a ``VOCAB`` tensor is
         trimmed to ``vocab`` rows (when given)."""
         ...
 
-    def local_shape(self, shape: tuple[int, ...], kind: Parallel, tp: int, *,
+    def local_shape(self, shape: tuple[int, ...], kind: Kind, tp: int, *,
                     padded_vocab: int | None = None) -> tuple[int, ...]:
         """The shape of one rank's slice of a global tensor of ``shape``; raises
         (``UnsupportedError``) when ``tp`` does not split it."""
@@ -62,11 +62,11 @@ class LazyTensorSharding(TensorSharding, Protocol):
     """A :class:`TensorSharding` with deferred forms: the same arguments, taking and
     returning :data:`~nemo_convert.tensors.pieces.Lazy` (row concatenations not yet copied)."""
 
-    def split_lazy(self, t: Lazy, kind: Parallel, tp: int, rank: int, *, name: str = "tensor",
+    def split_lazy(self, t: Lazy, kind: Kind, tp: int, rank: int, *, name: str = "tensor",
                    padded_vocab: int | None = None) -> Lazy:
         ...
 
-    def merge_lazy(self, parts: Sequence[Lazy], kind: Parallel, *, name: str = "tensor",
+    def merge_lazy(self, parts: Sequence[Lazy], kind: Kind, *, name: str = "tensor",
                    vocab: int | None = None) -> Lazy:
         ...
 

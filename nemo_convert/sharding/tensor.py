@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from nemo_convert.errors import ShapeError, UnsupportedError
 from nemo_convert.mapping import ops
-from nemo_convert.mapping.rules import Parallel, Sections
+from nemo_convert.mapping.rules import Kind, Parallel, Sections
 from nemo_convert.tensors.pieces import Lazy, materialize, rows
 
 if TYPE_CHECKING:
@@ -65,17 +65,17 @@ def merge_sections(parts: Sequence[Lazy], kind: Sections, what: str = "tensor") 
 class TensorParallel:
     """Splits a global tensor for one TP rank, and merges rank slices back."""
 
-    def split(self, t: torch.Tensor, kind: Parallel, tp: int, rank: int, *, name: str = "tensor",
+    def split(self, t: torch.Tensor, kind: Kind, tp: int, rank: int, *, name: str = "tensor",
               padded_vocab: int | None = None) -> torch.Tensor:
         """Rank ``rank``'s slice of ``t`` (a view where the kind allows, else a new tensor)."""
         return materialize(self.split_lazy(t, kind, tp, rank, name=name, padded_vocab=padded_vocab))
 
-    def merge(self, parts: Sequence[torch.Tensor], kind: Parallel, *, name: str = "tensor",
+    def merge(self, parts: Sequence[torch.Tensor], kind: Kind, *, name: str = "tensor",
               vocab: int | None = None) -> torch.Tensor:
         """The global tensor from every rank's slice, in rank order."""
         return materialize(self.merge_lazy(parts, kind, name=name, vocab=vocab))
 
-    def split_lazy(self, t: Lazy, kind: Parallel, tp: int, rank: int, *, name: str = "tensor",
+    def split_lazy(self, t: Lazy, kind: Kind, tp: int, rank: int, *, name: str = "tensor",
                    padded_vocab: int | None = None) -> Lazy:
         """:meth:`split`, deferred where it only picks rows (:mod:`nemo_convert.tensors.pieces`)."""
         if tp == 1 and kind is not Parallel.VOCAB:
@@ -96,7 +96,7 @@ class TensorParallel:
             return _chunk(full, 0, tp, rank, name)
         raise UnsupportedError(f"{name}: unknown parallel kind {kind!r}")
 
-    def merge_lazy(self, parts: Sequence[Lazy], kind: Parallel, *, name: str = "tensor",
+    def merge_lazy(self, parts: Sequence[Lazy], kind: Kind, *, name: str = "tensor",
                    vocab: int | None = None) -> Lazy:
         """:meth:`merge`, deferred where it only stacks rows."""
         if len(parts) == 1 and kind is not Parallel.VOCAB:
@@ -123,7 +123,7 @@ class TensorParallel:
             return ops.trim_vocab(full, vocab) if vocab is not None else full
         raise UnsupportedError(f"{name}: unknown parallel kind {kind!r}")
 
-    def local_shape(self, shape: tuple[int, ...], kind: Parallel, tp: int, *,
+    def local_shape(self, shape: tuple[int, ...], kind: Kind, tp: int, *,
                     padded_vocab: int | None = None) -> tuple[int, ...]:
         import torch
         meta = torch.empty(shape, device="meta")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable
 from nemo_convert.errors import InputError, ShapeError
 from nemo_convert.formats.io.tar_archive import Container
 from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
-from nemo_convert.mapping.rules import Parallel
+from nemo_convert.mapping.rules import Kind, Parallel
 from nemo_convert.sharding.layout import TIED_EMBEDDING, ParallelLayout
 from nemo_convert.sharding.protocol import TensorSharding
 from nemo_convert.sharding.tensor import deferred
@@ -34,7 +34,7 @@ class PerRankSource:
     """Global logical tensors merged from per-rank ``model_weights.ckpt`` files."""
 
     def __init__(self, container: Container, prefix: str, layout: ParallelLayout,
-                 kinds: dict[str, Parallel], *, tensor_parallel: TensorSharding, vocab: int | None = None,
+                 kinds: dict[str, Kind], *, tensor_parallel: TensorSharding, vocab: int | None = None,
                  trust_pickle: bool = False, rank_view: Callable[[TensorSource, str], TensorSource] | None = None,
                  kind_of: Callable[[str], Parallel | None] | None = None) -> None:
         """``tensor_parallel`` merges the rank slices (the registry's strategy);
@@ -81,7 +81,7 @@ class PerRankSource:
                 self._where[name] = (p, local)
         self._infos: dict[str, TensorInfo] = {}
 
-    def _kind(self, key: str) -> Parallel:
+    def _kind(self, key: str) -> Kind:
         kind = self._kind_of(key) if self._kind_of is not None else None
         return kind or self._kinds.get(key, Parallel.REPLICATED)
 
@@ -131,7 +131,7 @@ class RankWeightsWriter:
     kept only if stage ``pp_rank`` holds it, sliced for TP rank ``tp_rank`` and written
     ``model.``-prefixed under its stage-local name (layers renumbered per stage)."""
 
-    def __init__(self, stream: BinaryIO, layout: ParallelLayout, kinds: dict[str, Parallel], *, pp_rank: int,
+    def __init__(self, stream: BinaryIO, layout: ParallelLayout, kinds: dict[str, Kind], *, pp_rank: int,
                  tp_rank: int, padded_vocab: int | None, tensor_parallel: TensorSharding) -> None:
         self._writer = TorchSaveWriter(stream)
         self._layout = layout
