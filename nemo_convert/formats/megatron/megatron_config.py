@@ -80,6 +80,15 @@ post-norms in its layer spec (``post_norms``) and a window pattern of its own la
 layers windowed at lines 125-129, the post-norms at lines 438-463. Where such a class's default
 for a field is not null (window ``(4095, 0)``, caps 50 / 30), a model without it is written
 with an explicit null.
+A provider may also spell shared fields its own way (``softmax_scale``, ``local_rope``,
+``interleaved_windows``): Megatron-Bridge ``067f987d`` ``gemma/gemma3_provider.py`` holds the
+scores' scale as ``softmax_scale`` (line 79), the two RoPE bases as ``rotary_base = (local,
+global)`` with the global layers' linear factor ``rope_scaling_factor`` (lines 62, 76, 113-137,
+303-316) and its windows as an int ``window_size`` on the layers ``interleaved_attn_pattern``
+names (lines 72-73, 241-255, 349-357); :func:`_declared_provider` writes them from the spec and
+:func:`_declared_read` turns them into the shared spelling before anything else reads the
+section. A ``rotary_base`` pair of any other class, or a local RoPE base for any other
+provider, is refused by name.
 
 Which provider a family writes is the family's own declaration (``ModelFamily.megatron_bridge``,
 a :class:`~nemo_convert.formats.megatron.providers.ProviderFamily`, collected by the registry
@@ -386,7 +395,8 @@ def _declared_read(model: dict[str, Any], pf: ProviderFamily | None, where: str
     """A section of a class with those flags in the shared fields' spelling, and the NeMo
     fields it has beyond them (``rotary_base_local``, ``query_pre_attn_scalar``,
     ``window_attn_skip_freq``). A ``rotary_base`` pair of any other class is refused by name."""
-    model, extra = dict(model), {}
+    model = dict(model)
+    extra: dict[str, Any] = {}
     if isinstance(model.get("rotary_base"), (list, tuple)) and not (pf is not None and pf.local_rope):
         raise UnsupportedError(f"{where}: rotary_base={list(model['rotary_base'])!r} (a (local, global) pair of RoPE "
                                f"bases) is not supported by {_target_of(model) or 'a provider without _target_'}")
