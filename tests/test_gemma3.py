@@ -359,3 +359,23 @@ def test_megatron_bridge_run_config_without_our_record_and_class_defaults(tmp_pa
         other = str(tmp_path / f"other{i}")
         api.export_hf(out, other)
         assert not torch.equal(logits(other), ref), over
+
+
+@pytest.mark.slow
+def test_megatron_bridge_untied_embeddings(tmp_path):
+    """``share_embeddings_and_output_weights`` is not fixed for Gemma 3 (the base bridge maps
+    ``tie_word_embeddings``; the class's default is true): an untied model is written with
+    ``false`` and reads back, without our record, to the same logits."""
+    import torch
+    from test_family_matrix import logits
+
+    from nemo_convert import api
+
+    src, out, path, model = _mb(tmp_path, tie_word_embeddings=False)
+    assert model["share_embeddings_and_output_weights"] is False
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    bare = str(tmp_path / "bare")
+    api.export_hf(out, bare)
+    assert torch.equal(logits(bare), logits(src))
+    _rewrite(path, {k: v for k, v in model.items() if k != "share_embeddings_and_output_weights"})
+    assert api.open_checkpoint(out).config["share_embeddings_and_output_weights"] is True  # the class's default
