@@ -151,15 +151,231 @@ def test_a_score_cap_is_refused_both_ways():
     assert reason is not None and "attn_logit_softcapping=50.0" in reason, reason
 
 
-@pytest.mark.slow
-def test_megatron_bridge_directory_is_refused_by_name(tmp_path):
-    """No Gemma 3 provider is written yet: ``--to megatron-bridge`` says why, writes nothing."""
+GEMMA3_PROVIDER = "megatron.bridge.models.gemma.gemma3_provider.Gemma3ModelProvider"
+
+
+def _providers():
+    from nemo_convert.plugins.manager import get_registry
+
+    return get_registry().providers()
+
+
+def _provider(cfg: dict, family: str = "gemma3") -> dict:
+    import torch
+
+    from nemo_convert.formats.megatron.megatron_config import nemo_to_provider
+
+    return nemo_to_provider(cfg, family, providers=_providers(), vocab_size=262144, params_dtype=torch.bfloat16)
+
+
+def _read(model: dict) -> dict:
+    from nemo_convert.formats.megatron.megatron_config import provider_to_nemo
+
+    return provider_to_nemo(model, "run_config.yaml", _providers())
+
+
+@pytest.mark.parametrize("name", [ONE_B, "google__gemma-3-270m.json"])
+def test_provider_fields_of_the_published_configs(name):
+    """Both published configs to Gemma3ModelProvider's fields as Gemma3Bridge derives them
+    (``gemma3_bridge.py`` lines 66-72): ``window_size`` the int W, ``rotary_base`` (local,
+    global), ``softmax_scale`` 1/sqrt(256), no factor, and ``interleaved_attn_pattern`` (5, 1)
+    — the class's default —, whose local layers (1-based ``n`` with ``(n - 1) % 6 < 5``,
+    ``gemma3_provider.py`` lines 349-357) are exactly transformers' sliding layers; and back to
+    the same model."""
+    import math
+
+    from nemo_convert.formats.megatron.megatron_config import _local_flags
+
+    hf = _hf(name)
+    cfg = _nemo(hf)
+    model = _provider(cfg)
+    ref = _transformers(hf)
+    assert model["_target_"] == GEMMA3_PROVIDER
+    assert {k: model[k] for k in ("window_size", "rotary_base", "rope_scaling_factor", "softmax_scale",
+                                  "interleaved_attn_pattern", "qk_layernorm")} == {
+        "window_size": 512, "rotary_base": [1e4, 1e6], "rope_scaling_factor": 1.0, "softmax_scale": 1 / math.sqrt(256),
+        "interleaved_attn_pattern": [5, 1], "qk_layernorm": True}
+    assert model["softmax_scale"] == 0.0625
+    for k in ("seq_len_interpolation_factor", "window_attn_skip_freq", "query_pre_attn_scalar",
+              "attn_logit_softcapping", "final_logit_softcapping"):
+        assert k not in model
+    layers = len(ref.layer_types)
+    local = _local_flags(model["interleaved_attn_pattern"], layers, "x")
+    assert local == tuple((n - 1) % 6 < 5 for n in range(1, layers + 1))
+    assert local == tuple(t == "sliding_attention" for t in ref.layer_types)
+    back = _read(model)
+    assert back["query_pre_attn_scalar"] == 256 and back["rotary_base_local"] == 1e4
+    assert back["window_size"] == [511, 0] and back["nemo_convert"]["sliding_window"] == 512
+    assert first_difference(spec_of(cfg), spec_of(back)) is None
+
+
+def test_window_patterns_both_forms():
+    """``interleaved_attn_pattern`` is a (local, global) pair where the flags repeat it from
+    the first layer (the shortest period), else one layer kind per layer; both read back to
+    the same flags; malformed ones are refused by name."""
+    from nemo_convert.formats.megatron.megatron_config import _layer_kinds, _local_flags
+
+    T, F = True, False
+    for flags, want in (((T, F), [1, 1]), ((T,) * 4, [1, 0]), ((F,) * 3, [0, 1]), ((T, T, F, F) * 2, [2, 2]),
+                        ((T, F, F), [1, 2]), ((T,) * 5 + (F,) + (T,) * 2, [5, 1]), ((T, T, T), [1, 0]),
+                        ((F, T), ["full_attention", "sliding_attention"]),
+                        ((T, F, T, T), ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"])):
+        assert _layer_kinds(flags) == want, flags
+        assert _local_flags(want, len(flags), "x") == flags
+    for bad, words in ((["sliding_attention", "chunked_attention"], r"kinds \['chunked_attention'\]"),
+                       (["sliding_attention"], "1 layer kinds for 2 layers"), ([0, 0], "is neither"),
+                       ([True, 1], "is neither"), (5, "is neither"), (None, "is neither")):
+        with pytest.raises(UnsupportedError, match=words):
+            _local_flags(bad, 2, "x")
+
+
+def test_provider_fields_both_ways_beyond_the_published_ones():
+    """A scalar that is not an integer, an irregular window pattern, no window at all and a
+    linear factor on the global layers pass to Gemma3ModelProvider and back."""
+    cfg = _nemo(_hf())
+    model = _provider({**cfg, "query_pre_attn_scalar": 24.5})
+    assert abs(_read(model)["query_pre_attn_scalar"] - 24.5) < 1e-12
+    flags = [int(i % 5 != 3) for i in range(26)]  # windowed except every fifth from the fourth
+    model = _provider({**cfg, "window_attn_skip_freq": flags})
+    assert model["interleaved_attn_pattern"] == ["sliding_attention" if f else "full_attention" for f in flags]
+    back = _read(model)
+    assert back["window_attn_skip_freq"] == flags and first_difference(
+        spec_of({**cfg, "window_attn_skip_freq": flags}), spec_of(back)) is None
+    none = {**cfg, "window_size": None, "window_attn_skip_freq": None,
+            "nemo_convert": {k: v for k, v in cfg["nemo_convert"].items() if k != "sliding_window"}}
+    model = _provider(none)
+    assert (model["window_size"], model["interleaved_attn_pattern"]) == (None, [0, 1])  # over the class's 512, (5, 1)
+    back = _read(model)
+    assert spec_of(back).attention.window is None and spec_of(back).rope.local_theta == 1e4
+    scaled = {**cfg, "seq_len_interpolation_factor": 8.0}
+    model = _provider(scaled)
+    assert model["rope_scaling_factor"] == 8.0 and "seq_len_interpolation_factor" not in model
+    back = _read(model)
+    assert back["seq_len_interpolation_factor"] == 8.0 and first_difference(spec_of(scaled), spec_of(back)) is None
+    # absent from the section: Megatron-Core's 1/sqrt(kv_channels)
+    assert _read({k: v for k, v in _provider(cfg).items() if k != "softmax_scale"} | {"softmax_scale": None})[
+        "query_pre_attn_scalar"] == 256
+
+
+def test_provider_refusals_by_name():
+    """What Gemma3ModelProvider does not compute is refused when writing (a logit cap; one
+    linear factor on every layer's RoPE); every other provider refuses the local RoPE base
+    when writing and a ``rotary_base`` pair when reading; a Gemma3ModelProvider section whose
+    fields the class reads otherwise than as our model is refused when reading."""
+    cfg = _nemo(_hf())
+    with pytest.raises(UnsupportedError, match="final_logit_softcapping=30.0"):
+        _provider({**cfg, "final_logit_softcapping": 30.0})
+    with pytest.raises(UnsupportedError, match="Gemma3ModelProvider scales the global layers' RoPE only"):
+        _provider({**cfg, "rotary_base_local": None, "seq_len_interpolation_factor": 8.0})
+    for family in ("gemma2", "gemma", "llama"):
+        with pytest.raises(UnsupportedError, match="rotary_base_local=10000.0"):
+            _provider(cfg, family)
+    model = _provider(cfg)
+    for target in ("megatron.bridge.models.gpt_provider.GPTModelProvider",
+                   "megatron.bridge.models.gemma.gemma2_provider.Gemma2ModelProvider",
+                   "megatron.bridge.models.gemma.gemma_provider.GemmaModelProvider"):
+        with pytest.raises(UnsupportedError, match=r"rotary_base=\[10000.0, 1000000.0\] \(a \(local, global\) pair"):
+            _read({**model, "_target_": target})
+    for over, words in (({"is_vision_language": True}, "is_vision_language=True changes the model's math"),
+                        ({"window_size": [511, 0]}, r"window_size=\[511, 0\] is not the positive key count"),
+                        ({"window_size": None}, "window_size=None is not the positive key count"),
+                        ({"seq_len_interpolation_factor": 8.0}, "seq_len_interpolation_factor=8.0 is not read"),
+                        ({"rope_scaling": True}, "rope_scaling=True is not read"),
+                        ({"rotary_percent": 0.5}, "rotary_percent=0.5 is not read"),
+                        ({"rotary_base": 10000.0}, "rotary_base=10000.0 is not a .local, global. pair"),
+                        ({"softmax_scale": 0}, "softmax_scale=0 is not a positive number"),
+                        ({"rope_scaling_factor": -1.0}, "rope_scaling_factor=-1.0 is not a positive number"),
+                        ({"interleaved_attn_pattern": [5]}, "interleaved_attn_pattern=.5. is neither"),
+                        ({"window_attn_skip_freq": [1, 0] * 13}, "window_attn_skip_freq=.* changes the model's math"),
+                        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0 changes the model's math")):
+        with pytest.raises(UnsupportedError, match=words):
+            _read({**model, **over})
+
+
+def _mb(tmp_path, **overrides):
+    """A tiny Gemma 3 written as a Megatron-Bridge directory: (HF folder, directory,
+    run_config.yaml path, its model section)."""
+    import yaml
     from test_family_matrix import make_model
 
     from nemo_convert import api
 
-    src = make_model(str(tmp_path / "hf"), "gemma3")
-    with pytest.raises(UnsupportedError, match="'gemma3' cannot be written with --to megatron-bridge: "
-                                               "Megatron-Bridge's Gemma3ModelProvider carries"):
-        api.import_hf(src, str(tmp_path / "mb"), to="megatron-bridge")
-    assert not os.path.exists(tmp_path / "mb")
+    src = make_model(str(tmp_path / "hf"), "gemma3", **overrides)
+    out = str(tmp_path / "mb")
+    api.import_hf(src, out, to="megatron-bridge")
+    path = os.path.join(out, "iter_0000000", "run_config.yaml")
+    with open(path) as f:
+        return src, out, path, yaml.safe_load(f)["model"]
+
+
+def _rewrite(path, model):
+    import yaml
+
+    with open(path, "w") as f:
+        yaml.safe_dump({"model": model}, f)
+    record = os.path.join(os.path.dirname(path), "nemo_convert.json")
+    if os.path.exists(record):
+        os.remove(record)
+
+
+@pytest.mark.slow
+def test_megatron_bridge_run_config_without_our_record_and_class_defaults(tmp_path):
+    """Six layers, the sixth global (gemma-3's pattern): a model section with the
+    geometry and what Gemma3Bridge sets (``gemma3_bridge.py`` lines 53-74: no
+    ``interleaved_attn_pattern``, the class's (5, 1)) and no record of ours reads as the same
+    model (transformers' logits, equal); with those fields left out too they are the class's
+    (``gemma3_provider.py`` lines 58-98); a changed softmax scale, swapped RoPE bases, another
+    factor or another pattern change the logits (negative controls)."""
+    import torch
+    from test_family_matrix import logits
+
+    from nemo_convert import api
+
+    src, out, path, model = _mb(tmp_path, num_hidden_layers=6, sliding_window_pattern=6)
+    assert model["interleaved_attn_pattern"] == [5, 1] and model["window_size"] == 4
+    keep = ["_target_", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+            "kv_channels", "vocab_size", "seq_length", "bf16", "params_dtype", "layernorm_epsilon"]
+    bridge = ["window_size", "rotary_base", "softmax_scale", "rope_scaling_factor"]
+    section = {k: model[k] for k in keep + bridge}
+    _rewrite(path, section)
+    assert api.inspect_checkpoint(out)["family"] == "gemma3"
+    ref = logits(src)
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    assert torch.equal(logits(back), ref)
+    with open(os.path.join(back, "config.json")) as f:
+        hf = json.load(f)
+    assert (hf["layer_types"], hf["sliding_window"], hf["query_pre_attn_scalar"], hf["rope_theta"],
+            hf["rope_local_base_freq"], hf["rope_scaling"]) == (
+        ["sliding_attention"] * 5 + ["full_attention"], 4, 24, 1000.0, 10.0, {"rope_type": "linear", "factor": 4.0})
+    _rewrite(path, {k: model[k] for k in keep})
+    cfg = api.open_checkpoint(out).config
+    assert (cfg["rotary_base"], cfg["rotary_base_local"], cfg["query_pre_attn_scalar"], cfg["window_size"],
+            cfg["window_attn_skip_freq"], cfg.get("seq_len_interpolation_factor"), cfg["qk_layernorm"]) == (
+        1e6, 1e4, 256, [511, 0], [1, 1, 1, 1, 1, 0], None, True)
+    for i, over in enumerate(({"softmax_scale": 0.125}, {"rotary_base": [1000.0, 10.0]}, {"rope_scaling_factor": 2.0},
+                              {"interleaved_attn_pattern": [4, 2]})):
+        _rewrite(path, {**section, **over})
+        other = str(tmp_path / f"other{i}")
+        api.export_hf(out, other)
+        assert not torch.equal(logits(other), ref), over
+
+
+@pytest.mark.slow
+def test_megatron_bridge_untied_embeddings(tmp_path):
+    """``share_embeddings_and_output_weights`` is not fixed for Gemma 3 (the base bridge maps
+    ``tie_word_embeddings``; the class's default is true): an untied model is written with
+    ``false`` and reads back, without our record, to the same logits."""
+    import torch
+    from test_family_matrix import logits
+
+    from nemo_convert import api
+
+    src, out, path, model = _mb(tmp_path, tie_word_embeddings=False)
+    assert model["share_embeddings_and_output_weights"] is False
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    bare = str(tmp_path / "bare")
+    api.export_hf(out, bare)
+    assert torch.equal(logits(bare), logits(src))
+    _rewrite(path, {k: v for k, v in model.items() if k != "share_embeddings_and_output_weights"})
+    assert api.open_checkpoint(out).config["share_embeddings_and_output_weights"] is True  # the class's default

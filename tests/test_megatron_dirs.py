@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import shutil
 
@@ -496,6 +497,15 @@ FAMILY_PROVIDERS: dict[str, dict] = {
                "kv_channels": 32, "gated_linear_unit": True, "normalization": "RMSNorm", "add_bias_linear": False,
                "query_pre_attn_scalar": 24, "attn_logit_softcapping": 1.5, "final_logit_softcapping": 3.0,
                "window_size": [3, 0], "window_attn_skip_freq": None},
+    # gemma/gemma3_bridge.py (067f987d) lines 53-74 and gemma3_provider.py 58-98: the tiny model's RoPE bases as
+    # (local, global), its linear factor 4 on the global layers, 1/sqrt(24), window 4 as an int, layer 0 local
+    "gemma3": {"_target_": "megatron.bridge.models.gemma.gemma3_provider.Gemma3ModelProvider",
+               "activation_func": {"_target_": "megatron.core.activations.fast_gelu", "_call_": False},
+               "layernorm_zero_centered_gamma": True, "share_embeddings_and_output_weights": True,
+               "qk_layernorm": True, "kv_channels": 32, "gated_linear_unit": True, "normalization": "RMSNorm",
+               "add_bias_linear": False, "rotary_base": [10.0, 1000.0], "rope_scaling_factor": 4.0,
+               "softmax_scale": 1 / math.sqrt(24), "window_size": 4, "interleaved_attn_pattern": [1, 1],
+               "seq_len_interpolation_factor": None, "window_attn_skip_freq": None},
     # glm/glm45_bridge.py (067f987d) lines 57-94 over conversion/model_bridge.py 456-498: the GPT provider
     # with sigmoid routing, expert bias, routed scaling, the MTP layer count and half-rotary RoPE
     "glm4_moe": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider", "add_qkv_bias": True,
@@ -623,7 +633,7 @@ def test_args_table_dense_families() -> None:
             args_to_nemo(vars(megatron_lm_args(**over)), "x")
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma", "gemma2"])
+@pytest.mark.parametrize("family", ["mistral", "gemma", "gemma2", "gemma3"])
 def test_family_nemo_to_megatron_bridge_one_command(family_models, tmp_path, cli, family) -> None:
     nemo = str(tmp_path / "m.nemo")
     api.import_hf(family_models[family], nemo, parallel=api.Parallelism(2, 1))

@@ -186,7 +186,9 @@ def _family_worker(root: str) -> None:
     Shims as in tests/test_family_megatron.py: the sliding-window mask on the CPU, and for
     GemmaModelProvider what its provide() and Transformer Engine's norm add to the local
     spec (embedding × sqrt(hidden), Megatron-Bridge gemma/modules.py lines 27-40; the
-    zero-centred norm's 1 + w, Gemma's RMSNorm and Nemotron's LayerNorm alike)."""
+    zero-centred norm's 1 + w, Gemma's RMSNorm and Nemotron's LayerNorm alike); for
+    Gemma3ModelProvider its fields as that class reads them, and shims for its post-norms and
+    its two RoPEs (comments below)."""
     import contextlib
     import dataclasses
     import importlib
@@ -257,8 +259,24 @@ def _family_worker(root: str) -> None:
         kw.update({k: m[k] for k in ("rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim", "q_lora_rank",
                                      "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
                                      "original_max_position_embeddings", "beta_fast", "beta_slow") if k in m})
-    tc = config_class(**kw, activation_func=act, window_size=tuple(m["window_size"]) if m.get("window_size")
-                           else None, use_cpu_initialization=True, params_dtype=torch.float32,
+    gemma3 = m["_target_"].endswith(".Gemma3ModelProvider")
+    window = tuple(m["window_size"]) if m.get("window_size") and not gemma3 else None
+    rotary_base = m["rotary_base"]
+    if gemma3:
+        # Gemma3ModelProvider's own fields, as its code reads them (Megatron-Bridge 067f987d
+        # gemma/gemma3_provider.py): 1-based layer n is local when (n - 1) % (local + global) <
+        # local, or when its listed kind is sliding_attention (lines 349-357); a local layer's
+        # window is (window_size - 1, 0), a global one has none (lines 241-255): here Megatron-Core's
+        # own per-layer window list. rotary_base is (local, global) (lines 113-117)
+        pattern, layers = m["interleaved_attn_pattern"], int(m["num_layers"])
+        if isinstance(pattern[0], str):
+            local = [kind == "sliding_attention" for kind in pattern]
+        else:
+            local = [(n - 1) % (pattern[0] + pattern[1]) < pattern[0] for n in range(1, layers + 1)]
+        window = (int(m["window_size"]) - 1, 0) if any(local) else None
+        kw["window_attn_skip_freq"] = [int(x) for x in local]
+        local_base, rotary_base = m["rotary_base"]
+    tc = config_class(**kw, activation_func=act, window_size=window, use_cpu_initialization=True, params_dtype=torch.float32,
                            bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
                            persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
                            attention_softmax_in_fp32=True)
@@ -295,9 +313,25 @@ def _family_worker(root: str) -> None:
     model = GPTModel(tc, transformer_layer_spec=spec,
                      vocab_size=m["vocab_size"], max_sequence_length=m["seq_length"],
                      position_embedding_type=m.get("position_embedding_type", "rope"),
-                     rotary_base=int(m["rotary_base"]), rotary_percent=float(m.get("rotary_percent", 1.0)),
+                     rotary_base=int(rotary_base), rotary_percent=float(m.get("rotary_percent", 1.0)),
                      share_embeddings_and_output_weights=m["share_embeddings_and_output_weights"],
                      parallel_output=False, mtp_block_spec=mtp_spec).eval()
+    if gemma3:
+        # shim: the class's layer spec normalises linear_proj's and linear_fc2's output
+        # (TERowParallelLinearLayerNorm, lines 157, 165), saved as their post_layernorm.weight
+        def post_norm(linear: Any) -> None:
+            linear.post_layernorm = torch.nn.RMSNorm(m["hidden_size"], eps=m["layernorm_epsilon"])
+            inner = linear.forward
+
+            def forward(*a: Any, **k: Any) -> Any:
+                out, bias = inner(*a, **k)
+                return linear.post_layernorm(out), bias
+
+            linear.forward = forward
+
+        for layer in model.decoder.layers:
+            post_norm(layer.self_attention.linear_proj)
+            post_norm(layer.mlp.linear_fc2)
     loaded = dist_checkpointing.load(model.sharded_state_dict(), f"{root}/mb/iter_0000000")
     result = model.load_state_dict(loaded, strict=False)
     assert not [k for k in result.missing_keys if not k.endswith("_extra_state")], result.missing_keys
@@ -306,7 +340,23 @@ def _family_worker(root: str) -> None:
             for n, p in model.named_parameters():
                 if n.endswith("layernorm.weight") or n.endswith("layer_norm_weight"):
                     p.add_(1.0)
-    if m["_target_"].endswith(".GemmaModelProvider"):
+    if gemma3:
+        # shim: Gemma3RotaryEmbedding divides the global inv_freq by rope_scaling_factor (line 309)
+        # and rotates the local layers with a second RoPE of the local base (lines 311-316),
+        # which Gemma3SelfAttention picks for them (lines 200-207)
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+        model.rotary_pos_emb.inv_freq /= float(m["rope_scaling_factor"])
+        local_rope = RotaryEmbedding(kv_channels=tc.kv_channels, rotary_percent=1.0, rotary_base=local_base,
+                                     use_cpu_initialization=True)
+        for layer in model.decoder.layers:
+            if local[layer.layer_number - 1]:
+                def rotate_locally(*a: Any, rotary_pos_emb: Any = None, _inner: Any = layer.self_attention.forward,
+                                   **k: Any) -> Any:
+                    return _inner(*a, rotary_pos_emb=local_rope(rotary_pos_emb.shape[0]), **k)
+
+                layer.self_attention.forward = rotate_locally
+    if m["_target_"].endswith((".GemmaModelProvider", ".Gemma3ModelProvider")):
         embed = model.embedding.forward
         scale = torch.tensor(m["hidden_size"] ** 0.5)
         model.embedding.forward = lambda *a, **k: embed(*a, **k) * scale  # type: ignore[method-assign]
@@ -338,6 +388,9 @@ def _family_worker(root: str) -> None:
     ("deepseek_v3", {}),  # MLAModelProvider: MLA, moe_layer_freq [0, 1, 1, 1], sigmoid + expert bias, shared
     ("nemotron", dict(attention_bias=False, mlp_bias=False)),  # LayerNorm 1p, squared ReLU, half rotary, GQA
     ("gpt_oss", {}),  # GPTModelProvider with sinks, window pattern, clamped quick-GELU GLU, biases, ETP 1
+    # Gemma3ModelProvider: softmax_scale, (local, global) bases with the global factor, the int window on the
+    # local layers of interleaved_attn_pattern [1, 1], then [5, 1] (gemma-3's six layers, the sixth global)
+    ("gemma3", {}), ("gemma3", dict(num_hidden_layers=6, sliding_window_pattern=6)),
 ])
 def test_megatron_core_runs_our_directory_for_each_family(tmp_path: Any, family: str, over: dict[str, Any]) -> None:
     import torch

@@ -27,10 +27,12 @@ layers with ``rotary_base[0]`` and global ones with ``rotary_base[1]`` divided b
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nemo_convert.errors import UnsupportedError
-from nemo_convert.families import (GPT_CONFIG, Check, Derived, Field, GPTFeatures, activation, gpt_family, layer_windows,
+from nemo_convert.families import (DENSE, DENSE_CLASS_DEFAULTS, FAST_GELU, GPT_CONFIG, NO_LINEAR_BIAS, Check, Derived,
+                                   Field, GPTFeatures, ProviderFamily, activation, gpt_family, layer_windows,
                                    linear_biases, query_pre_attn_scalar, softcap)
 from nemo_convert.spec import Rope, rope_of, spec_of
 
@@ -181,13 +183,34 @@ GEMMA3_CONFIG = GPT_CONFIG.extend(
     nemo_constants={"layernorm_zero_centered_gamma": True, "openai_gelu": True, "apply_embedding_scaling": True,
                     "nemo_convert.post_norms": True, "qk_layernorm": True},
 )
-#: Not written: Megatron-Bridge's ``Gemma3ModelProvider`` (``067f987d``
-#: ``src/megatron/bridge/models/gemma/gemma3_provider.py`` lines 55-137) holds the two RoPE
-#: bases as one ``rotary_base`` tuple and the global factor as ``rope_scaling_factor``, and
-#: its layer spec the post-norms and the windows; the provider writer has no rows for them.
-MEGATRON_BRIDGE = ("Megatron-Bridge's Gemma3ModelProvider carries the (local, global) rotary_base pair, "
-                   "rope_scaling_factor and query_pre_attn_scalar, which nemo-convert's provider writer does not "
-                   "write yet")
+#: ``--to megatron-bridge``: Megatron-Bridge ``067f987d`` ``gemma/gemma3_bridge.py`` lines 53-74
+#: builds a ``Gemma3ModelProvider`` from the base bridge's fields with ``window_size =
+#: sliding_window`` (an int: ``Gemma3TEDotProductAttention`` makes it ``(W - 1, 0)`` on the local
+#: layers and None on the global ones, ``gemma3_provider.py`` lines 241-255), ``rotary_base =
+#: (rope_local_base_freq, rope_theta)``, ``softmax_scale = 1 / sqrt(query_pre_attn_scalar)`` and
+#: ``rope_scaling_factor`` (the global layers' linear factor: ``Gemma3RotaryEmbedding`` divides
+#: their ``inv_freq`` by it, lines 303-316). It leaves ``interleaved_attn_pattern`` at the class's
+#: ``(5, 1)``: 1-based layer ``n`` is local when ``(n - 1) % 6 < 5`` (lines 349-357), which is
+#: ``_every_nth_global``'s default; we write the model's own pattern (a ``(local, global)`` pair
+#: where it repeats, else one layer kind per layer, the list line 354 reads). The class's
+#: defaults are lines 58-98; its layer spec (lines 143-170) has the q/k norms and the post-norms
+#: (``linear_proj`` / ``linear_fc2`` as ``TERowParallelLinearLayerNorm``: our dist keys'
+#: ``post_layernorm``), its ``provide()`` scales the embedding by sqrt(hidden) (lines 118-126,
+#: 272-282). It has no soft-caps: a model with ``final_logit_softcapping`` is refused by name, and
+#: ``is_vision_language`` (lines 87, 145, 244-260: no causal mask) is read only when false.
+GEMMA3_PROVIDER = "megatron.bridge.models.gemma.gemma3_provider.Gemma3ModelProvider"
+MEGATRON_BRIDGE = ProviderFamily(
+    GEMMA3_PROVIDER, DENSE + NO_LINEAR_BIAS + (("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
+                                               ("qk_layernorm", True)),
+    nemo=(("apply_embedding_scaling", True),),
+    defaults=tuple({**DENSE_CLASS_DEFAULTS, "activation_func": FAST_GELU, "seq_length": 131_072,
+                    "rotary_base": [10_000, 1_000_000], "share_embeddings_and_output_weights": True,
+                    "layernorm_zero_centered_gamma": True, "layernorm_epsilon": 1e-6, "qk_layernorm": True,
+                    "window_size": 512, "interleaved_attn_pattern": [5, 1], "rope_scaling_factor": 1.0,
+                    "softmax_scale": 1.0 / math.sqrt(256), "bf16": True, "fp16": False,
+                    "params_dtype": "torch.bfloat16"}.items()),
+    post_norms=True, softmax_scale=True, local_rope=True, interleaved_windows=True,
+    neutral=(("is_vision_language", False),))
 
 
 def _claims(cfg: dict[str, Any]) -> bool:

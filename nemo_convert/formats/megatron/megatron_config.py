@@ -80,6 +80,15 @@ post-norms in its layer spec (``post_norms``) and a window pattern of its own la
 layers windowed at lines 125-129, the post-norms at lines 438-463. Where such a class's default
 for a field is not null (window ``(4095, 0)``, caps 50 / 30), a model without it is written
 with an explicit null.
+A provider may also spell shared fields its own way (``softmax_scale``, ``local_rope``,
+``interleaved_windows``): Megatron-Bridge ``067f987d`` ``gemma/gemma3_provider.py`` holds the
+scores' scale as ``softmax_scale`` (line 79), the two RoPE bases as ``rotary_base = (local,
+global)`` with the global layers' linear factor ``rope_scaling_factor`` (lines 62, 76, 113-137,
+303-316) and its windows as an int ``window_size`` on the layers ``interleaved_attn_pattern``
+names (lines 72-73, 241-255, 349-357); :func:`_declared_provider` writes them from the spec and
+:func:`_declared_read` turns them into the shared spelling before anything else reads the
+section. A ``rotary_base`` pair of any other class, or a local RoPE base for any other
+provider, is refused by name.
 
 Which provider a family writes is the family's own declaration (``ModelFamily.megatron_bridge``,
 a :class:`~nemo_convert.formats.megatron.providers.ProviderFamily`, collected by the registry
@@ -91,6 +100,7 @@ know is refused by name (:data:`NEUTRAL`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -309,6 +319,130 @@ def _declared_nemo(cfg: dict[str, Any], values: dict[str, Any], pf: ProviderFami
         cfg["window_attn_skip_freq"] = [int(x) for x in pf.window_layers(int(cfg["num_layers"]))]
 
 
+#: Where a provider with :attr:`ProviderFamily.local_rope`, ``interleaved_windows`` or
+#: ``softmax_scale`` keeps what the shared fields hold otherwise (Megatron-Bridge ``067f987d``
+#: ``gemma/gemma3_provider.py``: ``rotary_base = (local, global)`` line 62, ``window_size`` an
+#: int and ``interleaved_attn_pattern = (5, 1)`` lines 72-73, ``rope_scaling_factor`` line 76,
+#: ``softmax_scale`` line 79; read at lines 113-137, 200, 241-255 and 349-357).
+LAYER_KINDS = ("sliding_attention", "full_attention")
+
+
+def _layer_kinds(flags: tuple[bool, ...] | list[bool]) -> list[Any]:
+    """``interleaved_attn_pattern`` for one window flag per layer: ``[local, global]`` where
+    the flags repeat that many windowed then full layers from the first (the shortest such
+    period: 1-based layer ``n`` is local when ``(n - 1) % (local + global) < local``,
+    ``_is_local_attn_layer`` lines 349-357), else one layer kind per layer (the list the
+    same function reads, line 354)."""
+    n = len(flags)
+    for period in range(1, n + 1):
+        local = sum(1 for f in flags[:period] if f)
+        if all(bool(flags[i]) == (i % period < local) for i in range(n)):
+            return [local, period - local]
+    return [LAYER_KINDS[0] if f else LAYER_KINDS[1] for f in flags]
+
+
+def _local_flags(pattern: Any, layers: int, where: str) -> tuple[bool, ...]:
+    """The windowed layers of an ``interleaved_attn_pattern`` (:func:`_layer_kinds`' two forms)."""
+    if isinstance(pattern, (list, tuple)) and pattern and all(isinstance(k, str) for k in pattern):
+        odd = sorted({str(k) for k in pattern} - set(LAYER_KINDS))
+        if odd or len(pattern) != layers:
+            raise UnsupportedError(f"{where}: interleaved_attn_pattern has {len(pattern)} layer kinds for {layers} "
+                                   f"layers" + (f" and kinds {odd} (known: {', '.join(LAYER_KINDS)})" if odd else ""))
+        return tuple(k == LAYER_KINDS[0] for k in pattern)
+    if (isinstance(pattern, (list, tuple)) and len(pattern) == 2 and sum(int(v) for v in pattern if isinstance(v, int)) > 0
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pattern)):
+        local, period = int(pattern[0]), int(pattern[0]) + int(pattern[1])
+        return tuple(i % period < local for i in range(layers))
+    raise UnsupportedError(f"{where}: interleaved_attn_pattern={pattern!r} is neither (local, global) layer counts "
+                           f"nor one {' / '.join(LAYER_KINDS)} per layer")
+
+
+def _positive(value: Any, name: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise UnsupportedError(f"{where}: {name}={value!r} is not a positive number")
+    return float(value)
+
+
+def _declared_provider(s: ModelSpec, pf: ProviderFamily) -> dict[str, Any]:
+    """What a provider with :attr:`ProviderFamily.softmax_scale`, ``local_rope`` or
+    ``interleaved_windows`` holds in its own fields, from the spec; a RoPE it cannot hold is
+    refused by name."""
+    out: dict[str, Any] = {}
+    a, layers = s.attention, s.geometry.layers
+    if pf.softmax_scale:
+        scalar = a.query_pre_attn_scalar if a.query_pre_attn_scalar is not None else s.geometry.head_dim
+        out["softmax_scale"] = 1.0 / math.sqrt(float(scalar))  # as Gemma3Bridge writes it (gemma3_bridge.py l. 71)
+    if pf.local_rope and s.rope is not None:
+        r = s.rope
+        if r.fraction != 1.0 or r.scaling is not None:
+            raise UnsupportedError(f"rotary_percent={r.fraction}, scaling={type(r.scaling).__name__ if r.scaling else None}: "
+                                   f"{pf.target.rsplit('.', 1)[-1]}'s RoPE rotates whole heads, plainly or linearly scaled")
+        windowed = a.window is not None and any(a.window_pattern or (True,))
+        if r.local_theta is None and r.interpolation and windowed:
+            raise UnsupportedError(f"seq_len_interpolation_factor={r.interpolation} on every layer: "
+                                   f"{pf.target.rsplit('.', 1)[-1]} scales the global layers' RoPE only")
+        out["rotary_base"] = [float(r.local_theta if r.local_theta is not None else r.theta), float(r.theta)]
+        out["rope_scaling_factor"] = float(r.interpolation or 1.0)
+    if pf.interleaved_windows:
+        flags = tuple(a.window_pattern or (True,) * layers) if a.window is not None else (False,) * layers
+        out["window_size"] = None if a.window is None else int(a.window)
+        out["interleaved_attn_pattern"] = _layer_kinds(flags)
+    return out
+
+
+def _declared_read(model: dict[str, Any], pf: ProviderFamily | None, where: str
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A section of a class with those flags in the shared fields' spelling, and the NeMo
+    fields it has beyond them (``rotary_base_local``, ``query_pre_attn_scalar``,
+    ``window_attn_skip_freq``). A ``rotary_base`` pair of any other class is refused by name."""
+    model = dict(model)
+    extra: dict[str, Any] = {}
+    if isinstance(model.get("rotary_base"), (list, tuple)) and not (pf is not None and pf.local_rope):
+        raise UnsupportedError(f"{where}: rotary_base={list(model['rotary_base'])!r} (a (local, global) pair of RoPE "
+                               f"bases) is not supported by {_target_of(model) or 'a provider without _target_'}")
+    if pf is None:
+        return model, extra
+    for k, v in pf.neutral:
+        if model.get(k, v) != v:
+            raise UnsupportedError(f"{where}: {k}={model[k]!r} changes the model's math and is not supported")
+    if pf.softmax_scale:
+        scale = model.pop("softmax_scale", None)
+        if scale is None:  # Megatron-Core's 1/sqrt(kv_channels)
+            extra["query_pre_attn_scalar"] = int(model.get("kv_channels") or
+                                                 int(model["hidden_size"]) // int(model["num_attention_heads"]))
+        else:
+            scalar = 1.0 / _positive(scale, "softmax_scale", where) ** 2
+            # an integer within 1e-9, as Gemma3Bridge.megatron_to_hf_config reads it back (lines 88-93)
+            extra["query_pre_attn_scalar"] = round(scalar) if math.isclose(scalar, round(scalar), rel_tol=0.0,
+                                                                           abs_tol=1e-9) else scalar
+    if pf.local_rope:
+        pair = model.get("rotary_base")
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise UnsupportedError(f"{where}: rotary_base={pair!r} is not a (local, global) pair of RoPE bases")
+        for k, neutral in (("seq_len_interpolation_factor", None), ("rope_scaling", False), ("rotary_percent", 1.0)):
+            if model.get(k) is not None and model[k] != neutral and not (k == "seq_len_interpolation_factor"
+                                                                          and model[k] == 1):
+                raise UnsupportedError(f"{where}: {k}={model[k]!r} is not read as the model's RoPE by "
+                                       f"{_target_of(model)} (its RoPE takes the global layers' factor from "
+                                       "rope_scaling_factor, rotates whole heads and interpolates no local layer)")
+        factor = _positive(model.pop("rope_scaling_factor", 1.0), "rope_scaling_factor", where)
+        model.update({"rotary_base": _positive(pair[1], "rotary_base[1]", where), "rotary_percent": 1.0,
+                      "seq_len_interpolation_factor": factor if factor != 1.0 else None, "rope_scaling": None})
+        extra["rotary_base_local"] = _positive(pair[0], "rotary_base[0]", where)
+    if pf.interleaved_windows:
+        flags = _local_flags(model.pop("interleaved_attn_pattern", None), int(model["num_layers"]), where)
+        window = model.get("window_size")
+        if not any(flags):
+            model["window_size"] = None
+        elif isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise UnsupportedError(f"{where}: window_size={window!r} is not the positive key count W of windowed "
+                                   f"layers that {_target_of(model)} reads")
+        else:
+            model["window_size"] = [window - 1, 0]  # (W - 1, 0) on the local layers, lines 250-252
+            extra["window_attn_skip_freq"] = [int(f) for f in flags]
+    return model, extra
+
+
 #: What an absent provider field means where it differs from :data:`FIELDS`' default
 #: (``GPTModelProvider``'s own defaults, ``src/megatron/bridge/models/gpt_provider.py``).
 PROVIDER_DEFAULTS: dict[str, Any] = {"position_embedding_type": "learned_absolute", "seq_length": 1024,
@@ -363,14 +497,18 @@ def _inexpressible(s: ModelSpec, pf: ProviderFamily) -> dict[str, Any]:
         bad.update({k: v for k, v, neutral in (
             ("softmax_type", a.softmax, "vanilla"), ("glu_linear_offset", mlp.glu_offset, 0.0),
             ("activation_func_clamp_value", mlp.clamp, None),
-            ("window_attn_skip_freq", None if pf.window_layers is not None else pattern, None),
+            ("window_attn_skip_freq", None if pf.window_layers is not None or pf.interleaved_windows else pattern,
+             None),
         ) if v != neutral})
     if pf.window_layers is not None and a.window is not None:
         layers = s.geometry.layers
         if [int(x) for x in pf.window_layers(layers)] != (pattern or [1] * layers):
             bad["window_attn_skip_freq"] = pattern or [1] * layers  # the provider's layer spec windows others
     if not pf.softcaps:
-        bad.update({k: v for k, v in zip(SCORE_FIELDS, _scores(s)) if v is not None})
+        bad.update({k: v for k, v in zip(SCORE_FIELDS, _scores(s))
+                    if v is not None and not (pf.softmax_scale and k == "query_pre_attn_scalar")})
+    if s.rope is not None and s.rope.local_theta is not None and not pf.local_rope:
+        bad["rotary_base_local"] = s.rope.local_theta  # the windowed layers' own RoPE base
     if s.block.post_norms != pf.post_norms:
         bad["nemo_convert.post_norms"] = s.block.post_norms
     if s.mtp_layers and not (pf.mla or pf.mtp):
@@ -413,6 +551,10 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, providers: ProviderTab
         value = f.of(s, cfg) if f.provider is not None and f.of is not None else None
         if value is not None:
             model[str(f.provider)] = f.kind(value)
+    declared = _declared_provider(s, pf)
+    if pf.local_rope:
+        model.pop("seq_len_interpolation_factor", None)  # rope_scaling_factor holds the global layers' factor
+    model.update(declared)
     if s.embedding.scaled != bool(dict(pf.nemo).get("apply_embedding_scaling")):
         raise UnsupportedError(f"{family}: apply_embedding_scaling={s.embedding.scaled} "
                                f"does not match its provider {pf.target.rsplit('.', 1)[-1]}")
@@ -720,8 +862,10 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
     missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if model.get(k) is None]
     if missing:
         raise ConfigError(f"{where}: the model section lacks {', '.join(missing)}")
+    model, declared = _declared_read(model, providers.declared(target), where)
     _refuse_non_neutral(model, where)
     cfg = _common_nemo(model, "provider")
+    cfg.update(declared)
     heads = int(model["num_attention_heads"])
     cfg["num_query_groups"] = int(model.get("num_query_groups") or heads)
     if cfg.get("kv_channels") is None:

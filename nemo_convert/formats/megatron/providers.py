@@ -86,6 +86,20 @@ class ProviderFamily:
     :param window_layers: the provider's layer spec picks the windowed layers itself
         (``window_attn_skip_freq`` is not read): ``window_layers(num_layers)`` is one flag per
         layer (True: ``window_size`` applies). A model windowing other layers is refused.
+    :param softmax_scale: the provider carries the scores' scale as Megatron-Core's
+        ``softmax_scale`` (``query_pre_attn_scalar ** -0.5``; null: the head size's), not as
+        ``query_pre_attn_scalar``; it has no soft-caps unless ``softcaps`` says so.
+    :param local_rope: the provider holds two RoPEs: ``rotary_base = (local, global)`` (the
+        windowed layers' base first) and the global layers' linear factor as
+        ``rope_scaling_factor``; its RoPE module takes 1 for ``rotary_percent`` and gives
+        ``seq_len_interpolation_factor`` to both, so those must be neutral.
+    :param interleaved_windows: the provider's layer spec windows the layers its
+        ``interleaved_attn_pattern`` names (``(local, global)`` counts repeating from the first
+        layer, or one ``sliding_attention`` / ``full_attention`` per layer) with an int
+        ``window_size`` of W keys (Megatron-Core's ``(W - 1, 0)`` on those layers);
+        ``window_attn_skip_freq`` is not read.
+    :param neutral: fields of the class that change the math and are read only at this
+        value (a section setting another is refused by name).
     """
 
     target: str
@@ -105,6 +119,10 @@ class ProviderFamily:
     softcaps: bool = False
     post_norms: bool = False
     window_layers: Callable[[int], tuple[bool, ...]] | None = None
+    softmax_scale: bool = False
+    local_rope: bool = False
+    interleaved_windows: bool = False
+    neutral: Pairs = ()
 
 
 #: A family's declaration: its provider, a refusal's reason, or nothing (not confirmed).
