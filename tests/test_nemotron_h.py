@@ -84,12 +84,26 @@ def test_published_configs_translate_every_key() -> None:
     ("nemotron_3_nano", dict(num_nextn_predict_layers=1), "num_nextn_predict_layers=1"),
     ("nemotron_3_nano", dict(norm_topk_prob=False), "norm_topk_prob=False with num_experts_per_tok=6"),
     ("nemotron_3_nano", dict(sliding_window=4096), "sliding_window=4096"),
+    ("nemotron_3_nano", {"n_group": 8, "topk_group": 1}, "num_experts_per_tok=6 with topk_group=1: the HF class scores"),
     ("nemotron_3_nano", dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling="),
 ])
 def test_what_megatron_core_does_not_compute_is_refused_by_name(name: str, change: dict, words: str) -> None:
     with pytest.raises((ConfigError, UnsupportedError)) as ei:
         family().config_to_nemo({**published(name), **change})
     assert words in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+
+
+def test_expert_groups_translate_only_where_both_sides_score_them_alike() -> None:
+    """``NemotronHTopkRouter`` scores a group by the sum of its two best experts, Megatron-Core
+    by its best ``topk // group_topk``: 6 experts from 3 of 8 groups (2 each) translate, both
+    ways; 6 from 1 group (Megatron-Core would sum 6) is refused by name, both ways."""
+    cfg = family().config_to_nemo({**published("nemotron_3_nano"), "n_group": 8, "topk_group": 3})
+    assert (cfg["moe_router_num_groups"], cfg["moe_router_group_topk"]) == (8, 3)
+    cfg.pop("nemo_convert", None)
+    hf = family().config_to_hf({**cfg, "nemo_convert": {"vocab_size": 131072}})
+    assert (hf["n_group"], hf["topk_group"], hf["num_experts_per_tok"]) == (8, 3, 6)
+    with pytest.raises(UnsupportedError, match="moe_router_topk=6 with moe_router_group_topk=1: the HF class"):
+        family().config_to_hf({**cfg, "moe_router_group_topk": 1, "nemo_convert": {"vocab_size": 131072}})
 
 
 def test_harmless_keys_are_init_or_inference_only() -> None:

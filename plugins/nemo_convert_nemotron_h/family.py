@@ -29,7 +29,12 @@ Refused by name: a mixer Megatron-Core builds otherwise (hybrid_config.mixer_che
 biases on attention or MLP, a sliding window, latent MoE projections
 (``moe_latent_size``: Nemotron-3 Super; Megatron-Core 0.16.1 has ``fc1_latent_proj``, not
 mapped here), multi-token-prediction layers (``num_nextn_predict_layers``: ``MambaModel``
-0.16.1 has no MTP block), and a routing normalisation Megatron-Core does not do.
+0.16.1 has no MTP block), a routing normalisation Megatron-Core does not do, and groups of
+experts scored otherwise: ``NemotronHTopkRouter`` (lines 872-876) scores each of ``n_group``
+groups by the sum of its two best experts, Megatron-Core 0.16.1 by its best
+``topk // group_topk`` (``transformer/moe/moe_utils.py`` lines 552-555), so more than one
+group with ``num_experts_per_tok // topk_group`` other than 2 is refused
+(:func:`~nemo_convert.families.top_two_groups`, shared with the DeepSeek-style families).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.errors import UnsupportedError
-from nemo_convert.families import Check, Derived, Field, GPT_CONFIG, MoEBlock, activation
+from nemo_convert.families import Check, Derived, Field, GPT_CONFIG, MoEBlock, activation, top_two_groups
 from nemo_convert.families.hybrid import MOE, PATTERN, HybridBlocks, HYBRID_NEMO_CONSTANTS, hybrid_family
 from nemo_convert.families.hybrid_config import HYBRID_PATTERN, MIXER_HARMLESS, MIXER_ROWS, _pattern_from_hf
 from nemo_convert.spec import spec_of
@@ -107,6 +112,8 @@ def _moe_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
                                "the chosen sigmoid scores exactly when top-k > 1; family nemotron_h cannot represent "
                                "it exactly)")
     groups = int(hf.get("n_group") or 1)
+    if groups > 1:  # NemotronHTopkRouter scores a group by its two best experts (lines 872-876)
+        top_two_groups(topk, int(hf.get("topk_group") or 1), "num_experts_per_tok", "topk_group")
     return {**MOE_CONSTANTS, "num_moe_experts": int(hf.get("n_routed_experts", 8)), "moe_router_topk": topk,
             "moe_ffn_hidden_size": int(hf.get("moe_intermediate_size", 7688)),
             "moe_shared_expert_intermediate_size": int(hf.get("moe_shared_expert_intermediate_size", 7688)),
@@ -119,6 +126,8 @@ def _moe_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     moe = spec_of(cfg).moe
     if moe is None:
         return {}
+    if moe.groups > 1:
+        top_two_groups(moe.topk, moe.group_topk or 1, "moe_router_topk", "moe_router_group_topk")
     return {"n_routed_experts": moe.experts, "num_experts_per_tok": moe.topk, "moe_intermediate_size": moe.ffn,
             "moe_shared_expert_intermediate_size": moe.shared_ffn, "routed_scaling_factor": moe.topk_scaling,
             "n_group": moe.groups, "topk_group": moe.group_topk or 1, "norm_topk_prob": moe.topk > 1}
