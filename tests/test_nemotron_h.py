@@ -17,7 +17,7 @@ import torch
 import yaml
 from test_family_matrix import IDS, assert_same, logits
 from tiny_hybrid import CONFIGS, MCORE_KEYS, make_nemotron_h, published
-from tiny_models import read_json
+from tiny_models import hf_tensors, read_json
 
 from nemo_convert import api
 from nemo_convert.errors import ConfigError, UnsupportedError
@@ -271,13 +271,142 @@ def test_tp_that_splits_a_group_is_refused_before_writing(tmp_path, models) -> N
     assert not os.path.exists(out)
 
 
-def test_megatron_bridge_target_is_refused_by_name(tmp_path, models) -> None:  # noqa: ANN001
-    """The hybrid family says why it has no Megatron-Bridge directory (docs/families/nemotron_h.md)."""
+#: What the directory's ``model:`` section says of each tiny model (the published configs'
+#: kinds: the dense 8B's pattern without experts, Nemotron-3 Nano's with its E layers).
+PROVIDER_FIELDS = {
+    "nemotron_h_8b": {"_target_": "megatron.bridge.models.hybrid.hybrid_provider.HybridModelProvider",
+                      "hybrid_layer_pattern": "M-*M-M", "num_layers": 6, "mamba_num_heads": 8, "mamba_head_dim": 8,
+                      "mamba_num_groups": 2, "mamba_state_dim": 16, "is_hybrid_model": True,
+                      "position_embedding_type": "none", "normalization": "RMSNorm", "gated_linear_unit": False,
+                      "add_bias_linear": False,
+                      "activation_func": {"_target_": "megatron.core.activations.squared_relu", "_call_": False},
+                      "num_moe_experts": None},
+    "nemotron_3_nano": {"hybrid_layer_pattern": "MEM*EM", "num_moe_experts": 4, "moe_router_topk": 2,
+                        "moe_ffn_hidden_size": 32, "moe_shared_expert_intermediate_size": 48,
+                        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                        "moe_router_topk_scaling_factor": 2.5, "moe_shared_expert_gate": False,
+                        "moe_grouped_gemm": False, "moe_layer_freq": None, "position_embedding_type": "none"},
+}
+
+
+def _run_config(out: str) -> tuple[str, dict]:
+    path = os.path.join(out, "iter_0000000", "run_config.yaml")
+    with open(path, encoding="utf-8") as f:
+        return path, yaml.safe_load(f)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_megatron_bridge_directory_and_back(tmp_path, models, name) -> None:
+    """HF → Megatron-Bridge directory (``HybridModelProvider``, as ``NemotronHBridge`` builds
+    it) → export: the source's tensors bit for bit and transformers' logits; then the same
+    directory without our record (as Megatron-Bridge writes it): the family from the provider
+    alone, the same tensors, logits and layer pattern."""
+    src = models[name]
     out = str(tmp_path / "mb")
-    with pytest.raises(UnsupportedError, match="'nemotron_h' cannot be written with --to megatron-bridge: "
-                                               "Megatron-Bridge's NemotronHBridge writes a HybridModelProvider"):
-        api.import_hf(models["nemotron_h_8b"], out, to="megatron-bridge")
-    assert not os.path.exists(out)
+    api.import_hf(src, out, to="megatron-bridge")
+    model = _run_config(out)[1]["model"]
+    assert {k: model.get(k) for k in PROVIDER_FIELDS[name]} == PROVIDER_FIELDS[name]
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    assert_same(src, back)
+    ref = logits(src)
+    assert torch.equal(logits(back), ref)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    assert api.inspect_checkpoint(out)["family"] == "nemotron_h"
+    bare = str(tmp_path / "bare")
+    api.export_hf(out, bare)
+    a, b = hf_tensors(src), hf_tensors(bare)
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert read_json(os.path.join(bare, "config.json"))["hybrid_override_pattern"] == model["hybrid_layer_pattern"]
+    assert torch.equal(logits(bare), ref)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_megatron_bridge_directory_holds_megatron_cores_keys(tmp_path, models, name) -> None:
+    """The directory's tensor keys and global shapes are Megatron-Core 0.16.1's
+    ``MambaModel.sharded_state_dict()`` (the record the slow Megatron-Core test takes) without
+    the ``.nemo``'s ``model.`` prefix: every layer unstacked, the mixer's section keys, and
+    the output layer's ``_extra_state``, as in our ``.nemo``."""
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+
+    with open(MCORE_KEYS.format(name=name), encoding="utf-8") as f:
+        record = json.load(f)
+    out = str(tmp_path / "mb")
+    api.import_hf(models[name], out, to="megatron-bridge")
+    ck = DistCheckpointSource.from_dir(os.path.join(out, "iter_0000000"))
+    try:
+        ours = {k: list(ck._raw[k][0]) for k in ck.raw_keys()}
+        extra = {k.split("/shard_")[0] for k in ck.extra_state_keys}
+    finally:
+        ck.close()
+    theirs = {k.removeprefix("model."): v for k, v in record["tensors"].items()}
+    assert ours == theirs, sorted(set(ours) ^ set(theirs))
+    assert {k.removeprefix("model.") for k in record["extra_states"]} <= extra
+    assert "output_layer._extra_state" in extra
+
+
+def test_megatron_bridge_directory_as_the_bridge_writes_a_dense_pattern(tmp_path, models) -> None:
+    """``NemotronHBridge`` sets sigmoid routing, the expert bias, ``mtp_num_layers: 0`` and
+    grouped GEMM whatever the pattern: without experts there is no router, and the dense
+    model reads the same; the older spelling ``hybrid_override_pattern`` too."""
+    src = models["nemotron_h_8b"]
+    out = str(tmp_path / "mb")
+    api.import_hf(src, out, to="megatron-bridge")
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    path, doc = _run_config(out)
+    model = {**doc["model"], "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+             "moe_router_dtype": "fp32", "mtp_num_layers": 0, "moe_grouped_gemm": True,
+             "hybrid_override_pattern": doc["model"]["hybrid_layer_pattern"]}
+    del model["hybrid_layer_pattern"], model["num_layers"]  # HybridModelProvider counts the pattern
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump({"model": model}, f)
+    bare = str(tmp_path / "bare")
+    assert api.inspect_checkpoint(out)["family"] == "nemotron_h"
+    api.export_hf(out, bare)
+    assert torch.equal(logits(bare), logits(src))
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hybrid_layer_pattern": "M-*M-M/*"}, "hybrid_layer_pattern='M-*M-M/*' has '/'"),
+    ({"hybrid_override_pattern": "M-*M-M"}, "hybrid_layer_pattern and hybrid_override_pattern are both set"),
+    ({"hybrid_layer_pattern": None}, "a hybrid provider without hybrid_layer_pattern"),
+    ({"hybrid_attention_ratio": 0.5}, "hybrid_attention_ratio=0.5 changes the model's math"),
+    ({"mtp_num_layers": 1}, "mtp_num_layers=1"),
+    ({"mtp_hybrid_override_pattern": "*E"}, "mtp_hybrid_override_pattern='*E'"),
+    ({"num_layers": 5}, "num_layers=5 but hybrid_layer_pattern has 6 layers"),
+    ({"position_embedding_type": "learned_absolute"}, "position_embedding_type='learned_absolute'"),
+    ({"moe_latent_size": 16}, "moe_latent_size=16"),
+])
+def test_megatron_bridge_directory_refusals_by_name(tmp_path, models, change, words) -> None:
+    """A hybrid section the NeMo config cannot carry is refused by name when read."""
+    out = str(tmp_path / "mb")
+    api.import_hf(models["nemotron_3_nano"], out, to="megatron-bridge")
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    path, doc = _run_config(out)
+    model = {k: v for k, v in {**doc["model"], **change}.items() if v is not None}
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump({"model": model}, f)
+    with pytest.raises(UnsupportedError) as ei:
+        api.inspect_checkpoint(out)
+    assert words in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+
+
+def test_megatron_bridge_hybrid_provider_needs_a_declaring_family(tmp_path, models, monkeypatch) -> None:
+    """Without a family that declares ``HybridModelProvider``, neither side guesses: writing
+    is refused by the family's name, reading by the class's."""
+    from nemo_convert.formats.megatron.providers import ProviderTable
+    from nemo_convert.plugins.manager import Registry
+
+    out = str(tmp_path / "mb")
+    api.import_hf(models["nemotron_h_8b"], out, to="megatron-bridge")
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    declared = Registry.providers
+    monkeypatch.setattr(Registry, "providers", lambda self: ProviderTable(
+        {k: v for k, v in declared(self).families.items() if k != "nemotron_h"}))
+    with pytest.raises(UnsupportedError, match="HybridModelProvider is declared by no installed family"):
+        api.inspect_checkpoint(out)
+    with pytest.raises(UnsupportedError, match="'nemotron_h' has no confirmed Megatron-Bridge model provider"):
+        api.import_hf(models["nemotron_h_8b"], str(tmp_path / "again"), to="megatron-bridge")
 
 
 @pytest.mark.slow  # several conversions and transformers runs

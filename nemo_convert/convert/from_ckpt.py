@@ -280,7 +280,8 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
             stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
                                           par=Parallelism(tp, pp, stage_layers), overwrite=overwrite,
                                           progress=progress, tokenizer=_tokenizer_files(data_of),
-                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes)
+                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes,
+                                          unstacked=fam.nemo.dist_unstacked, extra_states=fam.nemo.dist_extra_states)
             layout = TARGET
         else:
             stats = write_nemo(out, cfg, plan, source, layout=layout, kinds=kinds,

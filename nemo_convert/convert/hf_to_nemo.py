@@ -236,7 +236,8 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
             stats = write_megatron_bridge(out, cfg, plan, ckpt.source, family=fam.name, kinds=kinds,
                                           par=parallel or Parallelism(), overwrite=overwrite, progress=progress,
                                           tokenizer={n: _read(p) for n, p in ckpt.extra_files.items()},
-                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes)
+                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes,
+                                          unstacked=fam.nemo.dist_unstacked, extra_states=fam.nemo.dist_extra_states)
             layout = TARGET
         else:
             warnings += restore_warnings(cfg)

@@ -96,7 +96,8 @@ def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int
             stats = write_megatron_bridge(out, cfg, plan, source, family=fam.name, kinds=kinds,
                                           par=Parallelism(tp, pp, stage_layers, ep), overwrite=overwrite,
                                           progress=progress, tokenizer=tokenizer_files(ckpt),
-                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes)
+                                          strategies=reg.strategies(), providers=reg.providers(), notes=notes,
+                                          unstacked=fam.nemo.dist_unstacked, extra_states=fam.nemo.dist_extra_states)
             layout = TARGET
         else:
             artifacts = carried_artifacts(ckpt, cfg)

@@ -30,7 +30,7 @@ from nemo_convert.families.gpt import (GPTFeatures, MoEBlock, attention_rules, c
                                        moe_mlp_rules, table_translation)
 from nemo_convert.mapping.rules import Mapping, Parallel, Rename, Rule, Sections, Tied
 from nemo_convert.plugins.records import HFSide, ModelFamily, NemoTarget
-from nemo_convert.spec import layer_symbols, spec_of
+from nemo_convert.spec import layer_symbols, mamba_dims, spec_of
 
 #: The NeMo field holding the per-layer pattern (NeMo 1's ``MegatronMambaModel``,
 #: ``megatron_mamba_model.py`` line 59; NeMo 2's ``SSMConfig``; Megatron-Core's
@@ -52,20 +52,6 @@ def pattern_of(cfg: dict[str, Any]) -> list[str]:
     """The NeMo config's per-layer pattern, one symbol per layer (checked against
     ``num_layers`` and Megatron-Core's symbols)."""
     return layer_symbols(cfg.get(PATTERN), spec_of(cfg).geometry.layers)
-
-
-def mamba_dims(cfg: dict[str, Any]) -> tuple[int, int, int, int]:
-    """The mixer's (heads, head size, groups, state size) from a NeMo config, with
-    Megatron-Core 0.16.1's defaults for what the config leaves out
-    (``TransformerConfig``: ``mamba_state_dim`` 128, ``mamba_head_dim`` 64,
-    ``mamba_num_groups`` 8, ``mamba_num_heads`` None = ``expand × hidden / head size`` with the
-    mixer's ``expand=2``: ``transformer_config.py`` lines 846–857, ``mamba_mixer.py`` lines
-    151, 187, 233–239). NeMo 1's own config spells the groups ``mamba_ssm_ngroups``
-    (``megatron_mamba_config.yaml``)."""
-    head_dim = int(cfg.get("mamba_head_dim") or 64)
-    heads = int(cfg.get("mamba_num_heads") or 2 * int(cfg["hidden_size"]) // head_dim)
-    groups = int(cfg.get("mamba_num_groups") or cfg.get("mamba_ssm_ngroups") or 8)
-    return heads, head_dim, groups, int(cfg.get("mamba_state_dim") or 128)
 
 
 @dataclass(frozen=True)
