@@ -81,6 +81,13 @@ layers windowed at lines 125-129, the post-norms at lines 438-463. Where such a 
 for a field is not null (window ``(4095, 0)``, caps 50 / 30), a model without it is written
 with an explicit null.
 
+A hybrid stack (:attr:`ProviderFamily.hybrid`: Megatron-Bridge's ``HybridModelProvider``,
+``hybrid/hybrid_provider.py`` at ``067f987d``) carries the per-layer pattern as
+``hybrid_layer_pattern`` (the NeMo config's ``hybrid_override_pattern``), the Mamba sizes under
+``TransformerConfig``'s names and ``is_hybrid_model``; it has no position embedding
+(``position_embedding_type: none``) and, without ``E`` layers, no router (whatever router fields
+the bridge writes). Read back, the NeMo class is what the family declares (``nemo``).
+
 Which provider a family writes is the family's own declaration (``ModelFamily.megatron_bridge``,
 a :class:`~nemo_convert.formats.megatron.providers.ProviderFamily`, collected by the registry
 into a :class:`~nemo_convert.formats.megatron.providers.ProviderTable` that every function here
