@@ -403,6 +403,9 @@ def test_nemo_to_megatron_bridge_directory_and_back_to_nemo(tmp_path, models) ->
     ({"num_layers": 5}, "num_layers=5 but hybrid_layer_pattern has 6 layers"),
     ({"position_embedding_type": "learned_absolute"}, "position_embedding_type='learned_absolute'"),
     ({"moe_latent_size": 16}, "moe_latent_size=16"),
+    ({"fp32_residual_connection": True}, "fp32_residual_connection=True"),
+    ({"activation_func": "torch.nn.functional.gelu"}, "activation_func='gelu', but HybridModelProvider is read only"),
+    ({"add_bias_linear": True}, "add_bias_linear=True, but HybridModelProvider"),
 ])
 def test_megatron_bridge_directory_refusals_by_name(tmp_path, models, change, words) -> None:
     """A hybrid section the NeMo config cannot carry is refused by name when read."""

@@ -282,9 +282,11 @@ MAMBA_FIELDS = ("mamba_num_heads", "mamba_head_dim", "mamba_num_groups", "mamba_
 #: Megatron-Core's layer symbols (``ssm/mamba_hybrid_layer_allocation.py`` lines 25-32).
 HYBRID_SYMBOLS = "M*-E"
 #: What a hybrid provider may set that the NeMo config does not carry: the allocation by
-#: ratios (used only without a pattern) and the multi-token-prediction block's pattern.
+#: ratios (used only without a pattern), the multi-token-prediction block's pattern and
+#: residuals kept in fp32 (``NemotronHBridge`` maps HF's ``residual_in_fp32`` to it, line 263;
+#: ``MambaModel`` here adds them in the model's dtype, as the family's HF configs say).
 HYBRID_NEUTRAL: dict[str, Any] = {"hybrid_attention_ratio": 0.0, "hybrid_mlp_ratio": 0.0,
-                                  "mtp_hybrid_override_pattern": None}
+                                  "mtp_hybrid_override_pattern": None, "fp32_residual_connection": False}
 
 
 def _hybrid_provider(s: ModelSpec, cfg: dict[str, Any]) -> dict[str, Any]:
