@@ -487,13 +487,36 @@ def test_a_native_config_comes_back_to_nemotron_h(name: str) -> None:
     assert get_registry().family_for_nemo_config(cfg).name == "nemotron_h"
 
 
+@pytest.mark.parametrize("change, words", [
+    ({"activation": "gelu"}, "activation='gelu': the family's HF class computes 'squared-relu'"),
+    ({"normalization": "layernorm"}, "normalization='layernorm'"),
+    ({"gated_linear_unit": True}, "gated_linear_unit=True"),
+    ({"add_bias_linear": True}, "add_bias_linear=True"),
+])
+def test_a_nemo_config_the_hf_class_does_not_compute_is_refused(change: dict, words: str) -> None:
+    """A ``MegatronMambaModel`` config with another MLP function, norm, gating or linear biases
+    (what ``MegatronMambaModel`` passes to Megatron-Core) is not Nemotron-H's model: refused by
+    name, with or without our record; ``bias`` and ``position_embedding_type`` are overridden by
+    ``MegatronMambaModel`` itself and change nothing."""
+    cfg = family().config_to_nemo(published("nemotron_3_nano"))
+    assert family().refuses_nemo_config(cfg) is None
+    assert family().refuses_nemo_config({**cfg, "bias": True, "position_embedding_type": "rope"}) is None
+    for c in (cfg, {k: v for k, v in cfg.items() if k != "nemo_convert"}):
+        reason = family().refuses_nemo_config({**c, **change})
+        assert reason is not None and words in reason, reason
+    if "normalization" not in change:  # a Mamba-only stack has no MLP, no attention: nothing to differ
+        mamba_only = {**cfg, "hybrid_override_pattern": "M" * cfg["num_layers"], **change}
+        assert family().refuses_nemo_config(mamba_only) is None
+
+
 def test_a_nemo_config_without_the_mixer_sizes_means_megatron_cores_defaults() -> None:
     """NeMo 1's own Mamba config (``megatron_mamba_config.yaml``) gives ``mamba_ssm_ngroups``
     and no head counts: Megatron-Core then runs ``expand × hidden / 64`` heads of 64 with a
     state of 128; the mapping's sections follow."""
     from nemo_convert.families.hybrid import mamba_dims, mamba_sections
 
-    cfg = {"hidden_size": 4096, "mamba_ssm_ngroups": 8, "num_layers": 3, "hybrid_override_pattern": "M*-"}
+    cfg = {"hidden_size": 4096, "mamba_ssm_ngroups": 8, "num_layers": 3, "hybrid_override_pattern": "M*-",
+           "normalization": "RMSNorm"}  # megatron_mamba_config.yaml line 72 (without it NeMo runs LayerNorm)
     assert mamba_dims(cfg) == (128, 64, 8, 128)
     in_proj, conv = mamba_sections(cfg)
     assert in_proj.sizes == (8192, 8192, 1024, 1024, 128) and conv.sizes == (8192, 1024, 1024)
