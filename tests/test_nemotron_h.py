@@ -289,6 +289,32 @@ PROVIDER_FIELDS = {
 }
 
 
+@pytest.mark.parametrize("name", ["nemotron_h_8b", "nemotron_3_nano"])
+def test_published_configs_through_the_provider(name: str) -> None:
+    """The published configs (full size) → NeMo → ``HybridModelProvider`` → NeMo (no record):
+    the provider holds their pattern and sizes, the read-back config is Nemotron-H's again and
+    synthesises every key the published config.json has the same (what it leaves out is the
+    class's default or harmless)."""
+    import torch
+
+    from nemo_convert.formats.megatron.megatron_config import nemo_to_provider, provider_to_nemo
+
+    hf = published(name)
+    providers = get_registry().providers()
+    model = nemo_to_provider(family().config_to_nemo(hf), "nemotron_h", providers=providers,
+                             vocab_size=hf["vocab_size"], params_dtype=torch.bfloat16)
+    assert (model["hybrid_layer_pattern"], model["num_layers"], model["mamba_num_heads"], model["mamba_head_dim"],
+            model["mamba_num_groups"], model["mamba_state_dim"], model["kv_channels"]) == (
+        hf["hybrid_override_pattern"], hf["num_hidden_layers"], hf["mamba_num_heads"], hf["mamba_head_dim"],
+        hf["n_groups"], hf["ssm_state_size"], 128)
+    back = provider_to_nemo(model, "run_config.yaml", providers)
+    back["nemo_convert"] = {"vocab_size": hf["vocab_size"]}
+    assert get_registry().family_for_nemo_config(back).name == "nemotron_h"
+    again = family().config_to_hf(back)
+    assert {k: v for k, v in again.items() if k in hf} == {k: hf[k] for k in again if k in hf}
+    assert again["head_dim"] == hf.get("head_dim", hf.get("attention_head_dim"))
+
+
 def _run_config(out: str) -> tuple[str, dict]:
     path = os.path.join(out, "iter_0000000", "run_config.yaml")
     with open(path, encoding="utf-8") as f:
