@@ -295,8 +295,6 @@ def test_published_configs_through_the_provider(name: str) -> None:
     the provider holds their pattern and sizes, the read-back config is Nemotron-H's again and
     synthesises every key the published config.json has the same (what it leaves out is the
     class's default or harmless)."""
-    import torch
-
     from nemo_convert.formats.megatron.megatron_config import nemo_to_provider, provider_to_nemo
 
     hf = published(name)
