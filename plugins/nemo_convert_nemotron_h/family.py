@@ -173,10 +173,13 @@ NEMOTRON_H_MOE = MoEBlock(block="mixer", router="gate", experts="experts.{e}", u
 #: and its training knobs (lines 310-318), whatever the pattern. The provider's defaults are
 #: RMSNorm, no gated unit, no linear bias (``hybrid_provider.py`` lines 116-152). Its layer names
 #: (lines 404-435: ``decoder.layers.{i}.mixer.*``, ``decoder.final_norm``) are our dist keys,
-#: every layer unstacked as in our ``.nemo``. The experts are written as ``SequentialMLP`` keys
-#: (``moe_grouped_gemm: false``), as our ``.nemo`` has them: the bridge's own default is
-#: ``true`` (``GroupedMLP``'s ``weight<e>``, lines 430-433), which Megatron-Core reads from
-#: other keys. Read back, the class is ``MegatronMambaModel``.
+#: every layer unstacked as in our ``.nemo``. The experts are written with
+#: ``moe_grouped_gemm: false``, the ``SequentialMLP`` whose keys and per-expert ``_extra_state``
+#: our ``.nemo`` holds and Megatron-Core loads (tests/test_nemotron_h_megatron.py); the bridge
+#: sets ``true`` (line 315). ``TEGroupedMLP``'s tensor keys are interchangeable with
+#: ``SequentialMLP``'s (Megatron-Core 0.16.1 ``transformer/moe/experts.py`` line 773); whether its
+#: ``_extra_state`` items load from ours is not checked here. Read back, the class is
+#: ``MegatronMambaModel``.
 MEGATRON_BRIDGE = ProviderFamily(
     HYBRID_PROVIDER, NO_LINEAR_BIAS + (
         ("normalization", "RMSNorm"), ("gated_linear_unit", False), ("position_embedding_type", "none"),
