@@ -428,6 +428,8 @@ def test_nemo_to_megatron_bridge_directory_and_back_to_nemo(tmp_path, models) ->
     ({"position_embedding_type": "learned_absolute"}, "position_embedding_type='learned_absolute'"),
     ({"moe_latent_size": 16}, "moe_latent_size=16"),
     ({"fp32_residual_connection": True}, "fp32_residual_connection=True"),
+    ({"num_moe_experts": None}, "hybrid_layer_pattern='MEM*EM' with num_moe_experts=None: E layers and experts"),
+    ({"hybrid_layer_pattern": "MMM*MM"}, "hybrid_layer_pattern='MMM*MM' with num_moe_experts=4"),
     ({"activation_func": "torch.nn.functional.gelu"}, "activation_func='gelu', but HybridModelProvider is read only"),
     ({"add_bias_linear": True}, "add_bias_linear=True, but HybridModelProvider"),
 ])

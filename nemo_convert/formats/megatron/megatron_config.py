@@ -321,6 +321,9 @@ def _hybrid_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> Non
     if int(cfg["num_layers"]) != len(pattern):
         raise UnsupportedError(f"{where}: num_layers={cfg['num_layers']} but hybrid_layer_pattern has {len(pattern)} "
                                "layers")
+    if ("E" in pattern) != bool(cfg.get("num_moe_experts")):
+        raise UnsupportedError(f"{where}: hybrid_layer_pattern={pattern!r} with num_moe_experts="
+                               f"{cfg.get('num_moe_experts')!r}: E layers and experts come together")
     if int(values.get("mtp_num_layers") or 0) or cfg.get("mtp_num_layers"):
         raise UnsupportedError(f"{where}: mtp_num_layers={values.get('mtp_num_layers')!r}: Megatron-Core 0.16.1's "
                                "MambaModel has no multi-token-prediction block")
