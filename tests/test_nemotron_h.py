@@ -17,7 +17,7 @@ import torch
 import yaml
 from test_family_matrix import IDS, assert_same, logits
 from tiny_hybrid import CONFIGS, MCORE_KEYS, make_nemotron_h, published
-from tiny_models import read_json
+from tiny_models import hf_tensors, read_json
 
 from nemo_convert import api
 from nemo_convert.errors import ConfigError, UnsupportedError
@@ -84,12 +84,26 @@ def test_published_configs_translate_every_key() -> None:
     ("nemotron_3_nano", dict(num_nextn_predict_layers=1), "num_nextn_predict_layers=1"),
     ("nemotron_3_nano", dict(norm_topk_prob=False), "norm_topk_prob=False with num_experts_per_tok=6"),
     ("nemotron_3_nano", dict(sliding_window=4096), "sliding_window=4096"),
+    ("nemotron_3_nano", {"n_group": 8, "topk_group": 1}, "num_experts_per_tok=6 with topk_group=1: the HF class scores"),
     ("nemotron_3_nano", dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling="),
 ])
 def test_what_megatron_core_does_not_compute_is_refused_by_name(name: str, change: dict, words: str) -> None:
     with pytest.raises((ConfigError, UnsupportedError)) as ei:
         family().config_to_nemo({**published(name), **change})
     assert words in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+
+
+def test_expert_groups_translate_only_where_both_sides_score_them_alike() -> None:
+    """``NemotronHTopkRouter`` scores a group by the sum of its two best experts, Megatron-Core
+    by its best ``topk // group_topk``: 6 experts from 3 of 8 groups (2 each) translate, both
+    ways; 6 from 1 group (Megatron-Core would sum 6) is refused by name, both ways."""
+    cfg = family().config_to_nemo({**published("nemotron_3_nano"), "n_group": 8, "topk_group": 3})
+    assert (cfg["moe_router_num_groups"], cfg["moe_router_group_topk"]) == (8, 3)
+    cfg.pop("nemo_convert", None)
+    hf = family().config_to_hf({**cfg, "nemo_convert": {"vocab_size": 131072}})
+    assert (hf["n_group"], hf["topk_group"], hf["num_experts_per_tok"]) == (8, 3, 6)
+    with pytest.raises(UnsupportedError, match="moe_router_topk=6 with moe_router_group_topk=1: the HF class"):
+        family().config_to_hf({**cfg, "moe_router_group_topk": 1, "nemo_convert": {"vocab_size": 131072}})
 
 
 def test_harmless_keys_are_init_or_inference_only() -> None:
@@ -257,13 +271,198 @@ def test_tp_that_splits_a_group_is_refused_before_writing(tmp_path, models) -> N
     assert not os.path.exists(out)
 
 
-def test_megatron_bridge_target_is_refused_by_name(tmp_path, models) -> None:  # noqa: ANN001
-    """The hybrid family says why it has no Megatron-Bridge directory (docs/families/nemotron_h.md)."""
+#: What the directory's ``model:`` section says of each tiny model (the published configs'
+#: kinds: the dense 8B's pattern without experts, Nemotron-3 Nano's with its E layers).
+PROVIDER_FIELDS = {
+    "nemotron_h_8b": {"_target_": "megatron.bridge.models.hybrid.hybrid_provider.HybridModelProvider",
+                      "hybrid_layer_pattern": "M-*M-M", "num_layers": 6, "mamba_num_heads": 8, "mamba_head_dim": 8,
+                      "mamba_num_groups": 2, "mamba_state_dim": 16, "is_hybrid_model": True,
+                      "position_embedding_type": "none", "normalization": "RMSNorm", "gated_linear_unit": False,
+                      "add_bias_linear": False,
+                      "activation_func": {"_target_": "megatron.core.activations.squared_relu", "_call_": False},
+                      "num_moe_experts": None},
+    "nemotron_3_nano": {"hybrid_layer_pattern": "MEM*EM", "num_moe_experts": 4, "moe_router_topk": 2,
+                        "moe_ffn_hidden_size": 32, "moe_shared_expert_intermediate_size": 48,
+                        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                        "moe_router_topk_scaling_factor": 2.5, "moe_shared_expert_gate": False,
+                        "moe_grouped_gemm": False, "moe_layer_freq": None, "position_embedding_type": "none"},
+}
+
+
+@pytest.mark.parametrize("name", ["nemotron_h_8b", "nemotron_3_nano"])
+def test_published_configs_through_the_provider(name: str) -> None:
+    """The published configs (full size) → NeMo → ``HybridModelProvider`` → NeMo (no record):
+    the provider holds their pattern and sizes, the read-back config is Nemotron-H's again and
+    synthesises every key the published config.json has the same (what it leaves out is the
+    class's default or harmless)."""
+    from nemo_convert.formats.megatron.megatron_config import nemo_to_provider, provider_to_nemo
+
+    hf = published(name)
+    providers = get_registry().providers()
+    model = nemo_to_provider(family().config_to_nemo(hf), "nemotron_h", providers=providers,
+                             vocab_size=hf["vocab_size"], params_dtype=torch.bfloat16)
+    assert (model["hybrid_layer_pattern"], model["num_layers"], model["mamba_num_heads"], model["mamba_head_dim"],
+            model["mamba_num_groups"], model["mamba_state_dim"], model["kv_channels"]) == (
+        hf["hybrid_override_pattern"], hf["num_hidden_layers"], hf["mamba_num_heads"], hf["mamba_head_dim"],
+        hf["n_groups"], hf["ssm_state_size"], 128)
+    back = provider_to_nemo(model, "run_config.yaml", providers)
+    back["nemo_convert"] = {"vocab_size": hf["vocab_size"]}
+    assert get_registry().family_for_nemo_config(back).name == "nemotron_h"
+    again = family().config_to_hf(back)
+    assert {k: v for k, v in again.items() if k in hf} == {k: hf[k] for k in again if k in hf}
+    assert again["head_dim"] == hf.get("head_dim", hf.get("attention_head_dim"))
+
+
+def _run_config(out: str) -> tuple[str, dict]:
+    path = os.path.join(out, "iter_0000000", "run_config.yaml")
+    with open(path, encoding="utf-8") as f:
+        return path, yaml.safe_load(f)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_megatron_bridge_directory_and_back(tmp_path, models, name) -> None:
+    """HF → Megatron-Bridge directory (``HybridModelProvider``, as ``NemotronHBridge`` builds
+    it) → export: the source's tensors bit for bit and transformers' logits; then the same
+    directory without our record (as Megatron-Bridge writes it): the family from the provider
+    alone, the same tensors, logits and layer pattern."""
+    src = models[name]
     out = str(tmp_path / "mb")
-    with pytest.raises(UnsupportedError, match="'nemotron_h' cannot be written with --to megatron-bridge: "
-                                               "Megatron-Bridge's NemotronHBridge writes a HybridModelProvider"):
-        api.import_hf(models["nemotron_h_8b"], out, to="megatron-bridge")
-    assert not os.path.exists(out)
+    api.import_hf(src, out, to="megatron-bridge")
+    model = _run_config(out)[1]["model"]
+    assert {k: model.get(k) for k in PROVIDER_FIELDS[name]} == PROVIDER_FIELDS[name]
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    assert_same(src, back)
+    ref = logits(src)
+    assert torch.equal(logits(back), ref)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    assert api.inspect_checkpoint(out)["family"] == "nemotron_h"
+    bare = str(tmp_path / "bare")
+    api.export_hf(out, bare)
+    a, b = hf_tensors(src), hf_tensors(bare)
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert read_json(os.path.join(bare, "config.json"))["hybrid_override_pattern"] == model["hybrid_layer_pattern"]
+    assert torch.equal(logits(bare), ref)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_megatron_bridge_directory_holds_megatron_cores_keys(tmp_path, models, name) -> None:
+    """The directory's tensor keys and global shapes are Megatron-Core 0.16.1's
+    ``MambaModel.sharded_state_dict()`` (the record the slow Megatron-Core test takes) without
+    the ``.nemo``'s ``model.`` prefix: every layer unstacked, the mixer's section keys, and
+    the output layer's ``_extra_state``, as in our ``.nemo``."""
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+
+    with open(MCORE_KEYS.format(name=name), encoding="utf-8") as f:
+        record = json.load(f)
+    out = str(tmp_path / "mb")
+    api.import_hf(models[name], out, to="megatron-bridge")
+    ck = DistCheckpointSource.from_dir(os.path.join(out, "iter_0000000"))
+    try:
+        ours = {k: list(ck._raw[k][0]) for k in ck.raw_keys()}
+        extra = {k.split("/shard_")[0] for k in ck.extra_state_keys}
+    finally:
+        ck.close()
+    theirs = {k.removeprefix("model."): v for k, v in record["tensors"].items()}
+    assert ours == theirs, sorted(set(ours) ^ set(theirs))
+    assert {k.removeprefix("model.") for k in record["extra_states"]} <= extra
+    assert "output_layer._extra_state" in extra
+
+
+def test_megatron_bridge_directory_as_the_bridge_writes_a_dense_pattern(tmp_path, models) -> None:
+    """``NemotronHBridge`` sets sigmoid routing, the expert bias, ``mtp_num_layers: 0`` and
+    grouped GEMM whatever the pattern: without experts there is no router, and the dense
+    model reads the same; the older spelling ``hybrid_override_pattern`` too."""
+    src = models["nemotron_h_8b"]
+    out = str(tmp_path / "mb")
+    api.import_hf(src, out, to="megatron-bridge")
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    path, doc = _run_config(out)
+    model = {**doc["model"], "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+             "moe_router_dtype": "fp32", "mtp_num_layers": 0, "moe_grouped_gemm": True,
+             "hybrid_override_pattern": doc["model"]["hybrid_layer_pattern"]}
+    del model["hybrid_layer_pattern"], model["num_layers"]  # HybridModelProvider counts the pattern
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump({"model": model}, f)
+    bare = str(tmp_path / "bare")
+    assert api.inspect_checkpoint(out)["family"] == "nemotron_h"
+    api.export_hf(out, bare)
+    assert torch.equal(logits(bare), logits(src))
+
+
+@pytest.mark.slow  # several conversions and transformers runs
+def test_nemo_to_megatron_bridge_directory_and_back_to_nemo(tmp_path, models) -> None:
+    """A ``.nemo`` (TP2 rank files) resharded to a Megatron-Bridge directory holds the same
+    keys as one written from HF; the directory resharded to a dist ``.nemo`` exports the
+    source bit for bit."""
+    src = models["nemotron_3_nano"]
+    nemo, direct, mb = str(tmp_path / "m.nemo"), str(tmp_path / "direct"), str(tmp_path / "mb")
+    api.import_hf(src, nemo, layout="legacy", parallel=api.Parallelism(tp=2))
+    api.import_hf(src, direct, to="megatron-bridge")
+    api.reshard(nemo, mb, to="megatron-bridge")
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+
+    keys = []
+    for d in (direct, mb):
+        ck = DistCheckpointSource.from_dir(os.path.join(d, "iter_0000000"))
+        try:
+            keys.append(({k: ck._raw[k][0] for k in ck.raw_keys()}, set(ck.extra_state_keys)))
+        finally:
+            ck.close()
+    assert keys[0] == keys[1]
+    again, back = str(tmp_path / "again.nemo"), str(tmp_path / "back")
+    api.reshard(mb, again, layout="dist")
+    api.export_hf(again, back)
+    assert_same(src, back)
+    assert torch.equal(logits(back), logits(src))
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hybrid_layer_pattern": "M-*M-M/*"}, "hybrid_layer_pattern='M-*M-M/*' has '/'"),
+    ({"hybrid_override_pattern": "M-*M-M"}, "hybrid_layer_pattern and hybrid_override_pattern are both set"),
+    ({"hybrid_layer_pattern": None}, "a hybrid provider without hybrid_layer_pattern"),
+    ({"hybrid_attention_ratio": 0.5}, "hybrid_attention_ratio=0.5 changes the model's math"),
+    ({"mtp_num_layers": 1}, "mtp_num_layers=1"),
+    ({"mtp_hybrid_override_pattern": "*E"}, "mtp_hybrid_override_pattern='*E'"),
+    ({"num_layers": 5}, "num_layers=5 but hybrid_layer_pattern has 6 layers"),
+    ({"position_embedding_type": "learned_absolute"}, "position_embedding_type='learned_absolute'"),
+    ({"moe_latent_size": 16}, "moe_latent_size=16"),
+    ({"fp32_residual_connection": True}, "fp32_residual_connection=True"),
+    ({"num_moe_experts": None}, "hybrid_layer_pattern='MEM*EM' with num_moe_experts=None: E layers and experts"),
+    ({"hybrid_layer_pattern": "MMM*MM"}, "hybrid_layer_pattern='MMM*MM' with num_moe_experts=4"),
+    ({"activation_func": "torch.nn.functional.gelu"}, "activation_func='gelu', but HybridModelProvider is read only"),
+    ({"add_bias_linear": True}, "add_bias_linear=True, but HybridModelProvider"),
+])
+def test_megatron_bridge_directory_refusals_by_name(tmp_path, models, change, words) -> None:
+    """A hybrid section the NeMo config cannot carry is refused by name when read."""
+    out = str(tmp_path / "mb")
+    api.import_hf(models["nemotron_3_nano"], out, to="megatron-bridge")
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    path, doc = _run_config(out)
+    model = {k: v for k, v in {**doc["model"], **change}.items() if v is not None}
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump({"model": model}, f)
+    with pytest.raises(UnsupportedError) as ei:
+        api.inspect_checkpoint(out)
+    assert words in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+
+
+def test_megatron_bridge_hybrid_provider_needs_a_declaring_family(tmp_path, models, monkeypatch) -> None:
+    """Without a family that declares ``HybridModelProvider``, neither side guesses: writing
+    is refused by the family's name, reading by the class's."""
+    from nemo_convert.formats.megatron.providers import ProviderTable
+    from nemo_convert.plugins.manager import Registry
+
+    out = str(tmp_path / "mb")
+    api.import_hf(models["nemotron_h_8b"], out, to="megatron-bridge")
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    declared = Registry.providers
+    monkeypatch.setattr(Registry, "providers", lambda self: ProviderTable(
+        {k: v for k, v in declared(self).families.items() if k != "nemotron_h"}))
+    with pytest.raises(UnsupportedError, match="HybridModelProvider is declared by no installed family"):
+        api.inspect_checkpoint(out)
+    with pytest.raises(UnsupportedError, match="'nemotron_h' has no confirmed Megatron-Bridge model provider"):
+        api.import_hf(models["nemotron_h_8b"], str(tmp_path / "again"), to="megatron-bridge")
 
 
 @pytest.mark.slow  # several conversions and transformers runs
@@ -314,13 +513,36 @@ def test_a_native_config_comes_back_to_nemotron_h(name: str) -> None:
     assert get_registry().family_for_nemo_config(cfg).name == "nemotron_h"
 
 
+@pytest.mark.parametrize("change, words", [
+    ({"activation": "gelu"}, "activation='gelu': the family's HF class computes 'squared-relu'"),
+    ({"normalization": "layernorm"}, "normalization='layernorm'"),
+    ({"gated_linear_unit": True}, "gated_linear_unit=True"),
+    ({"add_bias_linear": True}, "add_bias_linear=True"),
+])
+def test_a_nemo_config_the_hf_class_does_not_compute_is_refused(change: dict, words: str) -> None:
+    """A ``MegatronMambaModel`` config with another MLP function, norm, gating or linear biases
+    (what ``MegatronMambaModel`` passes to Megatron-Core) is not Nemotron-H's model: refused by
+    name, with or without our record; ``bias`` and ``position_embedding_type`` are overridden by
+    ``MegatronMambaModel`` itself and change nothing."""
+    cfg = family().config_to_nemo(published("nemotron_3_nano"))
+    assert family().refuses_nemo_config(cfg) is None
+    assert family().refuses_nemo_config({**cfg, "bias": True, "position_embedding_type": "rope"}) is None
+    for c in (cfg, {k: v for k, v in cfg.items() if k != "nemo_convert"}):
+        reason = family().refuses_nemo_config({**c, **change})
+        assert reason is not None and words in reason, reason
+    if "normalization" not in change:  # a Mamba-only stack has no MLP, no attention: nothing to differ
+        mamba_only = {**cfg, "hybrid_override_pattern": "M" * cfg["num_layers"], **change}
+        assert family().refuses_nemo_config(mamba_only) is None
+
+
 def test_a_nemo_config_without_the_mixer_sizes_means_megatron_cores_defaults() -> None:
     """NeMo 1's own Mamba config (``megatron_mamba_config.yaml``) gives ``mamba_ssm_ngroups``
     and no head counts: Megatron-Core then runs ``expand × hidden / 64`` heads of 64 with a
     state of 128; the mapping's sections follow."""
     from nemo_convert.families.hybrid import mamba_dims, mamba_sections
 
-    cfg = {"hidden_size": 4096, "mamba_ssm_ngroups": 8, "num_layers": 3, "hybrid_override_pattern": "M*-"}
+    cfg = {"hidden_size": 4096, "mamba_ssm_ngroups": 8, "num_layers": 3, "hybrid_override_pattern": "M*-",
+           "normalization": "RMSNorm"}  # megatron_mamba_config.yaml line 72 (without it NeMo runs LayerNorm)
     assert mamba_dims(cfg) == (128, 64, 8, 128)
     in_proj, conv = mamba_sections(cfg)
     assert in_proj.sizes == (8192, 8192, 1024, 1024, 128) and conv.sizes == (8192, 1024, 1024)

@@ -182,8 +182,9 @@ def _rank(rank: int, nemo: str, hf: str, root: str, tp: int, ep: int, save_to: s
                        hybrid_override_pattern=cfg["hybrid_override_pattern"],
                        share_embeddings_and_output_weights=cfg["share_embeddings_and_output_weights"],
                        parallel_output=False)
-    ckpt = os.path.join(nemo, "model_weights")
-    sharded = model.sharded_state_dict(prefix="model.")
+    bridge = os.environ.get("NEMOTRON_H_MCORE_BRIDGE_DIR")  # a Megatron-Bridge directory: its keys have no "model."
+    ckpt, pfx = (os.path.join(bridge, "iter_0000000"), "") if bridge else (os.path.join(nemo, "model_weights"), "model.")
+    sharded = model.sharded_state_dict(prefix=pfx)
 
     # 1. Megatron-Core's keys and global shapes are ours (the section keys from its own factory)
     theirs: dict[str, Any] = {}
@@ -197,8 +198,8 @@ def _rank(rank: int, nemo: str, hf: str, root: str, tp: int, ep: int, save_to: s
     # the record of Megatron-Core's keys and global shapes that the normal suite checks ours against
     # (tests/test_nemotron_h.py): global, so the same at every TP and EP
     want = torch.load(os.path.join(root, "want.pt"))
-    asked = mcore_keys_record(theirs)
-    if os.environ.get("NEMOTRON_H_WRITE_MCORE_KEYS"):
+    asked = mcore_keys_record({"model." + k[len(pfx):]: v for k, v in theirs.items()})
+    if os.environ.get("NEMOTRON_H_WRITE_MCORE_KEYS") and not bridge:
         if rank == 0:
             with open(MCORE_KEYS.format(name=want["name"]), "w", encoding="utf-8") as f:
                 json.dump(asked, f, indent=1, sort_keys=True)
@@ -210,9 +211,10 @@ def _rank(rank: int, nemo: str, hf: str, root: str, tp: int, ep: int, save_to: s
     assert not absent, sorted(absent)  # every tensor and extra state it asks for is there
     # TE's spec has core_attention extra states the local spec does not ask for
     assert all(k.endswith("core_attention._extra_state") for k in left_over), sorted(left_over)
-    model.load_state_dict({k[len("model."):]: v for k, v in loaded.items()}, strict=True)
+    # (a directory's common.pt — checkpoint_version, iteration — comes back beside the model's own keys)
+    model.load_state_dict({k[len(pfx):]: v for k, v in loaded.items() if k in sharded}, strict=True)
     model.eval()
-    print(f"MCORE TP={tp} EP={ep} rank {rank}: {len(tensors)} tensors and "
+    print(f"MCORE TP={tp} EP={ep} rank {rank}{' (Megatron-Bridge directory)' if bridge else ''}: {len(tensors)} tensors and "
           f"{sum(s is None for s in theirs.values())} extra states, Megatron-Core's keys and shapes", flush=True)
 
     # 2. every rank-local tensor is our split of the global one (the experts' EP axis aside)
@@ -282,7 +284,8 @@ def _worker(nemo: str, hf: str, root: str, tp: str, ep: str, save_to: str) -> No
         print("MCORE-PARITY OK")
 
 
-def _run(tmp_path: Any, name: str, tp: int = 1, ep: int = 1, save_to: str = "") -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Any, name: str, tp: int = 1, ep: int = 1, save_to: str = "",
+         bridge: bool = False) -> subprocess.CompletedProcess[str]:
     import torch
     from test_family_matrix import IDS, logits
     from tiny_hybrid import make_nemotron_h
@@ -296,6 +299,9 @@ def _run(tmp_path: Any, name: str, tp: int = 1, ep: int = 1, save_to: str = "") 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tests = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, tests, os.environ.get("PYTHONPATH", "")]))
+    if bridge:  # the same model written as a Megatron-Bridge directory (--to megatron-bridge): loaded from there
+        env["NEMOTRON_H_MCORE_BRIDGE_DIR"] = str(tmp_path / "mb")
+        api.import_hf(src, env["NEMOTRON_H_MCORE_BRIDGE_DIR"], to="megatron-bridge")
     return subprocess.run([sys.executable, os.path.abspath(__file__), nemo, src, str(tmp_path), str(tp), str(ep),
                            save_to], env=env, capture_output=True, text=True, timeout=900, check=False)
 
@@ -312,6 +318,15 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> None:
 def test_megatron_core_mamba_model_loads_our_checkpoint_with_hf_logits(tmp_path: Any, name: str, tp: int,
                                                                        ep: int) -> None:
     _ok(_run(tmp_path, name, tp, ep))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, tp", [("nemotron_h_8b", 1), ("nemotron_3_nano", 2)])
+def test_megatron_core_mamba_model_loads_our_megatron_bridge_directory(tmp_path: Any, name: str, tp: int) -> None:
+    """The Megatron-Bridge directory's ``iter_0000000/`` (keys without ``model.``) loads into
+    Megatron-Core 0.16.1's ``MambaModel`` (``sharded_state_dict(prefix="")``), strictly, with
+    transformers' logits; the negative control as above."""
+    _ok(_run(tmp_path, name, tp, bridge=True))
 
 
 @pytest.mark.slow

@@ -42,7 +42,8 @@ def write_megatron_bridge_target(job: OutputJob) -> RunStats:
     return write_megatron_bridge(job.out, job.cfg, job.plan, job.source, family=job.family.name, kinds=job.kinds,
                                  par=_parallelism(job), overwrite=job.overwrite, progress=job.progress,
                                  tokenizer=job.tokenizer(), strategies=job.strategies, providers=job.providers,
-                                 notes=job.notes)
+                                 notes=job.notes, unstacked=job.family.nemo.dist_unstacked,
+                                 extra_states=job.family.nemo.dist_extra_states)
 
 
 NEMO = OutputTarget("nemo", "nemo", write_nemo_target, frozenset({"layout", "packed", "workers"}),

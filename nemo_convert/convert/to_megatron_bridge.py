@@ -86,9 +86,14 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
                           kinds: dict[str, Kind], par: Parallelism = Parallelism(), overwrite: bool = False,
                           progress: Progress | None = None, tokenizer: dict[str, bytes] | None = None,
                           strategies: Strategies, providers: ProviderTable,
-                          notes: list[str] | None = None) -> RunStats:
+                          notes: list[str] | None = None, unstacked: tuple[str, ...] = (),
+                          extra_states: tuple[str, ...] = ()) -> RunStats:
     """Stage and write a complete Megatron-Bridge checkpoint directory at ``out``, with
     ``family``'s provider as it declares it (``providers``: the registry's).
+
+    ``unstacked`` / ``extra_states``: the family's ``NemoTarget.dist_unstacked`` /
+    ``dist_extra_states`` (a hybrid stack keys every layer by its index and keeps the output
+    layer's ``_extra_state``), as its ``.nemo`` dist checkpoint has them.
 
     Everything that can fail is checked first (the family's provider, the config fields,
     TP × PP against the geometry); the weights are then streamed one task at a time.
@@ -131,7 +136,8 @@ def write_megatron_bridge(out: str, cfg: dict[str, Any], plan: Plan, source: Ten
     try:
         with staged_output(out, overwrite=overwrite, is_dir=True, kind="megatron-bridge") as stage:
             sink = DirectorySink(stage)
-            writer = DistWeightsWriter(sink, plan.outputs(), prefix="", folder=it, sections=sectioned(kinds))
+            writer = DistWeightsWriter(sink, plan.outputs(), prefix="", folder=it, sections=sectioned(kinds),
+                                       unstacked=unstacked, extra_states=extra_states)
             try:
                 stats = run_plan(plan, source, writer.write, progress=progress, own_progress=False, lazy=True)
                 writer.add_extra_states()

@@ -475,11 +475,13 @@ DENSE_FIRST_KEYS = ("n_routed_experts", "moe_intermediate_size", "n_shared_exper
                     "n_group", "topk_group")
 
 
-def _top_two_groups(topk: int, keep: int, topk_name: str, keep_name: str) -> None:
-    """The HF classes of :func:`dense_first_experts` score a group by the sum of its two best
-    experts (transformers 5.24 ``modeling_deepseek_v3.py`` lines 137-141,
-    ``modeling_glm4_moe.py`` lines 287-291: ``.topk(2)``); Megatron-Core 0.16.1 by the sum of
-    its best ``topk // group_topk`` (``transformer/moe/moe_utils.py`` lines 552-555)."""
+def top_two_groups(topk: int, keep: int, topk_name: str, keep_name: str) -> None:
+    """Refuse group-limited routing that Megatron-Core scores otherwise than an HF class that
+    scores a group by the sum of its two best experts (transformers 5.24
+    ``modeling_deepseek_v3.py`` lines 137-141, ``modeling_glm4_moe.py`` lines 287-291,
+    ``modeling_nemotron_h.py`` lines 872-876: ``.topk(2)``); Megatron-Core 0.16.1 sums the
+    best ``topk // group_topk`` (``transformer/moe/moe_utils.py`` lines 552-555). Call it only
+    for more than one group (one group is every expert either way)."""
     if keep < 1 or topk // keep != 2:
         raise UnsupportedError(f"{topk_name}={topk} with {keep_name}={keep}: the HF class scores a group by the sum of "
                                f"its top 2 experts, Megatron-Core by the sum of its top {topk // max(keep, 1)} "
@@ -544,7 +546,7 @@ def dense_first_experts(defaults: Mapping[str, Any], *, groups: bool = True) -> 
         if groups:
             n, keep = get(hf, "n_group", 1), get(hf, "topk_group", 1)
             if n > 1:
-                _top_two_groups(get(hf, "num_experts_per_tok"), keep, "num_experts_per_tok", "topk_group")
+                top_two_groups(get(hf, "num_experts_per_tok"), keep, "num_experts_per_tok", "topk_group")
             out.update(moe_router_num_groups=n if n > 1 else None, moe_router_group_topk=keep if n > 1 else None)
         return out
 
@@ -564,7 +566,7 @@ def dense_first_experts(defaults: Mapping[str, Any], *, groups: bool = True) -> 
                "n_shared_experts": moe.shared_ffn // moe.ffn, "first_k_dense_replace": dense}
         if groups:
             if moe.groups > 1:
-                _top_two_groups(moe.topk, moe.group_topk or 1, "moe_router_topk", "moe_router_group_topk")
+                top_two_groups(moe.topk, moe.group_topk or 1, "moe_router_topk", "moe_router_group_topk")
             out.update(n_group=moe.groups, topk_group=moe.group_topk or 1)
         return out
 

@@ -30,7 +30,7 @@ from nemo_convert.families.gpt import (GPTFeatures, MoEBlock, attention_rules, c
                                        moe_mlp_rules, table_translation)
 from nemo_convert.mapping.rules import Mapping, Parallel, Rename, Rule, Sections, Tied
 from nemo_convert.plugins.records import HFSide, ModelFamily, NemoTarget
-from nemo_convert.spec import layer_symbols, spec_of
+from nemo_convert.spec import layer_symbols, mamba_dims, spec_of
 
 #: The NeMo field holding the per-layer pattern (NeMo 1's ``MegatronMambaModel``,
 #: ``megatron_mamba_model.py`` line 59; NeMo 2's ``SSMConfig``; Megatron-Core's
@@ -52,20 +52,6 @@ def pattern_of(cfg: dict[str, Any]) -> list[str]:
     """The NeMo config's per-layer pattern, one symbol per layer (checked against
     ``num_layers`` and Megatron-Core's symbols)."""
     return layer_symbols(cfg.get(PATTERN), spec_of(cfg).geometry.layers)
-
-
-def mamba_dims(cfg: dict[str, Any]) -> tuple[int, int, int, int]:
-    """The mixer's (heads, head size, groups, state size) from a NeMo config, with
-    Megatron-Core 0.16.1's defaults for what the config leaves out
-    (``TransformerConfig``: ``mamba_state_dim`` 128, ``mamba_head_dim`` 64,
-    ``mamba_num_groups`` 8, ``mamba_num_heads`` None = ``expand × hidden / head size`` with the
-    mixer's ``expand=2``: ``transformer_config.py`` lines 846–857, ``mamba_mixer.py`` lines
-    151, 187, 233–239). NeMo 1's own config spells the groups ``mamba_ssm_ngroups``
-    (``megatron_mamba_config.yaml``)."""
-    head_dim = int(cfg.get("mamba_head_dim") or 64)
-    heads = int(cfg.get("mamba_num_heads") or 2 * int(cfg["hidden_size"]) // head_dim)
-    groups = int(cfg.get("mamba_num_groups") or cfg.get("mamba_ssm_ngroups") or 8)
-    return heads, head_dim, groups, int(cfg.get("mamba_state_dim") or 128)
 
 
 @dataclass(frozen=True)
@@ -238,6 +224,36 @@ HYBRID_NEMO_CONSTANTS: dict[str, Any] = {**GPT_NEMO_CONSTANTS, "add_bias_linear"
                                          "position_embedding_type": "none"}
 
 
+#: The fields ``MegatronMambaModel`` passes to Megatron-Core itself, over what its GPT base
+#: derived, with its defaults (``model_provider_func``, ``megatron_mamba_model.py`` lines 62-64 at
+#: NeMo ``8cfedd7``): NeMo's ``bias`` and the activation's own gating are overridden by them.
+MAMBA_MODEL_OVERRIDES: dict[str, Any] = {"add_bias_linear": False, "gated_linear_unit": False}
+
+
+def constants_refusal(cfg: dict[str, Any], constants: dict[str, Any]) -> str | None:
+    """Why a NeMo config computes other than a hybrid family's constant fields (its table's
+    ``nemo_constants``: linear biases, gating, the MLP function, the norm), or None. (The
+    position embedding is not compared: ``MegatronMambaModel`` builds ``MambaModel`` without
+    one whatever ``position_embedding_type`` says, lines 66-73.) The linear biases count where
+    the pattern has attention, MLP or MoE layers, the MLP's function and gating where it has
+    MLP or MoE layers (a Mamba-only stack has neither)."""
+    kinds = set(pattern_of(cfg))
+    mlp = bool(kinds & {MLP, MOE})
+    for k, default in MAMBA_MODEL_OVERRIDES.items():
+        have = bool(cfg.get(k, default) or False)
+        counts = mlp if k == "gated_linear_unit" else bool(kinds - {MAMBA})
+        if counts and k in constants and have != bool(constants[k]):
+            return f"{k}={have}: the family's HF class computes {k}={bool(constants[k])}"
+    s = spec_of(cfg)
+    want = spec_of({**cfg, **{k: constants[k] for k in ("activation", "normalization") if k in constants}})
+    if mlp and s.mlp.activation != want.mlp.activation:
+        return (f"activation={cfg.get('activation')!r}: the family's HF class computes "
+                f"{constants.get('activation')!r}")
+    if s.norm.kind != want.norm.kind:
+        return f"normalization={cfg.get('normalization')!r}: the family's HF class computes {want.norm.kind!r}"
+    return None
+
+
 def hybrid_family(name: str, *, architecture: str, model_type: str, config: ConfigTable,
                   blocks: HybridBlocks = HybridBlocks(), names: HybridNames = HybridNames(),
                   description: str = "", **extra: Any) -> ModelFamily:
@@ -245,13 +261,16 @@ def hybrid_family(name: str, *, architecture: str, model_type: str, config: Conf
     HF names ``names``, translated by ``config`` (its rows and :data:`HYBRID_NEMO_CONSTANTS`).
     The NeMo side is ``MegatronMambaModel`` in the ``dist`` layout with every layer's keys
     unstacked (``MambaStack.sharded_state_dict``); export refuses a NeMo config the table's
-    :class:`~nemo_convert.families.config_table.NemoCheck` rows refuse. ``extra`` replaces
+    :class:`~nemo_convert.families.config_table.NemoCheck` rows refuse, or one whose biases,
+    gating, MLP function or norm are not the family's constants (:func:`constants_refusal`). ``extra`` replaces
     other :class:`ModelFamily` fields."""
     table = config.extend(hf_constants={"architectures": [architecture], "model_type": model_type})
     to_nemo, to_hf = table_translation(table, name)
 
+    constants = {**HYBRID_NEMO_CONSTANTS, **table.nemo_constants}
+
     def refuse(cfg: dict[str, Any]) -> str | None:
-        return table.refuse_nemo(cfg)
+        return constants_refusal(cfg, constants) or table.refuse_nemo(cfg)
 
     fields: dict[str, Any] = {
         "nemo": NemoTarget(NEMO_MAMBA_TARGET, default_layout="dist", dist_unstacked=(D,),

@@ -16,13 +16,13 @@ from nemo_convert.spec.compare import NOT_COMPARED, first_difference, signature
 from nemo_convert.spec.model import (LLAMA3_DEFAULTS, MLA, MLP, Attention, Block, Embedding, Geometry, Llama3Scaling,
                                      ModelSpec, MoE, Norm, Provenance, Rope, YarnScaling)
 from nemo_convert.spec.nemo import (MLA_PLAIN, UNMODELLED, geometry_of, head_dim, layer_pattern, layer_symbols, linear_biases, llama3_scaling,
-                                    megatron_window, provenance_of, query_groups, recorded_vocab, rope_of, section, sliding_window,
+                                    mamba_dims, megatron_window, provenance_of, query_groups, recorded_vocab, rope_of, section, sliding_window,
                                     spec_of, window_keys, window_pattern, yarn_scaling)
 from nemo_convert.spec.precision import dtype_name_of_flags, dtype_name_of_precision, precision_of_dtype_name
 
 __all__ = ["LLAMA3_DEFAULTS", "MLA", "MLA_PLAIN", "MLP", "NOT_COMPARED", "UNMODELLED", "Attention", "Block", "Embedding", "Geometry",
            "Llama3Scaling", "ModelSpec", "MoE", "Norm", "Provenance", "Rope", "YarnScaling", "describe_activation",
            "dtype_name_of_flags", "dtype_name_of_precision", "first_difference", "geometry_of", "head_dim", "layer_pattern",
-           "layer_symbols", "linear_biases", "llama3_scaling", "mcore_activation", "megatron_window", "nemo_activation", "precision_of_dtype_name",
+           "layer_symbols", "linear_biases", "llama3_scaling", "mamba_dims", "mcore_activation", "megatron_window", "nemo_activation", "precision_of_dtype_name",
            "provenance_of", "query_groups", "recorded_vocab", "rope_of", "section", "signature", "sliding_window", "spec_of",
            "window_keys", "window_pattern", "yarn_scaling"]

@@ -112,6 +112,20 @@ def layer_symbols(value: Any, layers: int) -> list[str]:
     return symbols
 
 
+def mamba_dims(cfg: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """A hybrid stack's Mamba-2 mixer sizes (heads, head size, groups, state size) from a NeMo
+    config, with Megatron-Core 0.16.1's defaults for what the config leaves out
+    (``TransformerConfig``: ``mamba_state_dim`` 128, ``mamba_head_dim`` 64,
+    ``mamba_num_groups`` 8, ``mamba_num_heads`` None = ``expand × hidden / head size`` with the
+    mixer's ``expand=2``: ``transformer_config.py`` lines 846–857, ``mamba_mixer.py`` lines
+    151, 187, 233–239). NeMo 1's own config spells the groups ``mamba_ssm_ngroups``
+    (``megatron_mamba_config.yaml``)."""
+    head_dim = int(cfg.get("mamba_head_dim") or 64)
+    heads = int(cfg.get("mamba_num_heads") or 2 * int(cfg["hidden_size"]) // head_dim)
+    groups = int(cfg.get("mamba_num_groups") or cfg.get("mamba_ssm_ngroups") or 8)
+    return heads, head_dim, groups, int(cfg.get("mamba_state_dim") or 128)
+
+
 def window_pattern(value: Any, layers: int) -> tuple[bool, ...] | None:
     """Megatron-Core's ``window_attn_skip_freq`` as one flag per layer (True: windowed): a
     list as given, an int N windowing layer ``n`` (1-based) unless ``n % N == 0``

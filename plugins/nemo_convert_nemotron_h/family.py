@@ -29,7 +29,12 @@ Refused by name: a mixer Megatron-Core builds otherwise (hybrid_config.mixer_che
 biases on attention or MLP, a sliding window, latent MoE projections
 (``moe_latent_size``: Nemotron-3 Super; Megatron-Core 0.16.1 has ``fc1_latent_proj``, not
 mapped here), multi-token-prediction layers (``num_nextn_predict_layers``: ``MambaModel``
-0.16.1 has no MTP block), and a routing normalisation Megatron-Core does not do.
+0.16.1 has no MTP block), a routing normalisation Megatron-Core does not do, and groups of
+experts scored otherwise: ``NemotronHTopkRouter`` (lines 872-876) scores each of ``n_group``
+groups by the sum of its two best experts, Megatron-Core 0.16.1 by its best
+``topk // group_topk`` (``transformer/moe/moe_utils.py`` lines 552-555), so more than one
+group with ``num_experts_per_tok // topk_group`` other than 2 is refused
+(:func:`~nemo_convert.families.top_two_groups`, shared with the DeepSeek-style families).
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.errors import UnsupportedError
-from nemo_convert.families import Check, Derived, Field, GPT_CONFIG, MoEBlock, activation
-from nemo_convert.families.hybrid import MOE, PATTERN, HybridBlocks, HYBRID_NEMO_CONSTANTS, hybrid_family
+from nemo_convert.families import (GPT_CONFIG, HYBRID_PROVIDER, NO_LINEAR_BIAS, SQUARED_RELU, Check, Derived, Field,
+                                   MoEBlock, ProviderFamily, activation, top_two_groups)
+from nemo_convert.families.hybrid import (HYBRID_NEMO_CONSTANTS, MOE, NEMO_MAMBA_TARGET, PATTERN, HybridBlocks,
+                                          hybrid_family)
 from nemo_convert.families.hybrid_config import HYBRID_PATTERN, MIXER_HARMLESS, MIXER_ROWS, _pattern_from_hf
 from nemo_convert.spec import spec_of
 
@@ -107,6 +114,8 @@ def _moe_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
                                "the chosen sigmoid scores exactly when top-k > 1; family nemotron_h cannot represent "
                                "it exactly)")
     groups = int(hf.get("n_group") or 1)
+    if groups > 1:  # NemotronHTopkRouter scores a group by its two best experts (lines 872-876)
+        top_two_groups(topk, int(hf.get("topk_group") or 1), "num_experts_per_tok", "topk_group")
     return {**MOE_CONSTANTS, "num_moe_experts": int(hf.get("n_routed_experts", 8)), "moe_router_topk": topk,
             "moe_ffn_hidden_size": int(hf.get("moe_intermediate_size", 7688)),
             "moe_shared_expert_intermediate_size": int(hf.get("moe_shared_expert_intermediate_size", 7688)),
@@ -119,6 +128,8 @@ def _moe_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     moe = spec_of(cfg).moe
     if moe is None:
         return {}
+    if moe.groups > 1:
+        top_two_groups(moe.topk, moe.group_topk or 1, "moe_router_topk", "moe_router_group_topk")
     return {"n_routed_experts": moe.experts, "num_experts_per_tok": moe.topk, "moe_intermediate_size": moe.ffn,
             "moe_shared_expert_intermediate_size": moe.shared_ffn, "routed_scaling_factor": moe.topk_scaling,
             "n_group": moe.groups, "topk_group": moe.group_topk or 1, "norm_topk_prob": moe.topk > 1}
@@ -151,18 +162,32 @@ NEMOTRON_H_CONFIG = GPT_CONFIG.extend(
 NEMOTRON_H_MOE = MoEBlock(block="mixer", router="gate", experts="experts.{e}", up="up_proj", down="down_proj",
                           shared="shared_experts", expert_bias="gate.e_score_correction_bias", gated=False)
 
-#: ``--to megatron-bridge`` is refused: Megatron-Bridge's ``NemotronHBridge`` (v0.6.0 and main at
-#: ``067f987d``, ``src/megatron/bridge/models/nemotronh/nemotron_h_bridge.py`` lines 233-332)
-#: builds ``hybrid/hybrid_provider.HybridModelProvider`` for Megatron-Core's ``HybridModel``
-#: (``megatron.core.models.hybrid``, newer than the 0.16.1 pinned here, which has ``MambaModel``),
-#: with ``hybrid_layer_pattern`` (``hybrid_provider.py`` lines 130-131, 181-196); the Nemotron-H
-#: provider classes (``nemotronh/nemotron_h_provider.py``) were removed in ``fff8ba3e``. The layer
-#: names of its mapping (lines 404-435: ``decoder.layers.{i}.mixer.*``, ``decoder.final_norm``)
-#: are our dist keys, but the provider table reads and writes GPT providers only: a hybrid
-#: provider (pattern, Mamba sizes, the ``E`` layers' sigmoid routing) is not written or read yet.
-MEGATRON_BRIDGE = ("Megatron-Bridge's NemotronHBridge writes a HybridModelProvider for Megatron-Core's HybridModel "
-                   "(hybrid_layer_pattern, newer than Megatron-Core 0.16.1's MambaModel), and nemo-convert's provider "
-                   "table writes and reads GPT providers only")
+#: ``--to megatron-bridge``: Megatron-Bridge's ``NemotronHBridge`` (main at ``067f987d``,
+#: ``src/megatron/bridge/models/nemotronh/nemotron_h_bridge.py`` lines 233-332) builds
+#: ``hybrid/hybrid_provider.HybridModelProvider`` for Megatron-Core's ``HybridModel`` (newer than
+#: the 0.16.1 pinned here, whose ``MambaModel`` computes the same stack): the base bridge's fields
+#: plus ``mamba_head_dim``, ``mamba_num_heads``, ``n_groups`` → ``mamba_num_groups``,
+#: ``ssm_state_size`` → ``mamba_state_dim``, the pattern as ``hybrid_layer_pattern`` (lines
+#: 254-268; ``hybrid_provider.py`` lines 130-131, 181-196), ``position_embedding_type: none``,
+#: ``squared_relu``, ``is_hybrid_model`` (lines 294-303), sigmoid routing with the expert bias
+#: and its training knobs (lines 310-318), whatever the pattern. The provider's defaults are
+#: RMSNorm, no gated unit, no linear bias (``hybrid_provider.py`` lines 116-152). Its layer names
+#: (lines 404-435: ``decoder.layers.{i}.mixer.*``, ``decoder.final_norm``) are our dist keys,
+#: every layer unstacked as in our ``.nemo``. The experts are written with
+#: ``moe_grouped_gemm: false``, the ``SequentialMLP`` whose keys and per-expert ``_extra_state``
+#: our ``.nemo`` holds and Megatron-Core loads (tests/test_nemotron_h_megatron.py); the bridge
+#: sets ``true`` (line 315). ``TEGroupedMLP``'s tensor keys are interchangeable with
+#: ``SequentialMLP``'s (Megatron-Core 0.16.1 ``transformer/moe/experts.py`` line 773); whether its
+#: ``_extra_state`` items load from ours is not checked here. Read back, the class is
+#: ``MegatronMambaModel``.
+MEGATRON_BRIDGE = ProviderFamily(
+    HYBRID_PROVIDER, NO_LINEAR_BIAS + (
+        ("normalization", "RMSNorm"), ("gated_linear_unit", False), ("position_embedding_type", "none"),
+        ("activation_func", SQUARED_RELU), ("moe_shared_expert_gate", False)),
+    nemo=(("target", NEMO_MAMBA_TARGET),),
+    extra=(("moe_router_load_balancing_type", "seq_aux_loss"), ("moe_aux_loss_coeff", 1e-4),
+           ("moe_router_dtype", "fp32"), ("moe_token_dispatcher_type", "alltoall"), ("moe_grouped_gemm", False)),
+    moe=True, routing=True, shared_experts=True, hybrid=True)
 
 NEMOTRON_H = hybrid_family(
     "nemotron_h", architecture="NemotronHForCausalLM", model_type="nemotron_h", config=NEMOTRON_H_CONFIG,

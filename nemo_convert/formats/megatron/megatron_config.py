@@ -90,6 +90,13 @@ names (lines 72-73, 241-255, 349-357); :func:`_declared_provider` writes them fr
 section. A ``rotary_base`` pair of any other class, or a local RoPE base for any other
 provider, is refused by name.
 
+A hybrid stack (:attr:`ProviderFamily.hybrid`: Megatron-Bridge's ``HybridModelProvider``,
+``hybrid/hybrid_provider.py`` at ``067f987d``) carries the per-layer pattern as
+``hybrid_layer_pattern`` (the NeMo config's ``hybrid_override_pattern``), the Mamba sizes under
+``TransformerConfig``'s names and ``is_hybrid_model``; it has no position embedding
+(``position_embedding_type: none``) and, without ``E`` layers, no router (whatever router fields
+the bridge writes). Read back, the NeMo class is what the family declares (``nemo``).
+
 Which provider a family writes is the family's own declaration (``ModelFamily.megatron_bridge``,
 a :class:`~nemo_convert.formats.megatron.providers.ProviderFamily`, collected by the registry
 into a :class:`~nemo_convert.formats.megatron.providers.ProviderTable` that every function here
@@ -105,13 +112,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from nemo_convert.errors import ConfigError, UnsupportedError
-from nemo_convert.formats.megatron.providers import (FAST_GELU, MLA_CLASS_DEFAULTS,
+from nemo_convert.formats.megatron.providers import (FAST_GELU, HYBRID_PROVIDER, MLA_CLASS_DEFAULTS,
                                                       SILU, SQUARED_RELU, ProviderFamily, ProviderTable)
 from nemo_convert.formats.megatron.provider_gpt_oss import (GPT_OSS_FIELDS, QUICK_GELU, gpt_oss_nemo, gpt_oss_provider,
                                                              is_gpt_oss, yarn_nemo, yarn_provider)
 from nemo_convert.mapping.ops import largest_pow2_divisor
 from nemo_convert.spec import (LLAMA3_DEFAULTS, MLA_PLAIN, UNMODELLED, Llama3Scaling, ModelSpec, MoE, Rope, YarnScaling,
-                               describe_activation, dtype_name_of_flags, mcore_activation, megatron_window,
+                               describe_activation, dtype_name_of_flags, layer_symbols, mamba_dims, mcore_activation,
+                               megatron_window,
                                precision_of_dtype_name, provenance_of, spec_of, window_keys)
 from nemo_convert.spec.activations import NEMO_ACTIVATION_FIELDS
 
@@ -272,6 +280,70 @@ DEEPSEEK_ROUTING = ("multi_latent_attention", "moe_router_score_function", "moe_
 #: the same names in the NeMo config, :mod:`nemo_convert.spec.nemo`): the scores' scalar and
 #: the two tanh soft-caps (``logit_softcapping``, lines 420-425: null or 0 caps nothing).
 SCORE_FIELDS = ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")
+
+
+#: A hybrid stack (:attr:`ProviderFamily.hybrid`): the NeMo config's per-layer pattern (NeMo 1's
+#: ``MegatronMambaModel``, Megatron-Core 0.16.1's ``MambaModel(hybrid_override_pattern=…)``) is
+#: ``HybridModelProvider``'s ``hybrid_layer_pattern`` (``hybrid_provider.py`` at ``067f987d`` lines
+#: 130-131; ``hybrid_override_pattern`` is its deprecated spelling, lines 181-196, never both);
+#: the Mamba sizes have the same names on both sides (``TransformerConfig``'s).
+NEMO_HYBRID_PATTERN = "hybrid_override_pattern"
+MAMBA_FIELDS = ("mamba_num_heads", "mamba_head_dim", "mamba_num_groups", "mamba_state_dim")
+#: Megatron-Core's layer symbols (``ssm/mamba_hybrid_layer_allocation.py`` lines 25-32).
+HYBRID_SYMBOLS = "M*-E"
+#: What a hybrid provider may set that the NeMo config does not carry: the allocation by
+#: ratios (used only without a pattern), the multi-token-prediction block's pattern and
+#: residuals kept in fp32 (``NemotronHBridge`` maps HF's ``residual_in_fp32`` to it, line 263;
+#: ``MambaModel`` here adds them in the model's dtype, as the family's HF configs say).
+HYBRID_NEUTRAL: dict[str, Any] = {"hybrid_attention_ratio": 0.0, "hybrid_mlp_ratio": 0.0,
+                                  "mtp_hybrid_override_pattern": None, "fp32_residual_connection": False}
+
+
+def _hybrid_provider(s: ModelSpec, cfg: dict[str, Any]) -> dict[str, Any]:
+    """A hybrid stack's provider fields: the pattern as one string, the Mamba sizes (Megatron-Core's
+    defaults for what the NeMo config leaves out, :func:`nemo_convert.spec.mamba_dims`) and
+    ``is_hybrid_model`` (what ``NemotronHBridge.provider_bridge`` sets, ``nemotron_h_bridge.py`` at
+    ``067f987d`` line 303)."""
+    pattern = "".join(layer_symbols(cfg.get(NEMO_HYBRID_PATTERN), s.geometry.layers))
+    return {"hybrid_layer_pattern": pattern, **dict(zip(MAMBA_FIELDS, mamba_dims(cfg))), "is_hybrid_model": True}
+
+
+def _hybrid_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
+    """A hybrid provider section's stack into the NeMo config: the pattern (one of its two
+    spellings), checked against ``num_layers`` and Megatron-Core's symbols, and the Mamba sizes
+    as written (an absent ``mamba_num_heads`` stays absent: ``2 × hidden / head size``). A
+    section allocating layers by ratios, or with a multi-token-prediction pattern, is refused."""
+    new, old = values.get("hybrid_layer_pattern"), values.get(NEMO_HYBRID_PATTERN)
+    if new is not None and old is not None:
+        raise UnsupportedError(f"{where}: hybrid_layer_pattern and hybrid_override_pattern are both set "
+                               "(HybridModelProvider refuses that)")
+    pattern = new if new is not None else old
+    if not isinstance(pattern, str) or not pattern:
+        raise UnsupportedError(f"{where}: a hybrid provider without hybrid_layer_pattern (layers allocated by "
+                               "hybrid_attention_ratio / hybrid_mlp_ratio) is not read")
+    odd = sorted(set(pattern) - set(HYBRID_SYMBOLS))
+    if odd:
+        raise UnsupportedError(f"{where}: hybrid_layer_pattern={pattern!r} has {''.join(odd)!r}: only Megatron-Core's "
+                               f"layer symbols {HYBRID_SYMBOLS} are read (no multi-token-prediction part)")
+    for k, neutral in HYBRID_NEUTRAL.items():
+        if values.get(k) not in (None, neutral):
+            raise UnsupportedError(f"{where}: {k}={values[k]!r} changes the model's math and is not supported")
+    if int(cfg["num_layers"]) != len(pattern):
+        raise UnsupportedError(f"{where}: num_layers={cfg['num_layers']} but hybrid_layer_pattern has {len(pattern)} "
+                               "layers")
+    if ("E" in pattern) != bool(cfg.get("num_moe_experts")):
+        raise UnsupportedError(f"{where}: hybrid_layer_pattern={pattern!r} with num_moe_experts="
+                               f"{cfg.get('num_moe_experts')!r}: E layers and experts come together")
+    if int(values.get("mtp_num_layers") or 0) or cfg.get("mtp_num_layers"):
+        raise UnsupportedError(f"{where}: mtp_num_layers={values.get('mtp_num_layers')!r}: Megatron-Core 0.16.1's "
+                               "MambaModel has no multi-token-prediction block")
+    cfg.pop("mtp_num_layers", None)
+    cfg[NEMO_HYBRID_PATTERN] = pattern
+    for k in MAMBA_FIELDS:
+        if values.get(k) is not None:
+            cfg[k] = int(values[k])
+    for k in ("rotary_base", "rotary_percentage", "moe_layer_freq"):  # no rotary embedding; the pattern places experts
+        cfg.pop(k, None)
 
 
 def _scores(s: ModelSpec) -> tuple[float | None, float | None, float | None]:
@@ -587,13 +659,18 @@ def nemo_to_provider(cfg: dict[str, Any], family: str, *, providers: ProviderTab
                                    "original_max_position_embeddings=8192")
         model["rope_scaling"] = True
         model["rope_scaling_factor"] = sc.factor
-    if pf.moe:
+    experts = pf.moe and (s.moe is not None or not pf.hybrid)  # a hybrid stack may have no E layers
+    if experts:
         model.update(_moe_provider(s, cfg, family, shared=pf.shared_experts))
         model["expert_model_parallel_size"] = int(ep)
+        if pf.hybrid:
+            model.pop("moe_layer_freq", None)  # the pattern's E layers are the MoE layers
+    if pf.hybrid:
+        model.update(_hybrid_provider(s, cfg))
     if pf.mla:
         model.update(_mla_provider(s, cfg, family))
     else:
-        if pf.routing:
+        if pf.routing and experts:
             model.update(_routing_provider(s, cfg))
         if pf.mtp:
             model["mtp_num_layers"] = s.mtp_layers or None  # the bridges' num_nextn_predict_layers or None
@@ -688,8 +765,13 @@ def _req_float(v: float | None) -> float:
 
 
 # ------------------------------------------------------------ provider / args → NeMo
-def _refuse_non_neutral(values: dict[str, Any], where: str) -> None:
+def _refuse_non_neutral(values: dict[str, Any], where: str, hybrid: bool = False) -> None:
+    """Refuse a field that changes the math and that the table does not read. A hybrid
+    provider's ``is_hybrid_model`` is read; without experts it has no router, so its router
+    fields (which ``NemotronHBridge`` sets whatever the pattern, ``nemotron_h_bridge.py`` at
+    ``067f987d`` lines 310-318) change nothing, and ``mtp_num_layers: 0`` is no MTP block."""
     mla = bool(values.get("multi_latent_attention"))
+    experts = bool(values.get("num_moe_experts") or values.get("num_experts"))
     if mla and not (values.get("num_moe_experts") or values.get("num_experts")):
         raise UnsupportedError(f"{where}: multi_latent_attention=True changes the model's math and is not "
                                "supported without experts (no family here runs dense multi-latent attention)")
@@ -698,6 +780,9 @@ def _refuse_non_neutral(values: dict[str, Any], where: str) -> None:
         v = values.get(k)
         if k in _EXPERT_COUNTS or ((mla or routed) and k in DEEPSEEK_ROUTING) or (is_gpt_oss(values) and k in GPT_OSS_FIELDS):
             continue  # read by _moe_nemo / _mla_nemo / gpt_oss_nemo
+        if hybrid and (k == "is_hybrid_model" or (k == "mtp_num_layers" and v == 0)
+                       or (not experts and k.startswith("moe_router_"))):
+            continue
         if v is not None and v != neutral:
             raise UnsupportedError(f"{where}: {k}={v!r} changes the model's math and is not supported")
 
@@ -802,7 +887,7 @@ def _mla_rope(values: dict[str, Any], where: str) -> dict[str, Any]:
                                     for k, v in yarn.items()}}
 
 
-def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
+def _common_nemo(values: dict[str, Any], side: str, hybrid: bool = False) -> dict[str, Any]:
     cfg: dict[str, Any] = {"mcore_gpt": True, "target": NEMO_GPT_TARGET}
     for f in FIELDS:
         name = getattr(f, side)
@@ -813,9 +898,10 @@ def _common_nemo(values: dict[str, Any], side: str) -> dict[str, Any]:
         cfg[f.nemo] = f.kind(value) if value is not None else None
     if cfg.get("position_embedding_type") == "yarn":
         cfg.update(yarn_nemo(values, "the model section"))
-    elif cfg.get("position_embedding_type") not in ("rope",):
+    elif cfg.get("position_embedding_type") not in (("rope", "none") if hybrid else ("rope",)):
         raise UnsupportedError(f"position_embedding_type={cfg.get('position_embedding_type')!r}: only rope "
-                               "models are supported")
+                               "models" + (" and hybrid stacks without position embeddings" if hybrid else "")
+                               + " are supported")
     if cfg.get("seq_len_interpolation_factor") is None:
         cfg.pop("seq_len_interpolation_factor")
     cfg["encoder_seq_length"] = cfg["max_position_embeddings"]
@@ -859,12 +945,21 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
         raise UnsupportedError(f"{where}: model provider {target} is not supported (known: "
                                + ", ".join(sorted(t.rsplit(".", 1)[-1] for t in classes)) + ")")
     model = {**(known or {}), **model}
+    pf = providers.declared(target)
+    hybrid = pf is not None and pf.hybrid
+    if target == HYBRID_PROVIDER and not hybrid:
+        raise UnsupportedError(f"{where}: model provider {target} is declared by no installed family")
+    counted = model.get("hybrid_layer_pattern") or model.get(NEMO_HYBRID_PATTERN)
+    if hybrid and model.get("num_layers") is None and isinstance(counted, str):
+        model["num_layers"] = len(counted)  # HybridModelProvider.finalize counts the pattern
     missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if model.get(k) is None]
     if missing:
         raise ConfigError(f"{where}: the model section lacks {', '.join(missing)}")
-    model, declared = _declared_read(model, providers.declared(target), where)
-    _refuse_non_neutral(model, where)
-    cfg = _common_nemo(model, "provider")
+    model, declared = _declared_read(model, pf, where)
+    _refuse_non_neutral(model, where, hybrid=hybrid)
+    if pf is not None:
+        _refuse_unfixed(model, pf, where)
+    cfg = _common_nemo(model, "provider", hybrid=hybrid)
     cfg.update(declared)
     heads = int(model["num_attention_heads"])
     cfg["num_query_groups"] = int(model.get("num_query_groups") or heads)
@@ -881,13 +976,15 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
                                "model any family here runs")
     cfg.update(_activation(gated, fn, bool(model.get("bias_activation_fusion", False)), where))
     cfg.update(providers.implied_nemo(target))
-    _declared_nemo(cfg, model, providers.declared(target), where)
+    _declared_nemo(cfg, model, pf, where)
     if cfg.get("layernorm_zero_centered_gamma") and cfg["normalization"] == "rmsnorm" and not cfg.get(
             "apply_embedding_scaling"):
         raise UnsupportedError(f"{where}: layernorm_zero_centered_gamma without GemmaModelProvider's embedding "
                                f"scaling ({target or 'no _target_'}) is not a model any family here runs")
     _sliding_window_record(cfg)
     _moe_nemo(cfg, model, "provider", where)
+    if hybrid:
+        _hybrid_nemo(cfg, model, where)
     if is_gpt_oss(model):
         extra = gpt_oss_nemo(model, int(cfg["num_layers"]), where)
         cfg["nemo_convert"] = {**(cfg.get("nemo_convert") or {}), **extra.pop("nemo_convert")}
@@ -908,6 +1005,20 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
     else:
         _apply_rope_scaling(cfg, model.get("rope_scaling"), model.get("rope_scaling_factor"))
     return cfg
+
+
+def _refuse_unfixed(values: dict[str, Any], pf: ProviderFamily, where: str) -> None:
+    """A section of a class one family declares holds that family's constants
+    (:attr:`ProviderFamily.fixed`, absent fields as the class's defaults): another value is a
+    model the family's HF class does not compute (a hybrid stack with RoPE or GeLU), refused by
+    name rather than read as that family. Functions compare by their last name."""
+    for k, want in pf.fixed:
+        have = values.get(k, FIXED_ABSENT.get(k, PROVIDER_DEFAULTS.get(k)))
+        if k == "activation_func":
+            have, want = (_target_of(have) or "torch.nn.functional.gelu").rsplit(".", 1)[-1], want.rsplit(".", 1)[-1]
+        if have != want:
+            raise UnsupportedError(f"{where}: {k}={have!r}, but {pf.target.rsplit('.', 1)[-1]} is read only as the "
+                                   f"family that declares it, whose model needs {want!r}")
 
 
 def _refuse(where: str, what: str, value: Any) -> Any:

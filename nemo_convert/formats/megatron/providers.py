@@ -30,6 +30,21 @@ MLA_CLASS_DEFAULTS: dict[str, Any] = {
     "rotary_scaling_factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
     "mscale": 1.0, "mscale_all_dim": 0.0}
 
+#: Megatron-Bridge's hybrid provider (``hybrid/hybrid_provider.py`` at ``067f987d``: Megatron-Core's
+#: ``TransformerConfig`` for its ``HybridModel``, a stack of Mamba-2, attention, MLP and MoE
+#: layers chosen by ``hybrid_layer_pattern``).
+HYBRID_PROVIDER = "megatron.bridge.models.hybrid.hybrid_provider.HybridModelProvider"
+#: What an absent field of ``HybridModelProvider`` means (``hybrid_provider.py`` at ``067f987d``
+#: lines 116-152; the Mamba sizes it leaves to ``TransformerConfig``: Megatron-Core 0.16.1
+#: ``transformer_config.py`` lines 846-857, ``mamba_num_heads`` None = ``2 × hidden / head size``).
+HYBRID_CLASS_DEFAULTS: dict[str, Any] = {
+    "share_embeddings_and_output_weights": False, "bf16": True, "fp16": False, "params_dtype": "torch.bfloat16",
+    "mamba_num_groups": 8, "mamba_head_dim": 64, "mamba_state_dim": 128, "mamba_num_heads": None,
+    "num_attention_heads": 1, "hybrid_attention_ratio": 0.0, "hybrid_mlp_ratio": 0.0, "seq_length": 8192,
+    "position_embedding_type": "none", "rotary_percent": 1.0, "rotary_base": 10000, "gated_linear_unit": False,
+    "normalization": "RMSNorm", "add_bias_linear": False, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+    "layernorm_epsilon": 1e-5, "make_vocab_size_divisible_by": 128}
+
 #: ``activation_func`` spellings (Megatron-Core's and torch's functions by import path).
 SILU = "torch.nn.functional.silu"
 #: Megatron-Core's tanh GeLU.
@@ -83,6 +98,11 @@ class ProviderFamily:
         ``final_logit_softcapping`` (null or 0: none), under the NeMo config's names.
     :param post_norms: the provider's layer spec normalises each sublayer's output before
         the residual add (read back as our record ``nemo_convert.post_norms``).
+    :param hybrid: the provider is :data:`HYBRID_PROVIDER`'s hybrid stack: ``hybrid_layer_pattern``
+        (the NeMo config's ``hybrid_override_pattern``), the Mamba sizes (``mamba_num_heads``,
+        ``mamba_head_dim``, ``mamba_num_groups``, ``mamba_state_dim``) and ``is_hybrid_model``;
+        ``moe`` then means the ``E`` layers' experts, when the pattern has any. ``nemo``
+        names the NeMo class read back (``target``).
     :param window_layers: the provider's layer spec picks the windowed layers itself
         (``window_attn_skip_freq`` is not read): ``window_layers(num_layers)`` is one flag per
         layer (True: ``window_size`` applies). A model windowing other layers is refused.
@@ -118,6 +138,7 @@ class ProviderFamily:
     mtp: bool = False
     softcaps: bool = False
     post_norms: bool = False
+    hybrid: bool = False
     window_layers: Callable[[int], tuple[bool, ...]] | None = None
     softmax_scale: bool = False
     local_rope: bool = False
@@ -150,10 +171,11 @@ class ProviderTable:
                                f"megatron-bridge supports: {', '.join(self.writable())}")
 
     def class_defaults(self) -> dict[str, dict[str, Any]]:
-        """What an absent field means, by provider class: ``GPTModelProvider`` and
-        ``MLAModelProvider`` (Megatron-Core's), then each declared class and the older
+        """What an absent field means, by provider class: ``GPTModelProvider``,
+        ``MLAModelProvider`` and ``HybridModelProvider`` (Megatron-Bridge's), then each declared class and the older
         classes the families read."""
-        out: dict[str, dict[str, Any]] = {GPT_PROVIDER: {}, MLA_PROVIDER: dict(MLA_CLASS_DEFAULTS)}
+        out: dict[str, dict[str, Any]] = {GPT_PROVIDER: {}, MLA_PROVIDER: dict(MLA_CLASS_DEFAULTS),
+                                          HYBRID_PROVIDER: dict(HYBRID_CLASS_DEFAULTS)}
         for p in self.families.values():
             if isinstance(p, ProviderFamily):
                 out.setdefault(p.target, dict(p.defaults))
