@@ -11,7 +11,7 @@ import torch
 
 from nemo_convert import __version__
 from nemo_convert.compute import Compute, DeviceOption
-from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, registry_or_default,
+from nemo_convert.convert.common import (gc_paused, SECTION, ConversionReport, finite_warning, registry_or_default,
                                           tokenizer_rows_warning)
 from nemo_convert.convert.hf_quantized import dequantize_on_read
 from nemo_convert.convert.nemo_defaults import restore_notes, restore_warnings
@@ -158,6 +158,7 @@ def _mtp_notes(cfg: dict[str, Any], plan: Plan) -> list[str]:
     return []
 
 
+@gc_paused
 def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, family: str | None = None,
               dtype: str | torch.dtype | None = None,
               layout: str | None = None, overwrite: bool = False, packed: bool = True,

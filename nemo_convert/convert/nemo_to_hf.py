@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from nemo_convert.compute import Compute, DeviceOption
-from nemo_convert.convert.common import (
+from nemo_convert.convert.common import (gc_paused, 
     SECTION,
     ConversionReport,
     finite_warning,
@@ -88,6 +88,7 @@ def plan_to_hf(ckpt: Any, fam: ModelFamily, *, rope_scaling: bool = True,
     return prep, hf_cfg, plan_conversion(fam.mapping(prep.cfg), prep.cfg, prep.source, "to_hf")
 
 
+@gc_paused
 def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype: str | torch.dtype | None = None,
               overwrite: bool = False,
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,
