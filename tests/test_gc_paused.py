@@ -60,6 +60,7 @@ def test_a_collector_disabled_by_the_caller_stays_disabled(gc_restored):  # type
     assert not gc.isenabled()
 
 
+@pytest.mark.slow  # builds a transformers model (~3 s)
 def test_import_runs_paused(tiny_llama, tmp_path, monkeypatch, gc_restored):  # type: ignore[no-untyped-def]
     seen = []
     real = hf_to_nemo.open_hf
