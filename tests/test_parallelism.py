@@ -265,3 +265,33 @@ def test_nemo2_folder_exports_and_reshards(tmp_path, sources, per_layer_fc1):
     back2 = str(tmp_path / "back2")
     api.export_hf(r, back2)
     assert_same(src, back2)
+
+
+def test_geometry_checks_each_shape_and_kind_once():
+    """``check_geometry`` splits one ``meta`` tensor per distinct (shape, kind), not one per
+    output (256 experts × 58 layers of equal shapes), and still refuses a shape TP cannot split."""
+    from nemo_convert.convert.nemo_write import check_geometry
+    from nemo_convert.mapping.planner import Plan, Task
+    from nemo_convert.mapping.rules import Parallel
+    from nemo_convert.plugins.manager import get_registry
+    from nemo_convert.tensors.base import TensorInfo
+
+    real = get_registry().strategies()
+    calls = []
+
+    class Counting:
+        def local_shape(self, shape, kind, tp, *, padded_vocab=None):  # type: ignore[no-untyped-def]
+            calls.append((shape, kind))
+            return real.tensor.local_shape(shape, kind, tp, padded_vocab=padded_vocab)
+
+    def plan(rows: int) -> Plan:
+        infos = [TensorInfo(f"e{i}.{n}", (rows, 8), torch.bfloat16) for i in range(50) for n in ("fc1", "fc2")]
+        return Plan("to_nemo", [Task((i.name,), (i.name,), lambda x: x, (Parallel.REPLICATED,), (i,)) for i in infos])
+
+    kinds = {f"e{i}.fc1": Parallel.COLUMN for i in range(50)} | {f"e{i}.fc2": Parallel.ROW for i in range(50)}
+    strategies = real.with_tensor(Counting())  # type: ignore[arg-type]
+    cfg = {"num_layers": 2}
+    check_geometry(cfg, plan(16), kinds, api.Parallelism(2, 1), None, strategies)
+    assert sorted(calls, key=str) == [((16, 8), Parallel.COLUMN), ((16, 8), Parallel.ROW)]
+    with pytest.raises(UnsupportedError):  # 15 rows do not split over TP 2
+        check_geometry(cfg, plan(15), kinds, api.Parallelism(2, 1), None, strategies)

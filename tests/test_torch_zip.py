@@ -500,3 +500,26 @@ def test_dist_writer_chunks_take_the_in_memory_path(tmp_path: Any) -> None:
     got = _from_memory(str(tmp_path / "c.pt"))
     assert _fields(got) == _fields(read_torch_zip(_region(str(tmp_path / "c.pt"))))
     _assert_same(got.load(), t)
+
+
+def test_an_archive_is_freed_without_the_cyclic_collector(tmp_path: Any) -> None:
+    """Conversions pause the cyclic collector (``gc_paused``): an archive (and its file map)
+    must go when its last tensor goes, by reference counting alone. Its storage cache held
+    each StorageRef, which holds the archive: a cycle, freed only by a collection."""
+    import weakref
+
+    from nemo_convert.tensors.torch_zip import load_archive
+
+    path = tmp_path / "t.pt"
+    torch.save({"a": torch.arange(6.0), "b": torch.ones(3)}, path)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        tree, archive = load_archive(ByteRegion(str(path), 0, path.stat().st_size), False)
+        assert torch.equal(tree["a"].load(), torch.arange(6.0))
+        gone = weakref.ref(archive)
+        del tree, archive
+        assert gone() is None
+    finally:
+        if was:
+            gc.enable()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, ParamSpec, TypeVar
 
 from nemo_convert.errors import NemoConvertError
 from nemo_convert.formats.detect import require_kind
@@ -55,6 +57,35 @@ def tokenizer_rows_warning(files: Mapping[str, bytes], rows: Any) -> list[str]:
     name, size = found
     return [f"{name} has {size} token ids but the embedding has {rows} rows (vocab_size): ids {rows}–{size - 1} "
             "have no embedding row; resize the embedding and the output layer before using them"]
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def gc_paused(fn: Callable[P, T]) -> Callable[P, T]:
+    """Run ``fn`` with Python's cyclic garbage collector paused, and restore it after.
+
+    A conversion allocates a few small objects per tensor (plan tasks, infos, chunk
+    records, the ``.metadata`` records) and keeps most of them until it ends; every 700
+    allocations the collector scans the young ones and, ever more often as the survivors
+    pile up, all of them, finding nothing: at DeepSeek-V3's 92k tensors that was a fifth
+    of the import's CPU (docs/performance.md, "Third round"). Nothing the conversions build
+    is cyclic garbage that needs the collector (reference counting frees it), and whatever
+    is left for it is collected by its next run after ``fn`` returns. Nested calls keep it
+    paused; a collector the caller had disabled stays disabled."""
+
+    @functools.wraps(fn)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> T:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+
+    return paused
 
 
 def registry_or_default(registry: Registry | None) -> Registry:

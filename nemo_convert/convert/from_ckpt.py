@@ -21,7 +21,7 @@ from typing import Any
 
 from nemo_convert import __version__
 from nemo_convert.convert.ckpt_config import model_config, read_hparams, yaml_ready
-from nemo_convert.convert.common import SECTION, ConversionReport, dict_at, registry_or_default
+from nemo_convert.convert.common import SECTION, ConversionReport, dict_at, gc_paused, registry_or_default
 from nemo_convert.convert.output import check_output, choose_target, write_output
 from nemo_convert.convert.vocab import true_vocab_size
 from nemo_convert.engine import Progress
@@ -183,6 +183,7 @@ def _tokenizer_files(data_of: dict[str, bytes]) -> dict[str, bytes]:
     return {"tokenizer.model": data_of["tokenizer.model"]} if "tokenizer.model" in data_of else {}
 
 
+@gc_paused
 def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hparams: str | os.PathLike[str] | None = None,
               family: str | None = None,
               checkpoint_name: str | None = None, tp: int | None = None, pp: int | None = None,

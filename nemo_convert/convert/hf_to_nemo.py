@@ -11,8 +11,8 @@ import torch
 
 from nemo_convert import __version__
 from nemo_convert.compute import Compute, DeviceOption
-from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, registry_or_default,
-                                          tokenizer_rows_warning)
+from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, gc_paused, registry_or_default,
+                                         tokenizer_rows_warning)
 from nemo_convert.convert.hf_quantized import dequantize_on_read
 from nemo_convert.convert.nemo_write import Parallelism
 from nemo_convert.convert.output import check_output, choose_target, write_output
@@ -157,6 +157,7 @@ def _mtp_notes(cfg: dict[str, Any], plan: Plan) -> list[str]:
     return []
 
 
+@gc_paused
 def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, family: str | None = None,
               dtype: str | torch.dtype | None = None,
               layout: str | None = None, overwrite: bool = False, packed: bool = True,

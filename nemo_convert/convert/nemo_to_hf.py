@@ -9,14 +9,8 @@ from typing import Any
 import torch
 
 from nemo_convert.compute import Compute, DeviceOption
-from nemo_convert.convert.common import (
-    SECTION,
-    ConversionReport,
-    finite_warning,
-    open_nemo_source,
-    registry_or_default,
-    tokenizer_rows_warning,
-)
+from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, gc_paused, open_nemo_source,
+                                         registry_or_default, tokenizer_rows_warning)
 from nemo_convert.convert.export_config import ExportConfig, complete_hf_config, export_config
 from nemo_convert.convert.nemo_tokenizer import export_tokenizer
 from nemo_convert.dtypes import parse_dtype
@@ -88,6 +82,7 @@ def plan_to_hf(ckpt: Any, fam: ModelFamily, *, rope_scaling: bool = True,
     return prep, hf_cfg, plan_conversion(fam.mapping(prep.cfg), prep.cfg, prep.source, "to_hf")
 
 
+@gc_paused
 def export_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype: str | torch.dtype | None = None,
               overwrite: bool = False,
               family: str | None = None, max_shard_bytes: int = 5 * 1024**3,

@@ -76,8 +76,12 @@ def check_geometry(cfg: dict[str, Any], plan: Plan, kinds: dict[str, Kind], par:
     ffn = cfg.get("ffn_hidden_size")
     if ffn and ffn % tp:
         raise UnsupportedError(f"tensor-parallel size {tp} does not divide ffn_hidden_size={ffn}")
+    checked: set[tuple[tuple[int, ...], Kind]] = set()
     for info in plan.outputs():
         kind = kinds.get(info.name, Parallel.REPLICATED)
+        if (info.shape, kind) in checked:  # the split sees only the shape and kind: every expert once
+            continue
+        checked.add((info.shape, kind))
         strategies.tensor.local_shape(info.shape, kind, tp,
                                       padded_vocab=padded_vocab if kind is Parallel.VOCAB else None)
     layers = int(cfg.get("num_layers") or 0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from nemo_convert.compute import Compute, DeviceOption
-from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, open_nemo_source,
+from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, gc_paused, open_nemo_source,
                                          registry_or_default)
 from nemo_convert.convert.export_config import complete_config
 from nemo_convert.convert.nemo_to_hf import tokenizer_files
@@ -52,6 +52,7 @@ def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]
     return out
 
 
+@gc_paused
 def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int = 1, pp: int = 1, ep: int = 1,
             layout: str | None = None,
             stage_layers: tuple[int, ...] | None = None, overwrite: bool = False, packed: bool = True,

@@ -48,7 +48,7 @@ from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
 from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.formats.io.staging import staged_output
 from nemo_convert.mapping.planner import Plan
-from nemo_convert.mapping.rules import Kind, Parallel
+from nemo_convert.mapping.rules import Kind
 from nemo_convert.spec import dtype_name_of_precision, provenance_of, recorded_vocab, spec_of
 from nemo_convert.tensors.base import TensorSource
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from nemo_convert.formats.megatron.providers import ProviderFamily
     from nemo_convert.formats.megatron.providers import ProviderTable
     from nemo_convert.mapping.planner import Plan
-    from nemo_convert.mapping.rules import Kind, Mapping, Parallel
+    from nemo_convert.mapping.rules import Kind, Mapping
     from nemo_convert.sharding.protocol import ExpertSharding, PipelineSharding, Strategies, TensorSharding
     from nemo_convert.tensors.base import TensorSource
 

@@ -18,6 +18,7 @@ import math
 import struct
 import sys
 import threading
+import weakref
 import zipfile
 import zlib
 from dataclasses import dataclass, field, replace
@@ -299,7 +300,10 @@ class _Archive:
         self.where = region.path + (f" (member at byte {region.offset})" if region.offset else "")
         self._lock = threading.Lock()
         self._map: FileMap | None = None
-        self._storages: dict[str, StorageRef] = {}
+        # weak: each StorageRef holds its archive, and a strong cache would make every
+        # archive a reference cycle, freed only by the cyclic collector, which conversions
+        # pause (convert/common.py gc_paused): its file map would stay mapped until then
+        self._storages: weakref.WeakValueDictionary[str, StorageRef] = weakref.WeakValueDictionary()
         self._data_offsets: dict[str, int] = {}
         self._mapped = mapped
         self.members: dict[str, Any] = {}  # zipfile.ZipInfo, or _Member (the same attributes)

@@ -12,7 +12,7 @@ import yaml
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.io.tar_archive import Container
-from nemo_convert.mapping.rules import Kind, Parallel
+from nemo_convert.mapping.rules import Kind
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.pieces import Lazy
 
