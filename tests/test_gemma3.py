@@ -184,7 +184,7 @@ def test_provider_fields_of_the_published_configs(name):
     the same model."""
     import math
 
-    from nemo_convert.formats.megatron.megatron_config import _local_flags
+    from nemo_convert.formats.megatron.provider_flags import _local_flags
 
     hf = _hf(name)
     cfg = _nemo(hf)
@@ -213,7 +213,7 @@ def test_window_patterns_both_forms():
     """``interleaved_attn_pattern`` is a (local, global) pair where the flags repeat it from
     the first layer (the shortest period), else one layer kind per layer; both read back to
     the same flags; malformed ones are refused by name."""
-    from nemo_convert.formats.megatron.megatron_config import _layer_kinds, _local_flags
+    from nemo_convert.formats.megatron.provider_flags import _layer_kinds, _local_flags
 
     T, F = True, False
     for flags, want in (((T, F), [1, 1]), ((T,) * 4, [1, 0]), ((F,) * 3, [0, 1]), ((T, T, F, F) * 2, [2, 2]),
