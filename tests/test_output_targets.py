@@ -189,3 +189,13 @@ def test_third_party_target_reached_by_from_ckpt(tiny_llama, tmp_path) -> None:
     assert all(torch.equal(got[k], want[k][: got[k].shape[0]]) for k in want)
     meta = _json(os.path.join(out, "config.json"))
     assert meta["command"] == "from-ckpt" and meta["tokenizer"] == ["tokenizer.model"]
+
+
+def test_the_built_in_targets_are_named_as_the_writers_know_them():
+    """The light registration module (loaded by every command) spells the Megatron-Bridge
+    target's name itself; it must be the one the writer and the API use."""
+    from nemo_convert.convert import targets
+    from nemo_convert.convert.to_megatron_bridge import TARGET, TARGETS
+
+    assert targets.MEGATRON_BRIDGE.name == TARGET
+    assert tuple(t.name for t in targets.nemo_convert_targets()) == TARGETS

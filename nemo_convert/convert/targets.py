@@ -1,55 +1,38 @@
 """Registers the built-in output targets — ``nemo`` (a ``.nemo``) and ``megatron-bridge``
 (a Megatron-Bridge checkpoint directory) — through the same hook third parties use
-(``nemo_convert_targets``; entry point ``targets`` in ``pyproject.toml``)."""
+(``nemo_convert_targets``; entry point ``targets`` in ``pyproject.toml``).
+
+The registry loads this module for every command, ``--help`` included, so it stays light:
+each record's ``write`` loads its writer (:mod:`.target_writers`, which computes on
+tensors) when a conversion calls it.
+"""
 
 from __future__ import annotations
 
-from nemo_convert.compute import CPU
-from nemo_convert.convert.nemo_defaults import declared_by, restore_notes, restore_warnings
-from nemo_convert.convert.nemo_write import Parallelism, write_nemo
-from nemo_convert.convert.to_megatron_bridge import TARGET, write_megatron_bridge
-from nemo_convert.engine import RunStats
+from typing import Any
+
 from nemo_convert.plugins.hookspecs import hookimpl
 from nemo_convert.plugins.records import OutputJob, OutputTarget
-from nemo_convert.workers import SINGLE
 
 
-def _parallelism(job: OutputJob) -> Parallelism:
-    return Parallelism(job.tp, job.pp, job.stage_layers, job.ep)
+def write_nemo_target(job: OutputJob) -> Any:
+    """``--to nemo``: :func:`.target_writers.write_nemo_target`."""
+    from nemo_convert.convert import target_writers  # start-up time: loaded when a conversion writes
+
+    return target_writers.write_nemo_target(job)
 
 
-def write_nemo_target(job: OutputJob) -> RunStats:
-    """``--to nemo``: a ``.nemo`` in ``job.layout``. A config an import just built is
-    checked for what NeMo's ``restore_from`` would need from outside the archive (a
-    reshard or a training checkpoint carries its config as NeMo had it)."""
-    if job.command == "import":
-        job.warnings.extend(restore_warnings(job.cfg, declared_by(job.family.nemo)))
-        job.notes.extend(restore_notes(job.cfg, declared_by(job.family.nemo)))
-    if job.layout is None:
-        raise ValueError("a .nemo is written in a layout: the conversion sets OutputJob.layout")
-    return write_nemo(job.out, job.cfg, job.plan, job.source, layout=job.layout, kinds=job.kinds,
-                      par=_parallelism(job), overwrite=job.overwrite, packed=job.packed, progress=job.progress,
-                      artifacts=job.artifacts(), unstacked=job.family.nemo.dist_unstacked,
-                      extra_states=job.family.nemo.dist_extra_states,
-                      workers=SINGLE if job.workers is None else job.workers, strategies=job.strategies,
-                      compute=CPU if job.compute is None else job.compute,
-                      runtime_defaults=declared_by(job.family.nemo))
+def write_megatron_bridge_target(job: OutputJob) -> Any:
+    """``--to megatron-bridge``: :func:`.target_writers.write_megatron_bridge_target`."""
+    from nemo_convert.convert import target_writers  # start-up time: loaded when a conversion writes
 
-
-def write_megatron_bridge_target(job: OutputJob) -> RunStats:
-    """``--to megatron-bridge``: a Megatron-Bridge directory with the family's provider;
-    TP × PP × EP are recorded in ``run_config.yaml``, the tokenizer files go to ``tokenizer/``."""
-    return write_megatron_bridge(job.out, job.cfg, job.plan, job.source, family=job.family.name, kinds=job.kinds,
-                                 par=_parallelism(job), overwrite=job.overwrite, progress=job.progress,
-                                 tokenizer=job.tokenizer(), strategies=job.strategies, providers=job.providers,
-                                 notes=job.notes, unstacked=job.family.nemo.dist_unstacked,
-                                 extra_states=job.family.nemo.dist_extra_states)
+    return target_writers.write_megatron_bridge_target(job)
 
 
 NEMO = OutputTarget("nemo", "nemo", write_nemo_target, frozenset({"layout", "packed", "workers"}),
                     description="a .nemo archive or its unpacked folder (NeMo 1 model_config.yaml, dist or "
                                 "legacy weights)")
-MEGATRON_BRIDGE = OutputTarget(TARGET, "megatron-bridge", write_megatron_bridge_target,
+MEGATRON_BRIDGE = OutputTarget("megatron-bridge", "megatron-bridge", write_megatron_bridge_target,
                                description="a Megatron-Bridge checkpoint directory (torch_dist weights, "
                                            "run_config.yaml with the family's provider)")
 
