@@ -574,3 +574,17 @@ def test_add_tokens_sets_override_vocab_size(tmp_path):
     assert rep.new_vocab_size == pieces + 2
     assert cfg["override_vocab_size"] == cfg["nemo_convert"]["padded_vocab_size"] == pieces
     check_loadable(cfg)
+
+
+def test_the_vision_tower_warning_is_the_llava_familys():
+    """The core names no family's config keys: the warning about a vision tower NeMo fetches
+    by hub id comes from the LLaVA plugin's record (``NemoTarget.restore_warnings``)."""
+    from nemo_convert.convert.nemo_defaults import restore_warnings
+
+    cfg = {"target": NEVA_TARGET, "mm_cfg": {"vision_encoder": {"from_hf": True, "from_pretrained": "org/tower"}}}
+    assert restore_warnings(cfg, DECLARED) == []
+    llava = get_registry().family("llava").nemo
+    lines = restore_warnings(cfg, DECLARED, llava.restore_warnings)
+    assert len(lines) == 1 and "org/tower" in lines[0]
+    cfg["mm_cfg"]["vision_encoder"]["from_hf"] = False  # an embedded tower is not fetched
+    assert restore_warnings(cfg, DECLARED, llava.restore_warnings) == []

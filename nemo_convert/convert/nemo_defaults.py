@@ -16,7 +16,7 @@ No family is named here.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nemo_convert.families.nemo_runtime import SHARED_DEFAULTS, RuntimeDefaults, megatron_base_defaults
@@ -75,18 +75,16 @@ def _known_target(cfg: Mapping[str, Any], declared: Declared) -> bool:
     return defaults_for(cfg.get("target") if isinstance(cfg.get("target"), str) else None, declared) is not None
 
 
-def restore_warnings(cfg: Mapping[str, Any], declared: Declared) -> list[str]:
+def restore_warnings(cfg: dict[str, Any], declared: Declared,
+                     family_warnings: Callable[[dict[str, Any]], list[str]] | None = None) -> list[str]:
     """One line for each thing NeMo's ``restore_from`` loads from outside the ``.nemo`` to
-    build the model ``cfg`` describes: a Hugging Face tokenizer or vision tower named by
-    hub id or folder (NeMo resolves neither inside the archive)."""
+    build the model ``cfg`` describes: what the family's NeMo class loads so
+    (``family_warnings``, its ``NemoTarget.restore_warnings``: NeVA's vision tower named by
+    hub id or folder), then a Hugging Face tokenizer named so (NeMo resolves neither inside
+    the archive)."""
     if not _known_target(cfg, declared):
         return []
-    out: list[str] = []
-    mm = cfg.get("mm_cfg")
-    tower = mm.get("vision_encoder") if isinstance(mm, Mapping) else None
-    if isinstance(tower, Mapping) and tower.get("from_hf") and tower.get("from_pretrained"):
-        out.append(f"mm_cfg.vision_encoder.from_pretrained={tower['from_pretrained']!r}: NeMo loads the vision "
-                   "tower's config and image processor from this hub id or folder when it restores the .nemo")
+    out: list[str] = list(family_warnings(cfg)) if family_warnings is not None else []
     tok = cfg.get("tokenizer")
     if isinstance(tok, Mapping) and tok.get("library") == "huggingface":
         out.append(f"tokenizer: NeMo builds a Hugging Face tokenizer from tokenizer.type={tok.get('type')!r} "

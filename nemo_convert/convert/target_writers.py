@@ -21,7 +21,8 @@ def write_nemo_target(job: OutputJob) -> RunStats:
     checked for what NeMo's ``restore_from`` would need from outside the archive (a
     reshard or a training checkpoint carries its config as NeMo had it)."""
     if job.command == "import":
-        job.warnings.extend(restore_warnings(job.cfg, declared_by(job.family.nemo)))
+        nemo = job.family.nemo
+        job.warnings.extend(restore_warnings(job.cfg, declared_by(nemo), nemo.restore_warnings))
         job.notes.extend(restore_notes(job.cfg, declared_by(job.family.nemo)))
     if job.layout is None:
         raise ValueError("a .nemo is written in a layout: the conversion sets OutputJob.layout")

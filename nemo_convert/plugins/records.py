@@ -50,6 +50,9 @@ class NemoTarget:
         the shared pieces), added to the written ``model_config.yaml`` where absent so that
         NeMo restores it. None: ``MegatronGPTModel``'s for that class, the Megatron base
         for another ``…Megatron*`` class.
+    :param restore_warnings: ``warnings(cfg) -> lines``: what ``target`` loads from outside the
+        ``.nemo`` when NeMo restores it (a vision tower named by hub id, …), one line each,
+        reported by ``import``; the core adds the tokenizer's.
     """
 
     target: str
@@ -58,6 +61,7 @@ class NemoTarget:
     dist_unstacked: tuple[str, ...] = ()
     dist_extra_states: tuple[str, ...] = ()
     runtime_defaults: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    restore_warnings: Callable[[dict[str, Any]], list[str]] | None = None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from nemo_convert import CommandOption, FamilyOptions, HFSide, ModelFamily, Nemo
 from nemo_convert.mapping import Mapping, Rename, cfg_get
 from nemo_convert_clip.family import clip_vision_tower_mapping
 from nemo_convert_llama.family import llama_mapping
-from nemo_convert_llava.runtime import neva_defaults
+from nemo_convert_llava.runtime import neva_defaults, neva_restore_warnings
 from nemo_convert_llava.config import (HUB_SPELLING, NEVA_EXTRA_TOKENS, NEVA_TARGET, llava_config_to_hf,
                                        llava_config_to_nemo, llava_source_options)
 
@@ -96,6 +96,7 @@ LLAVA = ModelFamily(
         # NeVA saves its HF tower through make_sharded_tensors_for_checkpoint: a key per layer.
         dist_unstacked=("embedding.word_embeddings.vision_encoder.",),
         runtime_defaults=neva_defaults,
+        restore_warnings=neva_restore_warnings,
     ),
     hf=HFSide(
         model_class="LlavaForConditionalGeneration",

@@ -47,4 +47,17 @@ def neva_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["neva_defaults"]
+def neva_restore_warnings(cfg: Mapping[str, Any]) -> list[str]:
+    """What ``MegatronNevaModel`` loads from outside the ``.nemo``: a vision tower that the
+    config only names (``mm_cfg.vision_encoder.from_hf`` with ``from_pretrained``, NeMo's
+    converter layout), whose config and image processor NeMo fetches by that hub id or
+    folder when it restores the file."""
+    mm = cfg.get("mm_cfg")
+    tower = mm.get("vision_encoder") if isinstance(mm, Mapping) else None
+    if isinstance(tower, Mapping) and tower.get("from_hf") and tower.get("from_pretrained"):
+        return [f"mm_cfg.vision_encoder.from_pretrained={tower['from_pretrained']!r}: NeMo loads the vision "
+                "tower's config and image processor from this hub id or folder when it restores the .nemo"]
+    return []
+
+
+__all__ = ["neva_defaults", "neva_restore_warnings"]
