@@ -27,6 +27,32 @@ from tiny_models import edit_config, hf_tensors, read_json
 PROVIDERS = get_registry().providers()
 
 
+
+def bridge_round_trip(src: str, tmp_path, family: str, *, every_tensor: bool = False):  # type: ignore[no-untyped-def]
+    """HF ``src`` → Megatron-Bridge directory → export: the source's tensors bit for bit and
+    transformers' logits; then the same directory without our record (as Megatron-Bridge
+    writes it): the family is found from the provider alone, and its export holds the source's
+    tensors bit for bit (``every_tensor``: all of them; else a subset, e.g. without a tied
+    head). Returns ``run_config.yaml``'s model section, the bare export and the logits."""
+    from test_family_matrix import assert_same, logits
+
+    out = str(tmp_path / "mb")
+    api.import_hf(src, out, to="megatron-bridge")
+    model = yaml.safe_load(open(os.path.join(out, "iter_0000000", "run_config.yaml")))["model"]
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    assert_same(src, back)
+    ref = logits(src)
+    assert torch.equal(logits(back), ref)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    assert api.inspect_checkpoint(out)["family"] == family
+    bare = str(tmp_path / "bare")
+    api.export_hf(out, bare)
+    a, b = hf_tensors(src), hf_tensors(bare)
+    assert (set(b) == set(a) if every_tensor else set(b) <= set(a)) and all(torch.equal(a[k], b[k]) for k in b)
+    return model, bare, ref
+
+
 def logical(path: str, **kw) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
     with api.open_checkpoint(path, **kw) as ck:
         return {k: ck.source.load(k).clone() for k in ck.source.keys()}
@@ -536,26 +562,12 @@ def test_family_to_megatron_bridge_and_back(family_models, tmp_path, family) -> 
     bit for bit, its config.json and transformers' logits; then the same directory without
     our record (as Megatron-Bridge writes it): the family from the provider alone, the same
     tensors and logits."""
-    from test_family_matrix import assert_same, logits
+    from test_family_matrix import logits
 
-    src = family_models[family]
-    out = str(tmp_path / "mb")
-    api.import_hf(src, out, to="megatron-bridge")
-    model = yaml.safe_load(open(os.path.join(out, "iter_0000000", "run_config.yaml")))["model"]
+    model, bare, ref = bridge_round_trip(family_models[family], tmp_path, family)
     want = FAMILY_PROVIDERS[family]
     assert {k: model.get(k) for k in want} == want
     assert model["position_embedding_type"] == "rope" and model["vocab_size"] == 128
-    back = str(tmp_path / "back")
-    api.export_hf(out, back)
-    assert_same(src, back)
-    ref = logits(src)
-    assert torch.equal(logits(back), ref)
-    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
-    assert api.inspect_checkpoint(out)["family"] == family
-    bare = str(tmp_path / "bare")
-    api.export_hf(out, bare)
-    a, b = hf_tensors(src), hf_tensors(bare)
-    assert set(b) <= set(a) and all(torch.equal(a[k], b[k]) for k in b)
     cfg = read_json(os.path.join(bare, "config.json"))
     if family == "mistral":
         assert cfg["sliding_window"] == 4  # window_size [3, 0] is W - 1 keys before the query

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 from test_family_matrix import IDS, assert_same, logits
+from test_megatron_dirs import bridge_round_trip
 from tiny_hybrid import CONFIGS, MCORE_KEYS, make_nemotron_h, published
 from tiny_models import hf_tensors, read_json
 
@@ -37,6 +38,22 @@ def models(tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 # -- the published configs, key by key ---------------------------------------------------
+
+
+def stored_keys(name: str, path: str) -> tuple[dict, dict[str, list[int]], set[str]]:
+    """Megatron-Core's record for ``name`` (``tests/data/megatron_core_keys/``), and the dist
+    checkpoint at ``path``: each tensor key's global shape, and the keys of its extra states."""
+    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+
+    with open(MCORE_KEYS.format(name=name), encoding="utf-8") as f:
+        record = json.load(f)
+    ck = DistCheckpointSource.from_dir(path)
+    try:
+        return (record, {k: list(ck._raw[k][0]) for k in ck.raw_keys()},
+                {k.split("/shard_")[0] for k in ck.extra_state_keys})
+    finally:
+        ck.close()
+
 
 def test_published_configs_translate_every_key() -> None:
     """Both published configs import whole (every key translated, checked or harmless) into
@@ -227,19 +244,10 @@ def test_dist_checkpoint_holds_exactly_what_megatron_cores_mamba_model_asks_for(
     ``tests/test_nemotron_h_megatron.py`` takes from Megatron-Core itself (and re-checks
     there). The extra states beyond it are the ``core_attention`` ones of Transformer
     Engine's spec, which the CPU test's local spec does not build."""
-    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
-
-    with open(MCORE_KEYS.format(name=name), encoding="utf-8") as f:
-        record = json.load(f)
-    assert record["megatron_core"] == "0.16.1"
     nemo = str(tmp_path / "m")
     api.import_hf(models[name], nemo, packed=False, layout="dist")
-    ck = DistCheckpointSource.from_dir(os.path.join(nemo, "model_weights"))
-    try:
-        ours = {k: list(ck._raw[k][0]) for k in ck.raw_keys()}
-        extra = {k.split("/shard_")[0] for k in ck.extra_state_keys}
-    finally:
-        ck.close()
+    record, ours, extra = stored_keys(name, os.path.join(nemo, "model_weights"))
+    assert record["megatron_core"] == "0.16.1"
     theirs = record["tensors"]
     assert ours == theirs, (sorted(set(ours) ^ set(theirs)),
                             {k: (ours[k], theirs[k]) for k in set(ours) & set(theirs) if ours[k] != theirs[k]})
@@ -325,22 +333,8 @@ def test_megatron_bridge_directory_and_back(tmp_path, models, name) -> None:
     it) → export: the source's tensors bit for bit and transformers' logits; then the same
     directory without our record (as Megatron-Bridge writes it): the family from the provider
     alone, the same tensors, logits and layer pattern."""
-    src = models[name]
-    out = str(tmp_path / "mb")
-    api.import_hf(src, out, to="megatron-bridge")
-    model = _run_config(out)[1]["model"]
+    model, bare, ref = bridge_round_trip(models[name], tmp_path, "nemotron_h", every_tensor=True)
     assert {k: model.get(k) for k in PROVIDER_FIELDS[name]} == PROVIDER_FIELDS[name]
-    back = str(tmp_path / "back")
-    api.export_hf(out, back)
-    assert_same(src, back)
-    ref = logits(src)
-    assert torch.equal(logits(back), ref)
-    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
-    assert api.inspect_checkpoint(out)["family"] == "nemotron_h"
-    bare = str(tmp_path / "bare")
-    api.export_hf(out, bare)
-    a, b = hf_tensors(src), hf_tensors(bare)
-    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert read_json(os.path.join(bare, "config.json"))["hybrid_override_pattern"] == model["hybrid_layer_pattern"]
     assert torch.equal(logits(bare), ref)
 
@@ -351,18 +345,9 @@ def test_megatron_bridge_directory_holds_megatron_cores_keys(tmp_path, models, n
     ``MambaModel.sharded_state_dict()`` (the record the slow Megatron-Core test takes) without
     the ``.nemo``'s ``model.`` prefix: every layer unstacked, the mixer's section keys, and
     the output layer's ``_extra_state``, as in our ``.nemo``."""
-    from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
-
-    with open(MCORE_KEYS.format(name=name), encoding="utf-8") as f:
-        record = json.load(f)
     out = str(tmp_path / "mb")
     api.import_hf(models[name], out, to="megatron-bridge")
-    ck = DistCheckpointSource.from_dir(os.path.join(out, "iter_0000000"))
-    try:
-        ours = {k: list(ck._raw[k][0]) for k in ck.raw_keys()}
-        extra = {k.split("/shard_")[0] for k in ck.extra_state_keys}
-    finally:
-        ck.close()
+    record, ours, extra = stored_keys(name, os.path.join(out, "iter_0000000"))
     theirs = {k.removeprefix("model."): v for k, v in record["tensors"].items()}
     assert ours == theirs, sorted(set(ours) ^ set(theirs))
     assert {k.removeprefix("model.") for k in record["extra_states"]} <= extra
