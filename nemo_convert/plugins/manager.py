@@ -210,9 +210,15 @@ class Registry:
 
     def providers(self) -> ProviderTable:
         """The Megatron-Bridge providers the families declare (``ModelFamily.megatron_bridge``):
-        what ``--to megatron-bridge`` writes and which provider classes a directory is read by."""
+        what ``--to megatron-bridge`` writes and which provider classes a directory is read by;
+        and the NeMo 2 config classes they declare (``NemoTarget.nemo2_configs``) under each of
+        their NeMo 2 model classes."""
+        nemo2: dict[str, dict[str, Any]] = {}
+        for p in self.families.values():
+            for model in p.record.nemo.nemo2_targets:
+                nemo2.setdefault(model, {}).update(p.record.nemo.nemo2_configs)
         return ProviderTable({name: p.record.megatron_bridge for name, p in self.families.items()
-                              if p.record.megatron_bridge is not None})
+                              if p.record.megatron_bridge is not None}, nemo2)
 
     def strategies(self) -> Strategies:
         """The strategies every reader and writer of a sharded layout uses: the one of
