@@ -4,7 +4,8 @@ defaults, NeMo 8cfedd7 ``nemo/lightning/io/mixin.py`` lines 520-545). Each famil
 (``Importer.config``, cited per family below) over a tiny model of ``test_family_matrix``, and a
 sized preset with only its geometry overridden (as a recipe's ``config.num_layers=...`` writes),
 export bit-exact with the source's transformers logits; a class no family declares is refused
-by name."""
+by name. DeepSeek-V3's importer-written folder is ``test_yarn_dirs.py``'s
+(``test_nemo2_deepseek_folder_reads_its_class_yarn``), GPT-OSS's refusal ``test_nemo2_gpt_oss_is_refused_by_name``."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def _qwen3(hf: dict[str, Any]) -> dict[str, Any]:
                layernorm_epsilon=hf["rms_norm_eps"], vocab_size=hf["vocab_size"], make_vocab_size_divisible_by=1187,
                rotary_base=_theta(hf), share_embeddings_and_output_weights=hf.get("tie_word_embeddings", False),
                **_DTYPES, generation_config=None)
-    if hf.get("num_experts") is not None:
+    if (hf.get("num_experts") or hf.get("num_local_experts")) is not None:  # transformers 5 saves the latter
         out["moe_ffn_hidden_size"] = hf["moe_intermediate_size"]
     return out
 
@@ -115,6 +116,17 @@ def _mixtral(hf: dict[str, Any]) -> dict[str, Any]:
                 gated_linear_unit=True, make_vocab_size_divisible_by=128, use_cpu_initialization=True,
                 perform_initialization=False, params_dtype={"_target_": "torch.float32", "_call_": False},
                 generation_config=None)
+
+
+def _phi3(hf: dict[str, Any]) -> dict[str, Any]:
+    """``HFPhi3Importer.config`` (``phi3mini.py`` lines 125-152): no query groups (so MHA), no
+    partial rotary factor, no window, no vocabulary size."""
+    return dict(num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
+                ffn_hidden_size=hf["intermediate_size"], num_attention_heads=hf["num_attention_heads"],
+                init_method_std=hf["initializer_range"], layernorm_epsilon=hf["rms_norm_eps"],
+                rotary_base=_theta(hf), gated_linear_unit=True,
+                make_vocab_size_divisible_by=_divisible(hf["vocab_size"]), share_embeddings_and_output_weights=False,
+                **_DTYPES)
 
 
 def _nemotron(hf: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +148,14 @@ CASES: dict[str, tuple[dict[str, Any], str, str, Callable[[dict[str, Any]], dict
     "mistral": ({}, "mistral.MistralModel", "mistral.MistralConfig7B", _mistral),
     "qwen2": ({}, "qwen2.Qwen2Model", "qwen2.Qwen2Config", _qwen2),
     "qwen3": ({"head_dim": 128}, "qwen3.Qwen3Model", "qwen3.Qwen3Config", _qwen3),
+    # NeMo's importer passes neither the expert count nor top-k: Qwen3MoEConfig's 128 and 8
+    "qwen3_moe": ({"head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8}, "qwen3.Qwen3Model",
+                  "qwen3.Qwen3MoEConfig", _qwen3),
     "mixtral": ({"sliding_window": None}, "mixtral.MixtralModel", "mixtral.MixtralConfig8x7B", _mixtral),
+    # Phi-3-mini's vocabulary: a folder without a tokenizer exports no pad_token_id, and
+    # transformers' Phi3Config defaults it to 32000
+    "phi3": ({"num_key_value_heads": 4, "sliding_window": None, "partial_rotary_factor": 1.0, "vocab_size": 32064},
+             "phi3mini.Phi3Model", "phi3mini.Phi3Config", _phi3),
     "nemotron": (_NO_BIAS, "nemotron.NemotronModel", "nemotron.NemotronConfig", _nemotron),
 }
 
@@ -180,29 +199,44 @@ def test_importer_written_folder_exports_exactly(family: str, tmp_path: Any) -> 
     assert_exports_as(src, folder, str(tmp_path / "back"))
 
 
-#: A recipe's sized preset with only the geometry overridden: family → (HF overrides, model
-#: class, preset, what the recipe sets).
-PRESETS: dict[str, tuple[dict[str, Any], str, str, dict[str, Any]]] = {
-    "llama": ({**_NO_BIAS, "rope_theta": 500000.0, "num_key_value_heads": 2, "rms_norm_eps": 1e-5},
-              "llama.LlamaModel", "llama.Llama3Config8B",
-              dict(num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4, num_query_groups=2)),
+#: A recipe's sized preset with only the geometry overridden: family → (HF overrides that
+#: match the preset's other defaults, model class, preset, what the recipe sets, a class no
+#: family declares under that model class).
+_GEOMETRY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4, num_query_groups=2)
+_FP32 = {"params_dtype": {"_target_": "torch.float32", "_call_": False}, "bf16": False}
+_LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+PRESETS: dict[str, tuple[dict[str, Any], str, str, dict[str, Any], str]] = {
+    "llama": ({**_NO_BIAS, "rope_scaling": _LLAMA31_ROPE, "rms_norm_eps": 1e-5},
+              "llama.LlamaModel", "llama.Llama31Config8B", _GEOMETRY, "llama.CodeLlamaConfig7B"),
     "gemma": ({"head_dim": 16, "num_key_value_heads": 1, "rope_theta": 10000.0, "rms_norm_eps": 1e-5},
               "gemma.GemmaModel", "gemma.GemmaConfig2B",
-              dict(num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4, kv_channels=16)),
+              dict(num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4, kv_channels=16),
+              "gemma.CodeGemmaConfig2B"),
+    "mistral": ({"sliding_window": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5}, "mistral.MistralModel",
+                "mistral.MistralConfig7B", {**_GEOMETRY, "kv_channels": 16, **_FP32}, "mixtral.MixtralConfig"),
+    "qwen2": ({"rope_theta": 1000000.0, "rms_norm_eps": 1e-6}, "qwen2.Qwen2Model", "qwen2.Qwen25Config500M",
+              _GEOMETRY, "qwen3.Qwen3Config"),
+    "qwen3": ({"head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
+              "qwen3.Qwen3Model", "qwen3.Qwen3Config600M", _GEOMETRY, "qwen2.Qwen2Config"),
+    "nemotron": ({**_NO_BIAS, "head_dim": 128, "partial_rotary_factor": 0.5, "norm_eps": 1e-5, "rope_theta": 10000.0},
+                 "nemotron.NemotronModel", "nemotron.Nemotron3Config4B", _GEOMETRY, "llama.LlamaConfig"),
 }
 
 
 @pytest.mark.parametrize("family", sorted(PRESETS))
 def test_sized_preset_with_geometry_overridden(family: str, tmp_path: Any) -> None:
-    overrides, model_cls, preset, recipe = PRESETS[family]
+    overrides, model_cls, preset, recipe, undeclared = PRESETS[family]
     src, folder = write_nemo2(str(tmp_path), family, model_cls, {"_target_": _M + preset, **recipe}, **overrides)
     assert_exports_as(src, folder, str(tmp_path / "back"))
-    # negative control: the same folder under a class no family declares is refused by name
+    # negative control: the same folder under a class no family declares for that model is refused by name
     path = os.path.join(folder, "context", "model.yaml")
     with open(path) as f:
         model = yaml.safe_load(f)
-    model["config"]["_target_"] = _M + model_cls.split(".")[0] + ".CodeLlamaConfig7B"
+    model["config"]["_target_"] = _M + undeclared
     with open(path, "w") as f:
         yaml.safe_dump(model, f)
-    with pytest.raises(UnsupportedError, match=r"CodeLlamaConfig7B .*declared by no installed family.*declared: "):
+    name = undeclared.rsplit(".", 1)[-1]
+    with pytest.raises(UnsupportedError, match=rf"{name} under {model_cls.rsplit('.', 1)[-1]} is declared by no "
+                                               rf"installed family.*declared: .*{preset.rsplit('.', 1)[-1]}"):
         api.export_hf(folder, str(tmp_path / "refused"))

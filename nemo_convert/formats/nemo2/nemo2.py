@@ -3,7 +3,10 @@
 
 The model config is fiddle-style YAML (``_target_`` keys); it is read with a safe loader
 that turns any Python tag into an inert string, and translated into NeMo 1 field names so
-that the model families handle both generations with one config translation.
+that the model families handle both generations with one config translation. NeMo writes only
+the arguments a config class was called with, so an absent field is that class's default: the
+families declare their classes' defaults (``NemoTarget.nemo2_configs``); a class none declares
+is refused by name.
 """
 
 from __future__ import annotations
@@ -59,11 +62,14 @@ _FN = "torch.nn.functional."
 
 #: What an absent field of a NeMo 2 GPT config means before its class's own defaults (which
 #: the families declare: ``NemoTarget.nemo2_configs``): NeMo's ``GPTConfig`` (NeMo 8cfedd7
-#: ``nemo/collections/llm/gpt/model/base.py`` lines 292-311: tied embeddings, learned absolute
+#: ``nemo/collections/llm/gpt/model/base.py`` lines 292-316: tied embeddings, learned absolute
 #: positions, context 1024) over Megatron-Core's ``TransformerConfig`` (0.16.1
-#: ``transformer/transformer_config.py`` lines 124-173: query groups, FFN size and head size
-#: derived, LayerNorm at line 205, GeLU, biases, no GLU; ``init_method_std`` line 311,
-#: ``bias_activation_fusion`` line 354; ``model_parallel_config.py`` lines 106-112: fp32).
+#: ``transformer/transformer_config.py`` lines 124-237: query groups, FFN size and head size
+#: derived, biases, no GLU, GeLU, LayerNorm at line 205, no QK norm, no MLA; ``init_method_std``
+#: line 311, ``bias_activation_fusion`` line 354; ``model_parallel_config.py`` lines 106-112:
+#: fp32). A ``model.yaml`` holds only the arguments the class was called with (``IOMixin``:
+#: NeMo 8cfedd7 ``nemo/lightning/io/mixin.py`` lines 515-545, ``bind_partial`` without
+#: ``apply_defaults``), so every other field is its class's default.
 GPT_CONFIG_DEFAULTS: dict[str, Any] = {
     "share_embeddings_and_output_weights": True, "make_vocab_size_divisible_by": 128,
     "position_embedding_type": "learned_absolute", "rotary_base": 10000, "rotary_percent": 1.0,
@@ -80,9 +86,7 @@ GPT_CONFIG_DEFAULTS: dict[str, Any] = {
 #: Megatron-Core's name for each activation function (the first of its spellings in
 #: :data:`~nemo_convert.spec.activations.MCORE_FUNCTIONS`): NeMo's ``openai_gelu`` is the tanh
 #: GeLU Megatron-Core calls ``fast_gelu``.
-_MCORE_NAME: dict[str, str] = {}
-for _name, _fn in MCORE_FUNCTIONS.items():
-    _MCORE_NAME.setdefault(_fn, _name)
+_MCORE_NAME: dict[str, str] = {fn: name for name, fn in reversed(MCORE_FUNCTIONS.items())}
 
 
 def _declared(model: dict[str, Any], c: dict[str, Any], providers: ProviderTable) -> dict[str, Any]:
