@@ -23,8 +23,8 @@ from nemo_convert import api
 from nemo_convert.errors import UnsupportedError
 from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
-
-pytestmark = pytest.mark.slow  # each case converts twice and runs transformers twice
+from nemo_convert.formats.nemo2.nemo2 import nemo2_to_nemo1_config
+from nemo_convert.plugins.manager import get_registry
 
 _M = "nemo.collections.llm.gpt.model."
 _DTYPES = dict(fp16=False, bf16=False, params_dtype={"_target_": "torch.float32", "_call_": False})
@@ -191,6 +191,7 @@ def assert_exports_as(src: str, folder: str, out: str) -> None:
     assert torch.equal(logits(src), logits(out))
 
 
+@pytest.mark.slow  # converts twice and runs transformers twice
 @pytest.mark.parametrize("family", sorted(CASES))
 def test_importer_written_folder_exports_exactly(family: str, tmp_path: Any) -> None:
     overrides, model_cls, config_cls, args = CASES[family]
@@ -224,6 +225,7 @@ PRESETS: dict[str, tuple[dict[str, Any], str, str, dict[str, Any], str]] = {
 }
 
 
+@pytest.mark.slow  # converts twice and runs transformers twice
 @pytest.mark.parametrize("family", sorted(PRESETS))
 def test_sized_preset_with_geometry_overridden(family: str, tmp_path: Any) -> None:
     overrides, model_cls, preset, recipe, undeclared = PRESETS[family]
@@ -240,3 +242,50 @@ def test_sized_preset_with_geometry_overridden(family: str, tmp_path: Any) -> No
     with pytest.raises(UnsupportedError, match=rf"{name} under {model_cls.rsplit('.', 1)[-1]} is declared by no "
                                                rf"installed family.*declared: .*{preset.rsplit('.', 1)[-1]}"):
         api.export_hf(folder, str(tmp_path / "refused"))
+
+
+def _read(model_cls: str, config: dict[str, Any]) -> dict[str, Any]:
+    return nemo2_to_nemo1_config({"_target_": _M + model_cls, "config": config}, get_registry().providers())
+
+
+def test_absent_fields_are_the_declared_class_defaults_and_written_ones_win() -> None:
+    """GPTConfig / TransformerConfig under the class's declaration under the YAML: Gemma's absent
+    head size is GemmaConfig's 256 (not hidden / heads); Llama's written ``kv_channels: null``
+    is hidden / heads; a Llama 3.1 preset brings its llama3 RoPE scaling and a written field
+    overrides the preset's."""
+    geometry = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
+    gemma = _read("gemma.GemmaModel", {"_target_": _M + "gemma.GemmaConfig", **geometry})
+    assert (gemma["kv_channels"], gemma["apply_embedding_scaling"], gemma["normalization"],
+            gemma["activation"], gemma["share_embeddings_and_output_weights"]) == (256, True, "rmsnorm",
+                                                                                 "geglu", True)
+    llama = _read("llama.LlamaModel", {"_target_": _M + "llama.LlamaConfig", **geometry, "kv_channels": None})
+    assert (llama["kv_channels"], llama["activation"], llama["bias"], llama["position_embedding_type"],
+            llama["share_embeddings_and_output_weights"]) == (16, "fast-swiglu", False, "rope", False)
+    preset = _read("llama.LlamaModel", {"_target_": _M + "llama.Llama31Config8B", "num_layers": 2})
+    assert (preset["num_layers"], preset["hidden_size"], preset["num_query_groups"], preset["scale_factor"],
+            preset["old_context_len"], preset["rotary_base"]) == (2, 4096, 8, 8.0, 8192, 500000)
+    # negative control: the plain Llama3Config has no RoPE scaling
+    assert not _read("llama.LlamaModel", {"_target_": _M + "llama.Llama3Config", **geometry}).get(
+        "scale_positional_embedding")
+
+
+def test_a_class_is_read_only_under_a_model_class_whose_families_declare_it() -> None:
+    """Qwen3's config class under Qwen2Model: refused, naming the classes Qwen2Model's families
+    declare; a config without ``_target_`` is refused too."""
+    with pytest.raises(UnsupportedError, match=r"Qwen3Config under Qwen2Model is declared by no installed family"
+                                               r".*declared: Qwen25Config14B, .*Qwen2Config,"):
+        _read("qwen2.Qwen2Model", {"_target_": _M + "qwen3.Qwen3Config", "num_layers": 2})
+    with pytest.raises(UnsupportedError, match=r"\(no _target_\) under LlamaModel is declared by no"):
+        _read("llama.LlamaModel", {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4})
+
+
+def test_every_declared_class_is_in_its_model_classes_module() -> None:
+    """A family declares config classes of NeMo's module for its NeMo 2 model classes (the
+    table is NeMo's, not invented), each with defaults that name no unknown provider class."""
+    for fam in get_registry().families.values():
+        nemo = fam.record.nemo
+        modules = {t.rsplit(".", 1)[0] for t in nemo.nemo2_targets}
+        for cls, declared in nemo.nemo2_configs.items():
+            assert cls.rsplit(".", 1)[0] in modules, (fam.record.name, cls)
+            assert isinstance(declared, str) or str(declared.get("_target_", "megatron.bridge.")).startswith(
+                "megatron.bridge."), (fam.record.name, cls)
