@@ -222,6 +222,14 @@ PRESETS: dict[str, tuple[dict[str, Any], str, str, dict[str, Any], str]] = {
               "qwen3.Qwen3Model", "qwen3.Qwen3Config600M", _GEOMETRY, "qwen2.Qwen2Config"),
     "nemotron": ({**_NO_BIAS, "head_dim": 128, "partial_rotary_factor": 0.5, "norm_eps": 1e-5, "rope_theta": 10000.0},
                  "nemotron.NemotronModel", "nemotron.Nemotron3Config4B", _GEOMETRY, "llama.LlamaConfig"),
+    "mixtral": ({"sliding_window": None, "rope_theta": 1000000.0, "rms_norm_eps": 1e-5, "num_local_experts": 8,
+                 "num_experts_per_tok": 2}, "mixtral.MixtralModel", "mixtral.MixtralConfig8x7B", {**_GEOMETRY, **_FP32},
+                "mistral.MistralConfig7B"),
+    "phi3": ({"vocab_size": 32064, "sliding_window": None, "partial_rotary_factor": 1.0, "rms_norm_eps": 1e-5,
+              "rope_theta": 10000.0}, "phi3mini.Phi3Model", "phi3mini.Phi3ConfigMini", _GEOMETRY, "llama.LlamaConfig"),
+    "qwen3_moe": ({"head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "num_experts": 128,
+                   "num_experts_per_tok": 8, "moe_intermediate_size": 48}, "qwen3.Qwen3Model",
+                  "qwen3.Qwen3Config30B_A3B", {**_GEOMETRY, "moe_ffn_hidden_size": 48}, "qwen2.Qwen2Config"),
 }
 
 
