@@ -297,3 +297,24 @@ def test_every_declared_class_is_in_its_model_classes_module() -> None:
             assert cls.rsplit(".", 1)[0] in modules, (fam.record.name, cls)
             assert isinstance(declared, str) or str(declared.get("_target_", "megatron.bridge.")).startswith(
                 "megatron.bridge."), (fam.record.name, cls)
+
+
+def test_two_families_declaring_one_class_differently_is_an_error_naming_both() -> None:
+    import copy
+    from dataclasses import replace
+
+    from nemo_convert.errors import PluginError
+    from nemo_convert.plugins.manager import Provided
+
+    reg = copy.copy(get_registry())
+    llama = reg.families["llama"].record
+    cls = _M + "llama.LlamaConfig"
+    same = replace(llama, name="llama-again")
+    reg.families = {**reg.families, "llama-again": Provided(same, "x", "x")}
+    assert reg.providers().nemo2[_M + "llama.LlamaModel"][cls] == llama.nemo.nemo2_configs[cls]  # same: fine
+    other = replace(llama, name="llama-other", nemo=replace(llama.nemo, nemo2_configs={
+        cls: {**llama.nemo.nemo2_configs[cls], "gated_linear_unit": False}}))
+    reg.families = {**reg.families, "llama-other": Provided(other, "x", "x")}
+    with pytest.raises(PluginError, match="families 'llama' and 'llama-other' declare NeMo 2 config class "
+                                          r"nemo\.collections\.llm\.gpt\.model\.llama\.LlamaConfig differently"):
+        reg.providers()
