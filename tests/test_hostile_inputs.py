@@ -593,7 +593,8 @@ def test_model_config_yaml_with_python_tags(pristine, tmp_path, out, tag):
 @pytest.fixture(scope="module")
 def nemo2(pristine: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A NeMo 2 folder (weights/ with the module. prefix, context/model.yaml) built from
-    the pristine .nemo, and its model.yaml as a dict."""
+    the pristine .nemo, and its model.yaml as a dict: the arguments NeMo's ``HFLlamaImporter.config``
+    passes (NeMo 8cfedd7 ``llama.py`` lines 754-775), nothing else."""
     from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
     from nemo_convert.formats.io.sink import DirectorySink
 
@@ -609,9 +610,9 @@ def nemo2(pristine: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
              "config": {"_target_": "nemo.collections.llm.gpt.model.llama.LlamaConfig",
                         **{k: cfg[k] for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                                                "num_query_groups", "kv_channels", "rotary_base", "layernorm_epsilon")},
-                        "seq_length": cfg["encoder_seq_length"], "normalization": "RMSNorm",
-                        "gated_linear_unit": True, "add_bias_linear": False,
-                        "share_embeddings_and_output_weights": False, "make_vocab_size_divisible_by": 8}}
+                        "seq_length": cfg["encoder_seq_length"], "init_method_std": 0.02, "gated_linear_unit": True,
+                        "fp16": False, "bf16": False, "share_embeddings_and_output_weights": False,
+                        "make_vocab_size_divisible_by": 8}}
     os.makedirs(os.path.join(folder, "context"))
     return {"folder": folder, "model": model}
 

@@ -196,7 +196,9 @@ def test_dist_layout_records_parallelism_and_keeps_global_tensors(tmp_path, sour
 
 
 def _write_nemo2(folder: str, nemo_file: str, *, per_layer_fc1: bool = False, prefix: str = "module.") -> None:
-    """A NeMo 2.0 folder built from an imported .nemo's tensors: weights/ + context/."""
+    """A NeMo 2.0 folder built from an imported .nemo's tensors: weights/ + context/, whose
+    ``model.yaml`` holds what NeMo's ``HFLlamaImporter.config`` passes ``LlamaConfig`` (NeMo 8cfedd7
+    ``llama.py`` lines 754-775) and nothing else: NeMo writes the call's arguments only."""
     from nemo_convert.formats.dist_checkpoint.distckpt_write import DistCheckpointWriter
     from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
     from nemo_convert.formats.io.sink import DirectorySink
@@ -235,9 +237,8 @@ def _write_nemo2(folder: str, nemo_file: str, *, per_layer_fc1: bool = False, pr
                    "ffn_hidden_size": cfg["ffn_hidden_size"], "num_attention_heads": cfg["num_attention_heads"],
                    "num_query_groups": cfg["num_query_groups"], "kv_channels": cfg["kv_channels"],
                    "seq_length": cfg["encoder_seq_length"], "rotary_base": cfg["rotary_base"],
-                   "layernorm_epsilon": cfg["layernorm_epsilon"], "normalization": "RMSNorm",
-                   "gated_linear_unit": True, "add_bias_linear": False,
-                   "activation_func": {"_target_": "torch.nn.functional.silu", "_call_": False},
+                   "layernorm_epsilon": cfg["layernorm_epsilon"], "init_method_std": 0.02,
+                   "gated_linear_unit": True, "fp16": False, "bf16": False, "generation_config": None,
                    "params_dtype": {"_target_": "torch.float32", "_call_": False},
                    "share_embeddings_and_output_weights": False, "make_vocab_size_divisible_by": 8},
         "tokenizer": {"_target_": "nemo.collections.common.tokenizers.sentencepiece_tokenizer.SentencePieceTokenizer"},

@@ -72,7 +72,8 @@ def test_precision_is_one_rule_everywhere(params_dtype, precision):
     cfg = _family_config("llama")
     model = nemo_to_provider(cfg, "llama", providers=PROVIDERS, vocab_size=128, params_dtype=params_dtype)
     assert provider_to_nemo(model, "x", PROVIDERS)["precision"] == precision
-    nemo2 = nemo2_to_nemo1_config({"config": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    nemo2 = nemo2_to_nemo1_config({"config": {"_target_": "nemo.collections.llm.gpt.model.llama.LlamaConfig",
+                                              "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                                               "params_dtype": {"_target_": str(params_dtype), "_call_": False}}},
                                   PROVIDERS)
     assert nemo2["precision"] == precision

@@ -498,12 +498,13 @@ def _source_options(*readers: Callable[[dict[str, Any], Sequence[str]], dict[str
 
 def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigTable,
                features: GPTFeatures = GPTFeatures(), nemo2_targets: tuple[str, ...] = (),
-               description: str = "", claims: Callable[[dict[str, Any]], bool] | None = None,
+               nemo2_configs: dict[str, dict[str, Any] | str] | None = None, description: str = "", claims: Callable[[dict[str, Any]], bool] | None = None,
                mapping: Callable[[dict[str, Any]], Mapping] | None = None, **extra: Any) -> ModelFamily:
     """A dense decoder family: the GPT block with ``features``, translated by ``config``
     (``GPT_CONFIG.extend(...)``). ``claims`` recognises a NeMo-written ``MegatronGPTModel``
     config as this family's (``None``: the default family, Llama). The NeMo side is
-    ``MegatronGPTModel`` in the ``dist`` layout (plus ``nemo2_targets``); the HF side's
+    ``MegatronGPTModel`` in the ``dist`` layout (plus ``nemo2_targets``, whose config classes
+    ``nemo2_configs`` declares: :class:`NemoTarget`); the HF side's
     transformers class is ``architecture``. An MoE block adds the ``hf_experts``
     import option, read from the tensor names. Export refuses a NeMo config whose math
     ``architecture`` does not compute, by name (``refuses_nemo_config``; it also keeps the
@@ -529,7 +530,8 @@ def gpt_family(name: str, *, architecture: str, model_type: str, config: ConfigT
         readers.insert(0, hf_experts_layout)
     options = FamilyOptions(keys=keys, cli=cli, from_source=_source_options(*readers) if readers else None)
     fields: dict[str, Any] = {
-        "nemo": NemoTarget(NEMO_GPT_TARGET, nemo2_targets=nemo2_targets, default_layout="dist"),
+        "nemo": NemoTarget(NEMO_GPT_TARGET, nemo2_targets=nemo2_targets, nemo2_configs=dict(nemo2_configs or {}),
+                           default_layout="dist"),
         "hf": HFSide(model_class=architecture), "options": options, **extra}
     return ModelFamily(
         name=name, hf_architectures=(architecture,), hf_model_types=(model_type,),

@@ -210,9 +210,22 @@ class Registry:
 
     def providers(self) -> ProviderTable:
         """The Megatron-Bridge providers the families declare (``ModelFamily.megatron_bridge``):
-        what ``--to megatron-bridge`` writes and which provider classes a directory is read by."""
+        what ``--to megatron-bridge`` writes and which provider classes a directory is read by;
+        and the NeMo 2 config classes they declare (``NemoTarget.nemo2_configs``) under each of
+        their NeMo 2 model classes; two families declaring one config class differently is an
+        error naming both."""
+        nemo2: dict[str, dict[str, Any]] = {}
+        first: dict[str, tuple[str, Any]] = {}
+        for name, p in self.families.items():
+            for cls, declared in p.record.nemo.nemo2_configs.items():
+                other = first.setdefault(cls, (name, declared))
+                if other[1] != declared:
+                    raise PluginError(f"families {other[0]!r} and {name!r} declare NeMo 2 config class {cls} "
+                                      "differently")
+            for model in p.record.nemo.nemo2_targets:
+                nemo2.setdefault(model, {}).update(p.record.nemo.nemo2_configs)
         return ProviderTable({name: p.record.megatron_bridge for name, p in self.families.items()
-                              if p.record.megatron_bridge is not None})
+                              if p.record.megatron_bridge is not None}, nemo2)
 
     def strategies(self) -> Strategies:
         """The strategies every reader and writer of a sharded layout uses: the one of

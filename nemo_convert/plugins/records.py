@@ -37,6 +37,17 @@ class NemoTarget:
         how a ``.nemo`` NeMo wrote is recognised).
     :param nemo2_targets: NeMo 2.0 model classes (``_target_`` of ``context/model.yaml``)
         this family reads.
+    :param nemo2_configs: the NeMo 2.0 config classes (``config._target_`` of
+        ``context/model.yaml``) this family reads, each with the field defaults that class
+        has — its own and those it inherits from the family's classes, in the
+        Megatron-Core ``TransformerConfig`` / Megatron-Bridge provider field names; NeMo's
+        ``GPTConfig`` and ``TransformerConfig`` defaults under them are the core's. NeMo 2
+        writes only the arguments a config class was called with (``IOMixin``, NeMo 8cfedd7
+        ``nemo/lightning/io/mixin.py`` lines 520-545), so an absent field is this default. A
+        ``_target_`` entry names the Megatron-Bridge provider class the config is read as
+        (its class defaults and implied NeMo fields apply under the declared ones). A string
+        instead of a mapping is why that class is refused, by name. A class under one of
+        ``nemo2_targets`` that no family declares is refused by name.
     :param default_layout: ``"dist"`` (Megatron-Core distributed checkpoint) or
         ``"legacy"`` (one ``model_weights.ckpt``), the layout NeMo itself uses.
     :param dist_unstacked: logical-name prefixes that the dist layout stores one key per
@@ -57,6 +68,7 @@ class NemoTarget:
 
     target: str
     nemo2_targets: tuple[str, ...] = ()
+    nemo2_configs: "dict[str, dict[str, Any] | str]" = field(default_factory=dict, hash=False)
     default_layout: Literal["dist", "legacy"] = "dist"
     dist_unstacked: tuple[str, ...] = ()
     dist_extra_states: tuple[str, ...] = ()

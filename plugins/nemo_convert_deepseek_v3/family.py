@@ -22,6 +22,7 @@ from nemo_convert.families import (DENSE, GPT_CONFIG, MLA_PROVIDER, MLA_ROWS, MO
                                    Check, Field, GPTFeatures, MoEBlock, ProviderFamily, dense_first_experts, gpt_family,
                                    rope)
 from nemo_convert.spec import spec_of
+from nemo_convert_deepseek_v3.nemo2 import NEMO2_CONFIGS
 
 
 #: What an absent key means: ``DeepseekV3Config``'s defaults (transformers 5.25.0
@@ -69,6 +70,6 @@ DEEPSEEK_V3 = gpt_family(
     features=GPTFeatures(mla=True, moe=MoEBlock(shared="shared_experts", expert_bias="gate.e_score_correction_bias"),
                          mtp=True),
     claims=lambda cfg: spec_of(cfg).attention.mla is not None,
-    nemo2_targets=("nemo.collections.llm.gpt.model.deepseek.DeepSeekModel",),
+    nemo2_targets=("nemo.collections.llm.gpt.model.deepseek.DeepSeekModel",), nemo2_configs=NEMO2_CONFIGS,
     description="DeepSeek-V3 (MLA, dense first layers, sigmoid-routed experts with bias, shared experts)",
     megatron_bridge=MEGATRON_BRIDGE)

@@ -25,6 +25,7 @@ from nemo_convert.errors import UnsupportedError
 from nemo_convert.families import (Check, DENSE, DENSE_CLASS_DEFAULTS, Derived, FAST_GELU, Field, GPTFeatures,
                                    GPT_CONFIG, NO_LINEAR_BIAS, ProviderFamily, gpt_family, linear_biases)
 from nemo_convert.spec import spec_of
+from nemo_convert_gemma.nemo2 import NEMO2_CONFIGS
 
 #: ``hidden_act`` values transformers' ``GemmaConfig`` runs as the tanh GeLU.
 TANH_GELU_SPELLINGS = ("gelu_pytorch_tanh", "gelu")
@@ -78,6 +79,6 @@ GEMMA = gpt_family(
     "gemma", architecture="GemmaForCausalLM", model_type="gemma", config=GEMMA_CONFIG,
     features=GPTFeatures(zero_centred_norms=True),
     claims=lambda cfg: spec_of(cfg).embedding.scaled or spec_of(cfg).norm.zero_centred,
-    nemo2_targets=("nemo.collections.llm.gpt.model.gemma.GemmaModel",),
+    nemo2_targets=("nemo.collections.llm.gpt.model.gemma.GemmaModel",), nemo2_configs=NEMO2_CONFIGS,
     description="Gemma 2B/7B (GeGLU, zero-centred RMSNorm, tied embeddings scaled by sqrt(hidden))",
     megatron_bridge=MEGATRON_BRIDGE)

@@ -22,6 +22,7 @@ from nemo_convert.families import (Check, Derived, EXPERTS_FFN, Field, GPTFeatur
                                    activation, gpt_family, num_experts, rope)
 from nemo_convert.hf_config import read_rope
 from nemo_convert.spec import megatron_window, spec_of
+from nemo_convert_gpt_oss.nemo2 import NEMO2_CONFIGS
 
 
 def _windows_to_nemo(hf: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +97,6 @@ GPT_OSS = gpt_family(
                                                            fused_interleaved=True, expert_biases=True,
                                                            expert_tp=False)),
     claims=lambda cfg: spec_of(cfg).attention.softmax == "learnable",  # attention sinks
-    nemo2_targets=("nemo.collections.llm.gpt.model.gpt_oss.GPTOSSModel",),
+    nemo2_targets=("nemo.collections.llm.gpt.model.gpt_oss.GPTOSSModel",), nemo2_configs=NEMO2_CONFIGS,
     description="GPT-OSS (attention sinks, biases, alternating windows, fused interleaved experts with biases)",
     megatron_bridge=MEGATRON_BRIDGE)

@@ -8,6 +8,7 @@ from nemo_convert.families import DENSE, GPT_PROVIDER, ProviderFamily, gpt_famil
 from nemo_convert.families.trtllm import LLAMA_FIELDS, gpt_trtllm
 from nemo_convert.mapping import Mapping
 from nemo_convert_llama.config import LLAMA_CONFIG
+from nemo_convert_llama.nemo2 import NEMO2_CONFIGS
 
 _MAPPING = gpt_mapping()
 
@@ -23,7 +24,7 @@ MEGATRON_BRIDGE = ProviderFamily(GPT_PROVIDER, DENSE)
 
 LLAMA = gpt_family(
     "llama", architecture="LlamaForCausalLM", model_type="llama", config=LLAMA_CONFIG,
-    nemo2_targets=("nemo.collections.llm.gpt.model.llama.LlamaModel",),
+    nemo2_targets=("nemo.collections.llm.gpt.model.llama.LlamaModel",), nemo2_configs=NEMO2_CONFIGS,
     trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS),  # TensorRT-LLM's LLaMAForCausalLM
     description="Llama 2/3/3.1/3.2 (MHA, GQA, tied embeddings, llama3/linear RoPE scaling)",
     megatron_bridge=MEGATRON_BRIDGE)

@@ -9,6 +9,7 @@ from nemo_convert.families import (DENSE, DENSE_CLASS_DEFAULTS, GPT_CONFIG, Prov
                                    sliding_window)
 from nemo_convert.families.trtllm import LLAMA_FIELDS, gpt_trtllm
 from nemo_convert.spec import spec_of
+from nemo_convert_mistral.nemo2 import NEMO2_CONFIGS
 
 #: ``--to megatron-bridge``: Megatron-Bridge v0.6.0 ``mistral/mistral_bridge.py`` lines 56-59 builds a
 #: ``MistralModelProvider`` (``mistral/mistral_provider.py`` lines 28-56: its defaults) with
@@ -25,7 +26,7 @@ MISTRAL = gpt_family(
     "mistral", architecture="MistralForCausalLM", model_type="mistral",
     config=GPT_CONFIG.extend(sliding_window()),
     claims=lambda cfg: spec_of(cfg).attention.window is not None,  # a sliding window (NeMo's importer writes it)
-    nemo2_targets=("nemo.collections.llm.gpt.model.mistral.MistralModel",),
+    nemo2_targets=("nemo.collections.llm.gpt.model.mistral.MistralModel",), nemo2_configs=NEMO2_CONFIGS,
     trtllm=gpt_trtllm("LlamaForCausalLM", LLAMA_FIELDS),  # MODEL_MAP: MistralForCausalLM → LLaMAForCausalLM
     description="Mistral 7B / NeMo 12B (GQA, sliding window as window_size=[W-1, 0])",
     megatron_bridge=MEGATRON_BRIDGE)

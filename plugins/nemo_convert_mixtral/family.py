@@ -10,6 +10,7 @@ from nemo_convert.families import (EXPERTS_FFN, GPTFeatures, GPT_CONFIG, MOE_HAR
                                    MoEBlock, gpt_family, num_experts, sliding_window)
 from nemo_convert.families.trtllm import LLAMA_MOE_FIELDS, gpt_trtllm
 from nemo_convert.spec import spec_of
+from nemo_convert_mixtral.nemo2 import NEMO2_CONFIGS
 
 #: ``--to megatron-bridge`` is refused: no provider to confirm against.
 MEGATRON_BRIDGE = ("Megatron-Bridge has no Mixtral bridge or provider in any release (v0.1.0 to v0.6.0: no "
@@ -23,7 +24,7 @@ MIXTRAL = gpt_family(
         nemo_constants={**MOE_NEMO_CONSTANTS, "moe_router_pre_softmax": False, "moe_layer_freq": 1}),
     features=GPTFeatures(moe=MoEBlock(block="block_sparse_moe", gate="w1", up="w3", down="w2", fused_block="mlp")),
     claims=lambda cfg: spec_of(cfg).moe is not None,  # routed experts
-    nemo2_targets=("nemo.collections.llm.gpt.model.mixtral.MixtralModel",),
+    nemo2_targets=("nemo.collections.llm.gpt.model.mixtral.MixtralModel",), nemo2_configs=NEMO2_CONFIGS,
     trtllm=gpt_trtllm("MixtralForCausalLM", LLAMA_MOE_FIELDS),  # MODEL_MAP: → LLaMAForCausalLM with `moe`
     description="Mixtral 8x7B / 8x22B (GQA, top-k softmax-routed experts, sliding window)",
     megatron_bridge=MEGATRON_BRIDGE)

@@ -27,6 +27,7 @@ from typing import Any
 from nemo_convert.families import (Check, Field, GPTFeatures, GPT_CONFIG, GPT_PROVIDER, NO_LINEAR_BIAS, NemoCheck,
                                    ProviderFamily, SQUARED_RELU, activation, gpt_family, linear_biases, partial_rope)
 from nemo_convert.spec import spec_of
+from nemo_convert_nemotron.nemo2 import NEMO2_CONFIGS
 
 
 def _head_dim(hf: dict[str, Any]) -> int:
@@ -96,6 +97,6 @@ NEMOTRON = gpt_family(
     "nemotron", architecture="NemotronForCausalLM", model_type="nemotron", config=NEMOTRON_CONFIG,
     features=GPTFeatures(gated_mlp=False, norm_bias=True),
     claims=_claims,
-    nemo2_targets=("nemo.collections.llm.gpt.model.nemotron.NemotronModel",),
+    nemo2_targets=("nemo.collections.llm.gpt.model.nemotron.NemotronModel",), nemo2_configs=NEMO2_CONFIGS,
     description="Nemotron-3/4, Minitron (squared-ReLU MLP, zero-centred LayerNorm with bias, partial RoPE, GQA)",
     megatron_bridge=MEGATRON_BRIDGE)

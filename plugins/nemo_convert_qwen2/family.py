@@ -16,6 +16,7 @@ from nemo_convert.families import (AUTOCAST_BF16, Check, DENSE, DENSE_CLASS_DEFA
                                    NO_LINEAR_BIAS, ProviderFamily, SILU, gpt_family, no_per_layer_windows)
 from nemo_convert.families.trtllm import gpt_trtllm, qwen_fields
 from nemo_convert.spec import spec_of
+from nemo_convert_qwen2.nemo2 import NEMO2_CONFIGS
 
 
 def _no_mrope(hf: dict[str, Any]) -> str | None:
@@ -43,7 +44,7 @@ MEGATRON_BRIDGE = ProviderFamily(
 QWEN2 = gpt_family(
     "qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", config=QWEN2_CONFIG,
     claims=lambda cfg: spec_of(cfg).attention.qkv_bias and not spec_of(cfg).attention.proj_bias,  # q/k/v biases only
-    nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
+    nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",), nemo2_configs=NEMO2_CONFIGS,
     trtllm=gpt_trtllm("Qwen2ForCausalLM", qwen_fields("qwen2")),  # TensorRT-LLM's QWenForCausalLM
     description="Qwen2 / Qwen2.5 (GQA, q/k/v biases, tied or not)",
     megatron_bridge=MEGATRON_BRIDGE)

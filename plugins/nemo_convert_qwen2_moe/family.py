@@ -28,6 +28,8 @@ QWEN2_MOE = gpt_family(
     "qwen2_moe", architecture="Qwen2MoeForCausalLM", model_type="qwen2_moe", config=QWEN2_MOE_CONFIG,
     features=GPTFeatures(moe=MoEBlock(shared="shared_expert", shared_gate="shared_expert_gate")),
     claims=lambda cfg: (moe := spec_of(cfg).moe) is not None and moe.shared_gate,  # a gated shared expert
+    # NeMo 8cfedd7 has no Qwen2-MoE config class (``qwen2.py``: dense Qwen2Config and its presets, which
+    # the qwen2 plugin declares), so no config class is declared here
     nemo2_targets=("nemo.collections.llm.gpt.model.qwen2.Qwen2Model",),
     description="Qwen2-MoE / Qwen1.5-MoE (q/k/v biases, routed experts + sigmoid-gated shared expert)",
     megatron_bridge=MEGATRON_BRIDGE)

@@ -9,6 +9,7 @@ from nemo_convert.families import (AUTOCAST_BF16, Check, DENSE, DENSE_CLASS_DEFA
                                    no_per_layer_windows)
 from nemo_convert.families.trtllm import gpt_trtllm, qwen_fields
 from nemo_convert.spec import spec_of
+from nemo_convert_qwen3.nemo2 import NEMO2_CONFIGS
 
 #: ``--to megatron-bridge``: Megatron-Bridge v0.6.0 ``qwen/qwen3_bridge.py`` lines 43-55 keeps the
 #: ``GPTModelProvider`` with RMSNorm, gated SiLU, no biases, q/k norms and ``autocast_dtype: bfloat16``;
@@ -30,7 +31,7 @@ QWEN3 = gpt_family(
         nemo_constants={"qk_layernorm": True}),
     features=GPTFeatures(qk_norm=True),
     claims=lambda cfg: spec_of(cfg).attention.qk_norm,
-    nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",),
+    nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",), nemo2_configs=NEMO2_CONFIGS,
     trtllm=gpt_trtllm("Qwen3ForCausalLM", qwen_fields("qwen3")),  # TensorRT-LLM's QWenForCausalLM
     description="Qwen3 dense (GQA, q/k RMSNorm, head_dim of its own)",
     megatron_bridge=MEGATRON_BRIDGE)

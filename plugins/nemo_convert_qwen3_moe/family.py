@@ -12,6 +12,7 @@ from nemo_convert.families import (AUTOCAST_BF16, Check, DENSE, Field, GPTFeatur
                                    ProviderFamily, SILU, gpt_family, linear_biases, moe_layers, no_per_layer_windows,
                                    num_experts)
 from nemo_convert.spec import spec_of
+from nemo_convert_qwen3_moe.nemo2 import NEMO2_CONFIGS
 
 QWEN3_MOE_CONFIG = GPT_CONFIG.extend(
     linear_biases("attention_bias", None),
@@ -33,6 +34,6 @@ QWEN3_MOE = gpt_family(
     "qwen3_moe", architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", config=QWEN3_MOE_CONFIG,
     features=GPTFeatures(qk_norm=True, moe=MoEBlock()),
     claims=lambda cfg: spec_of(cfg).attention.qk_norm and spec_of(cfg).moe is not None,
-    nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",),
+    nemo2_targets=("nemo.collections.llm.gpt.model.qwen3.Qwen3Model",), nemo2_configs=NEMO2_CONFIGS,
     description="Qwen3-MoE (q/k RMSNorm, softmax-routed experts, mixed dense/MoE stacks)",
     megatron_bridge=MEGATRON_BRIDGE)

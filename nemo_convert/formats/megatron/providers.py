@@ -152,9 +152,12 @@ Declaration = ProviderFamily | str | None
 
 @dataclass(frozen=True)
 class ProviderTable:
-    """The providers the installed families declare (``Registry.providers()``), by family."""
+    """The providers the installed families declare (``Registry.providers()``), by family,
+    and the NeMo 2 config classes they read (``nemo2``: NeMo 2 model class → config class →
+    :attr:`~nemo_convert.plugins.records.NemoTarget.nemo2_configs` declaration)."""
 
     families: Mapping[str, ProviderFamily | str] = field(default_factory=dict)
+    nemo2: Mapping[str, Mapping[str, Mapping[str, Any] | str]] = field(default_factory=dict)
 
     def writable(self) -> list[str]:
         """The families ``--to megatron-bridge`` writes, sorted."""

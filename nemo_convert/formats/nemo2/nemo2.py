@@ -3,7 +3,10 @@
 
 The model config is fiddle-style YAML (``_target_`` keys); it is read with a safe loader
 that turns any Python tag into an inert string, and translated into NeMo 1 field names so
-that the model families handle both generations with one config translation.
+that the model families handle both generations with one config translation. NeMo writes only
+the arguments a config class was called with, so an absent field is that class's default: the
+families declare their classes' defaults (``NemoTarget.nemo2_configs``); a class none declares
+is refused by name.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from nemo_convert.errors import ConfigError, InputError, UnsupportedError
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 from nemo_convert.formats.dist_checkpoint.sections import join_sections
 from nemo_convert.formats.megatron.megatron_config import provider_to_nemo
-from nemo_convert.formats.megatron.providers import MLA_PROVIDER, ProviderTable
+from nemo_convert.formats.megatron.providers import ProviderTable
 from nemo_convert.formats.nemo.nemo_checkpoint import KindsFor, NemoCheckpoint, VocabTrimView
 from nemo_convert.formats.io.tar_archive import DirectoryContainer
 from nemo_convert.mapping.rules import Parallel
+from nemo_convert.spec.activations import MCORE_FUNCTIONS
 from nemo_convert.tensors.views import PrefixView
 
 
@@ -54,97 +58,85 @@ def _target(v: Any) -> str:
     return v.get("_target_", "") if isinstance(v, dict) else str(v or "")
 
 
-_DEEPSEEK = "nemo.collections.llm.gpt.model.deepseek."
-#: NeMo 2's GPT-OSS configs (NeMo 8cfedd7 ``gpt_oss.py`` lines 45–103): YaRN as
-#: ``rotary_scaling_factor: 32`` and ``yarn_original_max_position_embeddings: 131072`` (lines 64–70),
-#: while ``HFGPTOSSExporter.config`` (lines 510–518) writes transformers' GptOssConfig defaults
-#: (factor 32, original 4096): refused by name.
-_GPT_OSS = "nemo.collections.llm.gpt.model.gpt_oss."
 _FN = "torch.nn.functional."
-#: NeMo 2's DeepSeek config classes (NeMo 8cfedd7 ``nemo/collections/llm/gpt/model/deepseek.py``:
-#: ``DeepSeekConfig`` lines 58–130, ``DeepSeekV3Config`` lines 181–205): Megatron-Core
-#: ``MLATransformerConfig`` subclasses, whose ``model.yaml`` holds only the arguments given
-#: (``HFDeepSeekImporter.config``, lines 405–453, passes no RoPE field), so an absent field
-#: means the class default — YaRN (MLATransformerConfig's ``rope_type: yarn``, original
-#: context 4096, betas 32 / 1) at ``rotary_scaling_factor`` 40 with ``mscale`` and
-#: ``mscale_all_dim`` 1: DeepSeek-V3's. The fields are Megatron-Bridge's ``MLAModelProvider``'s,
-#: so they are read by the provider table (:func:`provider_to_nemo`). DeepSeek-V2's classes
-#: route with softmax scores, which no family here runs.
-_DEEPSEEK_DEFAULTS: dict[str, Any] = {
-    "normalization": "RMSNorm", "activation_func": {"_target_": _FN + "silu", "_call_": False},
-    "gated_linear_unit": True, "position_embedding_type": "rope", "add_bias_linear": False,
-    "share_embeddings_and_output_weights": False, "num_attention_heads": 128, "kv_channels": 128,
-    "max_position_embeddings": 4096, "seq_length": 4096, "rotary_base": 10000.0, "make_vocab_size_divisible_by": 3200,
-    "qk_layernorm": True, "moe_grouped_gemm": True, "moe_router_pre_softmax": True,
-    "moe_token_dispatcher_type": "alltoall", "moe_router_load_balancing_type": "seq_aux_loss", "q_lora_rank": 1536,
-    "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
-    "rotary_scaling_factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0, "init_method_std": 0.006,
-    "layernorm_epsilon": 1e-6, "bf16": True, "params_dtype": {"_target_": "torch.bfloat16", "_call_": False},
-}
-NEMO2_MLA_DEFAULTS: dict[str, dict[str, Any]] = {
-    _DEEPSEEK + "DeepSeekConfig": _DEEPSEEK_DEFAULTS,
-    _DEEPSEEK + "DeepSeekV3Config": {
-        **_DEEPSEEK_DEFAULTS, "num_layers": 61, "hidden_size": 7168, "ffn_hidden_size": 18432, "num_moe_experts": 256,
-        "moe_ffn_hidden_size": 2048, "moe_shared_expert_intermediate_size": 2048, "moe_layer_freq": [0] * 3 + [1] * 58,
-        "moe_router_topk": 8, "moe_router_num_groups": 8, "moe_router_group_topk": 4,
-        "moe_router_topk_scaling_factor": 2.5, "moe_aux_loss_coeff": 1e-4, "make_vocab_size_divisible_by": 1280,
-        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True},
+
+#: What an absent field of a NeMo 2 GPT config means before its class's own defaults (which
+#: the families declare: ``NemoTarget.nemo2_configs``): NeMo's ``GPTConfig`` (NeMo 8cfedd7
+#: ``nemo/collections/llm/gpt/model/base.py`` lines 292-316: tied embeddings, learned absolute
+#: positions, context 1024) over Megatron-Core's ``TransformerConfig`` (0.16.1
+#: ``transformer/transformer_config.py`` lines 124-237: query groups, FFN size and head size
+#: derived, biases, no GLU, GeLU, LayerNorm at line 205, no QK norm, no MLA; ``init_method_std``
+#: line 311, ``bias_activation_fusion`` line 354; ``model_parallel_config.py`` lines 106-112:
+#: fp32). A ``model.yaml`` holds only the arguments the class was called with (``IOMixin``:
+#: NeMo 8cfedd7 ``nemo/lightning/io/mixin.py`` lines 515-545, ``bind_partial`` without
+#: ``apply_defaults``), so every other field is its class's default.
+GPT_CONFIG_DEFAULTS: dict[str, Any] = {
+    "share_embeddings_and_output_weights": True, "make_vocab_size_divisible_by": 128,
+    "position_embedding_type": "learned_absolute", "rotary_base": 10000, "rotary_percent": 1.0,
+    "seq_len_interpolation_factor": None, "seq_length": 1024, "vocab_size": None,
+    "num_query_groups": None, "ffn_hidden_size": None, "kv_channels": None,
+    "apply_residual_connection_post_layernorm": False, "layernorm_epsilon": 1e-5,
+    "layernorm_zero_centered_gamma": False, "add_bias_linear": True, "add_qkv_bias": False,
+    "gated_linear_unit": False, "activation_func": {"_target_": _FN + "gelu", "_call_": False},
+    "num_moe_experts": None, "rotary_interleaved": False, "window_size": None, "normalization": "LayerNorm",
+    "qk_layernorm": False, "multi_latent_attention": False, "init_method_std": 0.02, "bias_activation_fusion": False,
+    "fp16": False, "bf16": False, "params_dtype": {"_target_": "torch.float32", "_call_": False},
 }
 
-
-def _mla_nemo2(c: dict[str, Any], model: dict[str, Any], providers: ProviderTable) -> dict[str, Any]:
-    """A NeMo 2 DeepSeek config, read as the MLA provider it equals field for field."""
-    cls = _target(c)
-    if cls not in NEMO2_MLA_DEFAULTS:
-        raise UnsupportedError(f"context/model.yaml: NeMo 2 config class {cls} is not supported (known: "
-                               + ", ".join(k.rsplit(".", 1)[-1] for k in NEMO2_MLA_DEFAULTS) + ")")
-    values = {**NEMO2_MLA_DEFAULTS[cls], **{k: v for k, v in c.items() if k != "_target_"}, "_target_": MLA_PROVIDER}
-    cfg = provider_to_nemo(values, "context/model.yaml", providers)
-    cfg["nemo2_target"] = _target(model)
-    return cfg
+#: Megatron-Core's name for each activation function (the first of its spellings in
+#: :data:`~nemo_convert.spec.activations.MCORE_FUNCTIONS`): NeMo's ``openai_gelu`` is the tanh
+#: GeLU Megatron-Core calls ``fast_gelu``.
+_MCORE_NAME: dict[str, str] = {fn: name for name, fn in reversed(MCORE_FUNCTIONS.items())}
 
 
-#: What an absent field of a NeMo 2 GPT ``model.yaml`` means (fiddle keeps only the arguments
-#: a config class was given; LlamaConfig's choices, NeMo 8cfedd7 ``llama.py`` — RMSNorm,
-#: rotary positions, no linear biases, untied — over Megatron-Core's TransformerConfig
-#: defaults for the rest, ``bias_activation_fusion`` included).
-NEMO2_GPT_DEFAULTS: dict[str, Any] = {
-    "normalization": "RMSNorm", "position_embedding_type": "rope", "add_bias_linear": False, "add_qkv_bias": False,
-    "share_embeddings_and_output_weights": False, "rotary_base": 10000.0, "rotary_percent": 1.0,
-    "init_method_std": 0.02, "layernorm_epsilon": 1e-5, "make_vocab_size_divisible_by": 128,
-    "gated_linear_unit": False, "bias_activation_fusion": False, "layernorm_zero_centered_gamma": False,
-}
+def _declared(model: dict[str, Any], c: dict[str, Any], providers: ProviderTable) -> dict[str, Any]:
+    """The field defaults of ``c``'s config class as the installed families declare it under
+    ``model``'s class (:attr:`ProviderTable.nemo2`): a class none declares, or one declared as a
+    refusal, is refused by name — never read with guessed defaults."""
+    cls, owner = _target(c), _target(model)
+    short = cls.rsplit(".", 1)[-1] or "(none)"
+    everything = {k: v for classes in providers.nemo2.values() for k, v in classes.items()}
+    declared = providers.nemo2.get(owner, everything)
+    found = declared.get(cls)
+    if found is None:
+        names = ", ".join(sorted(k.rsplit(".", 1)[-1] for k in declared)) or "none"
+        raise UnsupportedError(f"context/model.yaml: NeMo 2 config class {cls or '(no _target_)'} "
+                               f"{'under ' + owner.rsplit('.', 1)[-1] + ' ' if owner else ''}is declared by no "
+                               f"installed family, so its defaults are not known (declared: {names})")
+    if isinstance(found, str):
+        raise UnsupportedError(f"context/model.yaml: NeMo 2's {short} is not read: {found}")
+    return dict(found)
 
 
-def _provider_values(c: dict[str, Any]) -> dict[str, Any]:
+def _provider_values(c: dict[str, Any], declared: dict[str, Any]) -> dict[str, Any]:
     """A NeMo 2 GPT config as the provider-shaped values it is (NeMo 2's configs are
     Megatron-Core ``TransformerConfig`` subclasses, the fields Megatron-Bridge's providers
-    have): the class defaults where absent, the context length under ``seq_length``, and
-    ``activation_func`` by its last name (fiddle may spell it as a Python tag, read inert)."""
-    values = {**NEMO2_GPT_DEFAULTS, **{k: v for k, v in c.items() if v is not None or k not in NEMO2_GPT_DEFAULTS}}
-    values["seq_length"] = c.get("seq_length") or c.get("max_position_embeddings") or 4096
-    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", _target(c.get("activation_func")))
+    have): ``GPTConfig``'s defaults under the class's declared ones under the fields written,
+    the context length under ``seq_length``, and ``activation_func`` by Megatron-Core's name
+    (fiddle may spell it as a Python tag, read inert)."""
+    provider = declared.pop("_target_", None)
+    values = {**GPT_CONFIG_DEFAULTS, **declared, **{k: v for k, v in c.items() if k != "_target_"}}
+    values["_target_"] = provider or _target(c)
+    values["seq_length"] = values.get("seq_length") or values.get("max_position_embeddings") or 1024
+    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", _target(values.get("activation_func")))
     if names:
-        values["activation_func"] = names[-1]
+        fn = MCORE_FUNCTIONS.get(names[-1])
+        values["activation_func"] = _MCORE_NAME[fn] if fn is not None else names[-1]
     return values
 
 
 def nemo2_to_nemo1_config(model: dict[str, Any], providers: ProviderTable) -> dict[str, Any]:
     """NeMo 2 ``model.yaml`` (the GPT family of configs) → NeMo 1 ``model_config`` fields,
     through the one provider table (:func:`~nemo_convert.formats.megatron.megatron_config.provider_to_nemo`)."""
-    c: dict[str, Any] = model["config"] if isinstance(model.get("config"), dict) else {}
-    if _target(c).startswith(_DEEPSEEK):
-        return _mla_nemo2(c, model, providers)
-    if _target(c).startswith(_GPT_OSS):
-        raise UnsupportedError(f"context/model.yaml: NeMo 2's {_target(c).rsplit('.', 1)[-1]} is not read: its YaRN "
-                               "is rotary_scaling_factor (Megatron-Core 0.16's GPTModel reads yarn_rotary_scaling_"
-                               "factor) with original context 131072 by default, where gpt-oss's and NeMo's own HF "
-                               "export's is 4096, so which YaRN the checkpoint ran is not recorded")
-    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if c.get(k) is None]
+    c = model.get("config")
+    if not isinstance(c, dict):
+        raise InputError("context/model.yaml: config is not a mapping (num_layers, hidden_size, … under it)")
+    values = _provider_values(c, _declared(model, c, providers))
+    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if values.get(k) is None]
     if missing:
         raise InputError(f"context/model.yaml lacks {', '.join(missing)} under config")
     try:
-        cfg = provider_to_nemo(_provider_values(c), "context/model.yaml", providers)
+        cfg = provider_to_nemo(values, "context/model.yaml", providers)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise ConfigError(f"context/model.yaml: a model field is not understood ({type(exc).__name__}: {exc})") \
             from None
