@@ -13,7 +13,7 @@ from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warni
                                          registry_or_default, tokenizer_rows_warning)
 from nemo_convert.convert.export_config import (ExportConfig, complete_config, complete_hf_config, config_defaults,
                                                 export_config, rope_scaling_as_run)
-from nemo_convert.convert.nemo_tokenizer import export_tokenizer
+from nemo_convert.convert.nemo_tokenizer import export_tokenizer, special_ids_of
 from nemo_convert.convert.output import check_output, choose_target, write_output
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import Progress, RunStats, apply_dtype, merge_stats, run_plan
@@ -26,6 +26,7 @@ from nemo_convert.formats.io.staging import refuse_overlap
 from nemo_convert.hf_config import dtype_name_of_precision, set_dtype_name
 from nemo_convert.mapping.plan_view import plan_view
 from nemo_convert.mapping.planner import Plan, identity_plan, nemo_parallel_kinds, plan_conversion
+from nemo_convert.mapping.rules import Parallel
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import ModelFamily, OutputJob
 from nemo_convert.spec import recorded_vocab
@@ -108,18 +109,24 @@ def write_hf_target(job: OutputJob) -> RunStats:
     fam = job.family
     cfg = copy.deepcopy(job.cfg)
     rope_scaling_as_run(cfg, job.rope_scaling, job.warnings)
-    defaults = job.hf_defaults
-    if defaults is None:
-        defaults = config_defaults(cfg)
-        vocab = recorded_vocab(cfg)
-        if vocab is not None:
-            defaults["vocab_size"] = vocab
-    hf_cfg = hf_config_of(fam, cfg, job.dtype, defaults)
     source = plan_view(job.plan, job.source)
+    defaults = job.hf_defaults
+    tok_files: dict[str, bytes] | None = None
+    if defaults is None:  # what the NeMo config, the tokenizer files and the tensors tell
+        defaults = config_defaults(cfg)
+        tok_files = job.tokenizer()
+        defaults.update(special_ids_of(tok_files))
+        vocab = recorded_vocab(cfg)
+        keys = set(source.keys())
+        rows = [source.info(k).shape[0] for k, v in job.kinds.items() if v is Parallel.VOCAB and k in keys]
+        if vocab is not None or rows:  # unknown (the conversion warned): the embedding's rows
+            defaults["vocab_size"] = vocab if vocab is not None else min(rows)
+    hf_cfg = hf_config_of(fam, cfg, job.dtype, defaults)
     plan = plan_conversion(fam.mapping(cfg), cfg, source, "to_hf")
     plan.check_finite = job.plan.check_finite
     job.dropped.extend(plan.dropped)
-    tok_files = job.tokenizer()  # before writing: a conversion that fails is a warning
+    if tok_files is None:
+        tok_files = job.tokenizer()  # before writing: a conversion that fails is a warning
     job.warnings.extend(apply_dtype(plan, job.dtype))
     job.warnings.extend(tokenizer_rows_warning(tok_files, hf_cfg.get("vocab_size")))
     if (job.tp, job.pp, job.ep) != (1, 1, 1) or job.stage_layers is not None:
