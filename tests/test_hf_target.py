@@ -47,7 +47,11 @@ class DictSource:
 
 def test_plan_view_is_the_source_for_its_identity_plan_only() -> None:
     src = DictSource({"a": torch.ones(2), "b": torch.zeros(3, dtype=torch.bfloat16)})
+    lazy = identity_plan(src, {})
+    assert plan_view(lazy, src) is src and lazy.copies(src)  # known without making its tasks
+    assert not lazy.copies(DictSource({"a": torch.ones(2)}))
     plan = identity_plan(src, {})
+    assert [t.outputs for t in plan.tasks] == [("a",), ("b",)] and not plan.copies(src)  # handed out
     assert is_identity(plan, src) and plan_view(plan, src) is src
     # negative controls: a plan over other tensors, or one that re-types an output, is not the identity
     assert not is_identity(plan, DictSource({"a": torch.ones(2)}))

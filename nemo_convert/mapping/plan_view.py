@@ -15,7 +15,7 @@ import torch
 
 from nemo_convert.dtypes import cast_for_output
 from nemo_convert.errors import InputError
-from nemo_convert.mapping.planner import Plan, Task
+from nemo_convert.mapping.planner import IdentityPlan, Plan, Task
 from nemo_convert.mapping.rules.protocol import same
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 
@@ -78,5 +78,8 @@ def is_identity(plan: Plan, source: TensorSource) -> bool:
 def plan_view(plan: Plan, source: TensorSource) -> TensorSource:
     """``plan``'s outputs as a source: ``source`` itself when the plan is its identity
     (:func:`is_identity`; its lazy reads, slices included, stay as they are), else a
-    :class:`PlanSource`."""
+    :class:`PlanSource`. An :class:`~nemo_convert.mapping.planner.IdentityPlan` whose
+    tasks were never read is known to be one without making them."""
+    if isinstance(plan, IdentityPlan) and plan.copies(source):
+        return source
     return source if is_identity(plan, source) else PlanSource(plan, source)
