@@ -160,6 +160,7 @@ def test_the_cli_offers_the_registered_targets(monkeypatch) -> None:
     listed = {t["name"]: t for t in collect()["output_targets"]}
     assert listed["flat"]["plugin"] == "flat-target" and listed["flat"]["kind"] == "hf"
     assert listed["nemo"]["takes"] == ["layout", "packed", "workers"] and listed["megatron-bridge"]["takes"] == []
+    assert listed["hf"]["takes"] == ["workers"] and listed["hf"]["kind"] == "hf"
 
 
 @pytest.mark.slow  # a Lightning checkpoint saved for real (one Adam step), then converted: ~10 s
