@@ -60,11 +60,12 @@ FLAT = OutputTarget("flat", "hf", write_flat, description="the plan's tensors in
 
 def test_builtin_targets_are_registered_through_the_hook() -> None:
     reg = registry_with()
-    assert [t.name for t in reg.targets()][:2] == ["nemo", "megatron-bridge"]
+    assert [t.name for t in reg.targets()][:3] == ["nemo", "megatron-bridge", "hf"]
     assert reg.output_targets["nemo"].plugin == "targets"  # the entry point in pyproject.toml
     assert reg.target("nemo").options == {"layout", "packed", "workers"}
     assert reg.target("megatron-bridge").options == frozenset()
-    with pytest.raises(UnsupportedError, match=r"unknown target 'nemo3' \(use nemo or megatron-bridge\)"):
+    assert reg.target("hf").options == {"workers"} and reg.target("hf").kind == "hf"
+    with pytest.raises(UnsupportedError, match=r"unknown target 'nemo3' \(use nemo, megatron-bridge or hf\)"):
         reg.target("nemo3")
 
 
@@ -102,7 +103,7 @@ def test_a_target_refuses_options_it_does_not_take(tmp_path) -> None:
         choose_target(reg, "flat", workers=Workers(rank=0, world=2))
     nemo = choose_target(reg, "nemo", layout="legacy", workers=Workers(rank=0, world=2))
     assert nemo.name == "nemo"  # the .nemo target takes both
-    with pytest.raises(UnsupportedError, match=r"unknown target 'x' \(use nemo or megatron-bridge or flat\)"):
+    with pytest.raises(UnsupportedError, match=r"unknown target 'x' \(use nemo, megatron-bridge, hf or flat\)"):
         choose_target(reg, "x")
     taken = tmp_path / "taken"
     taken.mkdir()
@@ -154,11 +155,12 @@ def test_the_cli_offers_the_registered_targets(monkeypatch) -> None:
     sub = next(a for a in parser._actions if a.dest == "command").choices
     for command in ("import", "reshard", "from-ckpt"):
         to = next(a for a in sub[command]._actions if a.dest == "to")
-        assert to.choices == ["nemo", "megatron-bridge", "flat"], command
+        assert to.choices == ["nemo", "megatron-bridge", "hf", "flat"], command
     monkeypatch.setattr(manager, "_REGISTRY", with_flat)
     listed = {t["name"]: t for t in collect()["output_targets"]}
     assert listed["flat"]["plugin"] == "flat-target" and listed["flat"]["kind"] == "hf"
     assert listed["nemo"]["takes"] == ["layout", "packed", "workers"] and listed["megatron-bridge"]["takes"] == []
+    assert listed["hf"]["takes"] == ["workers"] and listed["hf"]["kind"] == "hf"
 
 
 @pytest.mark.slow  # a Lightning checkpoint saved for real (one Adam step), then converted: ~10 s

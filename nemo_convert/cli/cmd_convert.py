@@ -66,8 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def add_target_flag(p: argparse.ArgumentParser) -> None:
     # choices: the installed output targets, set once the plugins are loaded (plugin_options.py)
     p.add_argument("--to", default="nemo",
-                   help="what to write: a .nemo (default) or a Megatron-Bridge checkpoint directory "
-                        "(iter_0000000/ with run_config.yaml; --tp/--pp are recorded in it)")
+                   help="what to write: a .nemo (default), a Megatron-Bridge checkpoint directory "
+                        "(iter_0000000/ with run_config.yaml; --tp/--pp are recorded in it) or a Hugging Face "
+                        "folder (hf, as export writes it; not from import)")
 
 
 def add_iteration_flag(p: argparse.ArgumentParser) -> None:

@@ -19,10 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "sized in the summary). Nothing the checkpoint pickled is executed.")
     p.add_argument("src", help=".ckpt file, folder of rank folders, dist checkpoint folder, or a checkpoints "
                                "folder holding one of those")
-    p.add_argument("-o", "--output", required=True, help="the .nemo (or Megatron-Bridge directory) to write")
+    p.add_argument("-o", "--output", required=True, help="the .nemo (or Megatron-Bridge directory, HF folder) to write")
     # choices: the installed output targets, set once the plugins are loaded (plugin_options.py)
     p.add_argument("--to", default="nemo",
-                   help="what to write: a .nemo (default) or a Megatron-Bridge checkpoint directory")
+                   help="what to write: a .nemo (default), a Megatron-Bridge checkpoint directory or a "
+                        "Hugging Face folder (hf: the training checkpoint straight to transformers)")
     p.add_argument("--hparams", metavar="FILE.yaml",
                    help="Lightning hparams.yaml whose 'cfg:' section is the model config (default: the "
                         "checkpoint's hyper_parameters)")

@@ -21,10 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "tensor/pipeline parallelism and/or weights layout, streaming one tensor at "
                                    "a time. Converting between the dist and legacy layouts is a reshard too; "
                                    "so is the migration to Megatron-Bridge (--to megatron-bridge) from any "
-                                   ".nemo, NeMo 2.0 folder or Megatron-LM checkpoint directory.")
+                                   ".nemo, NeMo 2.0 folder or Megatron-LM checkpoint directory, and --to hf "
+                                   "writes any of them as a Hugging Face folder, as export does.")
     p.add_argument("src", help=".nemo file, unpacked .nemo folder, NeMo 2.0 checkpoint folder, or "
                                "Megatron-Bridge / Megatron-LM checkpoint directory")
-    p.add_argument("-o", "--output", required=True, help="the .nemo (or Megatron-Bridge directory) to write")
+    p.add_argument("-o", "--output", required=True, help="the .nemo (or Megatron-Bridge directory, HF folder) to write")
     add_target_flag(p)
     add_iteration_flag(p)
     add_parallel_flags(p)

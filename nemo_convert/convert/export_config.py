@@ -66,7 +66,10 @@ def _true_vocab(tokens: int | None, rows: int, cfg: dict[str, Any]) -> int | Non
     return tokens if tokens == rows or padded_vocab_size(tokens, div, tp) == rows else None
 
 
-def _rope(cfg: dict[str, Any], rope_scaling: bool, warnings: list[str]) -> None:
+def rope_scaling_as_run(cfg: dict[str, Any], rope_scaling: bool, warnings: list[str]) -> None:
+    """RoPE scaling as NeMo runs the model: ``scale_positional_embedding: True`` stays (llama3
+    scaling, with a warning on a Llama-2 ``rotary_base``) unless ``rope_scaling`` is False,
+    which turns it off in ``cfg``."""
     if llama3_scaling(cfg) is None:
         return
     if not rope_scaling:
@@ -80,6 +83,17 @@ def _rope(cfg: dict[str, Any], rope_scaling: bool, warnings: list[str]) -> None:
                         "source model had none)")
 
 
+def config_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The ``config.json`` keys a NeMo config tells by itself: ``torch_dtype`` from
+    ``precision``, ``tie_word_embeddings`` from ``share_embeddings_and_output_weights``."""
+    defaults: dict[str, Any] = {}
+    if "precision" in cfg:
+        defaults["torch_dtype"] = dtype_name_of_precision(cfg["precision"])
+    if "share_embeddings_and_output_weights" in cfg:
+        defaults["tie_word_embeddings"] = bool(cfg["share_embeddings_and_output_weights"])
+    return defaults
+
+
 def complete_config(ckpt: NemoCheckpoint, fam: ModelFamily) -> ExportConfig:
     """``ckpt``'s config with the true vocabulary recorded (in our section) where it was not,
     the source trimmed to it, and the ``config.json`` keys the archive can tell where no
@@ -88,11 +102,7 @@ def complete_config(ckpt: NemoCheckpoint, fam: ModelFamily) -> ExportConfig:
     if provenance_of(cfg).hf_config is not None:
         return ExportConfig(cfg, ckpt.source, tokenizer=export_tokenizer(ckpt, facts=False))
     warnings: list[str] = []
-    defaults: dict[str, Any] = {}
-    if "precision" in cfg:
-        defaults["torch_dtype"] = dtype_name_of_precision(cfg["precision"])
-    if "share_embeddings_and_output_weights" in cfg:
-        defaults["tie_word_embeddings"] = bool(cfg["share_embeddings_and_output_weights"])
+    defaults = config_defaults(cfg)
     tok = export_tokenizer(ckpt)
     tokens = tok.vocab_size
     defaults.update(tok.special_ids)
@@ -125,7 +135,7 @@ def export_config(ckpt: NemoCheckpoint, fam: ModelFamily, *, rope_scaling: bool 
     ``scale_positional_embedding``, with a warning on a Llama-2 ``rotary_base``) unless
     ``rope_scaling`` is False."""
     prep = complete_config(ckpt, fam)
-    _rope(prep.cfg, rope_scaling, prep.warnings)
+    rope_scaling_as_run(prep.cfg, rope_scaling, prep.warnings)
     return prep
 
 

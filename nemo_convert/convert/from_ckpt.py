@@ -192,7 +192,8 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
               packed: bool = True, trust_pickle: bool = False, progress: Progress | None = None,
               registry: Registry | None = None, to: str = "nemo") -> CkptConversionReport:
     """Convert a PyTorch Lightning training checkpoint into a ``.nemo`` (or, with
-    ``to="megatron-bridge"``, a Megatron-Bridge checkpoint directory).
+    ``to="megatron-bridge"``, a Megatron-Bridge checkpoint directory; with ``to="hf"``, a
+    Hugging Face folder; ``to`` may name any installed output target).
 
     :param src: a ``.ckpt`` file; a folder of rank folders (``mp_rank_XX/<name>.ckpt`` or
         ``tp_rank_XX_pp_rank_YYY/<name>.ckpt``); a ``torch_dist`` checkpoint folder; or a
@@ -277,7 +278,7 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
         job = OutputJob("from-ckpt", out, cfg, plan, source, fam, kinds, reg.strategies(), reg.providers(),
                         tp=tp, pp=pp, stage_layers=stage_layers, layout=layout, packed=packed, overwrite=overwrite,
                         progress=progress, artifacts=lambda: artifacts,
-                        tokenizer=lambda: _tokenizer_files(data_of), notes=notes)
+                        tokenizer=lambda: _tokenizer_files(data_of), notes=notes, warnings=warnings)
         stats, layout = write_output(target, job)
         total = ck.dropped_total
         files = [loc.rank_file(t, p) for p in range(loc.pp) for t in range(loc.tp)] \
@@ -285,7 +286,7 @@ def from_ckpt(src: str | os.PathLike[str], out: str | os.PathLike[str], *, hpara
         notes.append(f"source: {loc.describe()}; output TP={tp} PP={pp}")
         return CkptConversionReport(
             out, fam.name, stats.tensors, stats.bytes, time.monotonic() - started, layout,
-            dropped=sorted(ck.dropped_keys), warnings=warnings + stats.warnings, notes=notes,
+            dropped=sorted(ck.dropped_keys) + job.dropped, warnings=warnings + stats.warnings, notes=notes,
             source_kind=loc.kind, source_files=files, source_tp=src_tp, source_pp=src_pp, tp=tp, pp=pp,
             config_from=cfg_from, checkpoint=ck.run, dropped_tensors=total.tensors, dropped_bytes=total.bytes,
             dropped_sections={k: v.as_dict() for k, v in sorted(ck.dropped.items())},

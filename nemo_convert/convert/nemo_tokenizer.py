@@ -307,6 +307,18 @@ def _tiktoken(ckpt: Any, tok: dict[str, Any]) -> ExportTokenizer:
                            build=lambda: tekken_hf_files(spec, f"{where}: {member}"))
 
 
+def special_ids_of(files: dict[str, bytes]) -> dict[str, int]:
+    """The ``bos``/``eos``/``pad`` token ids a tokenizer folder's ``files`` tell, as export
+    reads them from a ``.nemo`` (a SentencePiece ``tokenizer.model`` alone, or the HF
+    files); none when they cannot be read."""
+    try:
+        if set(files) == {"tokenizer.model"}:
+            return sentencepiece_special_ids(files["tokenizer.model"])
+        return hf_tokenizer_facts(files)[1] if files else {}
+    except InputError:
+        return {}
+
+
 def export_tokenizer(ckpt: Any, *, facts: bool = True) -> ExportTokenizer:
     """The tokenizer of ``ckpt`` (a :class:`~nemo_convert.formats.nemo.nemo.NemoCheckpoint`
     or a reader like it) as an HF tokenizer folder, with its size and special ids

@@ -65,7 +65,8 @@ def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int
     ``.nemo`` of any layout, a NeMo 2 folder, a Megatron-Bridge or Megatron-LM directory
     (``iteration`` picks its ``iter_XXXXXXX/``). With ``to="megatron-bridge"`` the output is
     a Megatron-Bridge checkpoint directory recording ``tp``/``pp`` in ``run_config.yaml``;
-    ``to`` may name any installed output target (:mod:`nemo_convert.convert.output`).
+    with ``to="hf"`` a Hugging Face folder (as ``export`` writes it); ``to`` may name any
+    installed output target (:mod:`nemo_convert.convert.output`).
 
     The output is checked to be a complete model of its family before anything is written.
     ``device`` is where the transforms run (:mod:`nemo_convert.compute`): a reshard's
@@ -97,11 +98,11 @@ def reshard(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tp: int
                         tp=tp, pp=pp, ep=ep, stage_layers=stage_layers, layout=layout, packed=packed,
                         overwrite=overwrite, progress=progress, workers=workers, compute=compute,
                         artifacts=lambda: carried_artifacts(ckpt, cfg), tokenizer=lambda: tokenizer_files(ckpt),
-                        notes=notes, warnings=warnings)
+                        notes=notes, warnings=warnings, hf_defaults=prep.hf_defaults)
         stats, layout = write_output(target, job)
         notes += compute.notes(plan, source)
     finally:
         ckpt.close()
-    return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout,
+    return ConversionReport(out, fam.name, stats.tensors, stats.bytes, stats.seconds, layout, dropped=job.dropped,
                             warnings=warnings + finite_warning(stats.non_finite), notes=notes,
                             non_finite=stats.non_finite)

@@ -1,10 +1,12 @@
-"""The writers of the built-in output targets (registered by :mod:`.targets`): a ``.nemo``
-and a Megatron-Bridge checkpoint directory, from one :class:`OutputJob`."""
+"""The writers of the built-in output targets (registered by :mod:`.targets`): a ``.nemo``,
+a Megatron-Bridge checkpoint directory and a Hugging Face folder
+(:func:`~nemo_convert.convert.nemo_to_hf.write_hf_target`), from one :class:`OutputJob`."""
 
 from __future__ import annotations
 
 from nemo_convert.compute import CPU
 from nemo_convert.convert.nemo_defaults import declared_by, restore_notes, restore_warnings
+from nemo_convert.convert.nemo_to_hf import write_hf_target
 from nemo_convert.convert.nemo_write import Parallelism, write_nemo
 from nemo_convert.convert.to_megatron_bridge import write_megatron_bridge
 from nemo_convert.engine import RunStats
@@ -43,3 +45,6 @@ def write_megatron_bridge_target(job: OutputJob) -> RunStats:
                                  tokenizer=job.tokenizer(), strategies=job.strategies, providers=job.providers,
                                  notes=job.notes, unstacked=job.family.nemo.dist_unstacked,
                                  extra_states=job.family.nemo.dist_extra_states)
+
+
+__all__ = ["write_hf_target", "write_megatron_bridge_target", "write_nemo_target"]

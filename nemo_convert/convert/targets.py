@@ -1,5 +1,5 @@
-"""Registers the built-in output targets — ``nemo`` (a ``.nemo``) and ``megatron-bridge``
-(a Megatron-Bridge checkpoint directory) — through the same hook third parties use
+"""Registers the built-in output targets — ``nemo`` (a ``.nemo``), ``megatron-bridge``
+(a Megatron-Bridge checkpoint directory) and ``hf`` (a Hugging Face folder) — through the same hook third parties use
 (``nemo_convert_targets``; entry point ``targets`` in ``pyproject.toml``).
 
 The registry loads this module for every command, ``--help`` included, so it stays light:
@@ -29,14 +29,24 @@ def write_megatron_bridge_target(job: OutputJob) -> Any:
     return target_writers.write_megatron_bridge_target(job)
 
 
+def write_hf_target(job: OutputJob) -> Any:
+    """``--to hf``: :func:`.nemo_to_hf.write_hf_target`."""
+    from nemo_convert.convert import target_writers  # start-up time: loaded when a conversion writes
+
+    return target_writers.write_hf_target(job)
+
+
 NEMO = OutputTarget("nemo", "nemo", write_nemo_target, frozenset({"layout", "packed", "workers"}),
                     description="a .nemo archive or its unpacked folder (NeMo 1 model_config.yaml, dist or "
                                 "legacy weights)")
 MEGATRON_BRIDGE = OutputTarget("megatron-bridge", "megatron-bridge", write_megatron_bridge_target,
                                description="a Megatron-Bridge checkpoint directory (torch_dist weights, "
                                            "run_config.yaml with the family's provider)")
+HF = OutputTarget("hf", "hf", write_hf_target, frozenset({"workers"}),
+                  description="a Hugging Face folder (safetensors shards, config.json, tokenizer files) that "
+                              "transformers loads")
 
 
 @hookimpl
 def nemo_convert_targets() -> list[OutputTarget]:
-    return [NEMO, MEGATRON_BRIDGE]
+    return [NEMO, MEGATRON_BRIDGE, HF]

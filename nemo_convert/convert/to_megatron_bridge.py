@@ -55,7 +55,7 @@ from nemo_convert.tensors.base import TensorSource
 TARGET = "megatron-bridge"
 #: the built-in output targets (:mod:`nemo_convert.convert.targets`); ``Registry.targets()`` lists
 #: every installed one
-TARGETS = ("nemo", TARGET)
+TARGETS = ("nemo", TARGET, "hf")
 TOKENIZER_CONFIG = "megatron.bridge.training.tokenizers.config.TokenizerConfig"
 EMBEDDING = "embedding.word_embeddings.weight"
 

@@ -173,7 +173,8 @@ class Registry:
         try:
             return self.output_targets[name].record
         except KeyError:
-            known = " or ".join(self.output_targets) or "none installed"
+            names = list(self.output_targets)
+            known = (", ".join(names[:-1]) + " or " + names[-1]) if len(names) > 1 else (names or ["none installed"])[0]
             raise UnsupportedError(f"unknown target {name!r} (use {known})") from None
 
     def targets(self) -> list[OutputTarget]:

@@ -315,10 +315,11 @@ class WriteStats(Protocol):
 class OutputJob:
     """Everything one conversion hands the target it writes (:attr:`OutputTarget.write`):
     the planned tensors and the config, and what the command was asked. ``import``,
-    ``reshard`` and ``from-ckpt`` each open their source, pick the family and plan; the
-    one output step (:mod:`nemo_convert.convert.output`) builds this record.
+    ``export``, ``reshard`` and ``from-ckpt`` each open their source, pick the family and
+    plan; the one output step (:mod:`nemo_convert.convert.output`) builds this record.
 
-    :param command: which conversion runs it: ``"import"``, ``"reshard"`` or ``"from-ckpt"``.
+    :param command: which conversion runs it: ``"import"``, ``"export"``, ``"reshard"`` or
+        ``"from-ckpt"``.
     :param out: the path to write (checked writable before the source was opened).
     :param cfg: the NeMo config of the model (``model_config.yaml``'s content; a writer
         may complete it).
@@ -343,9 +344,25 @@ class OutputJob:
         ``.nemo`` holds, already referenced from ``cfg`` (a call: only a target that stores
         them reads them, and reading may update ``cfg``).
     :param tokenizer: ``tokenizer() -> {file name: bytes}``: the source's tokenizer files
-        (a call, read only by a target that stores them).
+        (a call, read only by a target that stores them; it may append the tokenizer's own
+        notes and warnings to ``notes``/``warnings``).
     :param notes: the report's notes so far; the writer appends its own.
     :param warnings: the report's warnings so far; the writer appends its own.
+
+    What only a target that re-plans under another side's names reads (the ``hf`` target;
+    the others ignore them):
+
+    :param dtype: cast the floating outputs to this ``torch.dtype`` (export's ``--dtype``;
+        None: keep).
+    :param max_shard_bytes: the largest weights file (export's ``--max-shard-size``; None:
+        the target's default).
+    :param rope_scaling: write NeMo's ``scale_positional_embedding: True`` as the llama3
+        RoPE scaling NeMo runs (export's default; ``--no-rope-scaling`` sets False).
+    :param hf_defaults: the ``config.json`` keys the source tells where the family's table
+        leaves one out (:func:`nemo_convert.convert.export_config.complete_config`); None:
+        the ones the NeMo config itself tells (precision, tied embeddings, vocabulary).
+    :param dropped: the source tensors the target's own plan leaves out (the report's
+        ``dropped``); the writer appends them.
     """
 
     command: str
@@ -371,6 +388,11 @@ class OutputJob:
     tokenizer: Callable[[], dict[str, bytes]] = lambda: {}
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    dtype: Any = None
+    max_shard_bytes: int | None = None
+    rope_scaling: bool = True
+    hf_defaults: dict[str, Any] | None = None
+    dropped: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ from nemo_convert.qnemo.plan import (
     build_plan,
     rank_slice,
 )
-from nemo_convert.qnemo.plan_view import PlanSource
+from nemo_convert.mapping.plan_view import PlanSource
 from nemo_convert.qnemo.produce import Producer
 from nemo_convert.qnemo.target import TargetPlan, plan_target
 from nemo_convert.qnemo.tokenizer import (
