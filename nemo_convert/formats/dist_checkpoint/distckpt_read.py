@@ -43,7 +43,7 @@ _STACKED = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")
 _EXPERTS = re.compile(r"(^|\.)experts\.experts\.(?!\d+(\.|$))")  # Megatron's [E, …] expert key
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Chunk:
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
@@ -52,13 +52,13 @@ class _Chunk:
     length: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Part:
     raw: str
     index: tuple[int, ...] = ()  # fixed indices on the leading stacked axes; (): the whole raw tensor
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _View:
     parts: tuple[_Part, ...]
     shape: tuple[int, ...]
