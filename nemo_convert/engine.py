@@ -21,6 +21,7 @@ from nemo_convert.dtypes import SHORT, cast_for_output, lossy_cast
 from nemo_convert.errors import InputError
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.tensors.base import TensorInfo, TensorSource
+from nemo_convert.tensors.file_map import release_pages
 from nemo_convert.tensors.pieces import Pieces, materialize
 
 #: ``sink(name, tensor)``: a ``torch.Tensor``, or :class:`Pieces` for a lazy plan (the writers that
@@ -86,6 +87,10 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
         return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
     return torch.equal(a, b)
 
+
+#: Output bytes streamed between two :func:`~nemo_convert.tensors.file_map.release_pages`:
+#: the mapped inputs' pages read since the last call stop counting in the resident set.
+RELEASE_BYTES = 32 << 20
 
 #: Tensors queued between the transforming thread and the writing thread.
 QUEUE_DEPTH = 2
@@ -153,6 +158,7 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
     put = writer.put if writer is not None else sink
     lazy = lazy and not plan.check_finite and writer is None
     load_lazy = getattr(source, "load_lazy", None) or source.load
+    streamed = 0
     try:
         for task in plan.tasks:
             deferred = lazy and task.lazy_fn is not None
@@ -181,6 +187,10 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
                 stats.bytes += info.nbytes
             progress.advance(task.out_bytes, len(task.outputs))
             del inputs, outputs
+            streamed += task.out_bytes
+            if streamed >= RELEASE_BYTES:
+                release_pages()
+                streamed = 0
         if writer is not None:
             writer.finish()
             writer = None

@@ -284,6 +284,18 @@ def test_source_unstacks_layers(tmp_path: Any) -> None:
     src.close()
 
 
+def test_source_does_not_keep_the_unpickled_metadata(tmp_path: Any) -> None:
+    """The reader indexes ``.metadata`` and drops its object graph (tens of MiB at
+    DeepSeek-V3's 92k chunks); :attr:`metadata` reads it again on first use."""
+    write_gpt(DirectorySink(str(tmp_path)), gpt_tensors())
+    src = DistCheckpointSource.from_dir(tmp_path / "model_weights", strip_prefix="model.")
+    assert src._metadata is None
+    md = src.metadata
+    assert src.metadata is md  # kept once asked for
+    assert sorted(md.state_dict_metadata) == sorted([*src._raw, *src._objects])
+    src.close()
+
+
 def test_layer_load_reads_only_its_chunks(tmp_path: Any, monkeypatch: Any) -> None:
     write_gpt(DirectorySink(str(tmp_path)), gpt_tensors())
     src = DistCheckpointSource.from_dir(tmp_path / "model_weights", strip_prefix="model.")

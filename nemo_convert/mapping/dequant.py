@@ -164,10 +164,17 @@ class DequantSource:
 
     def __init__(self, inner: TensorSource, codec: PairCodec, dtype: torch.dtype) -> None:
         self._inner, self._codec, self._dtype = inner, codec, dtype
-        names = set(inner.keys())
+        # The pairs hold the inner source's own name strings (one copy of each name per
+        # process, not three: DeepSeek-V3 has 46k pairs), looked up through ``names``.
+        names = {k: k for k in inner.keys()}
         data, scale = codec.data_suffix, codec.scale_suffix
-        stems = [k[: len(k) - len(scale)] for k in inner.keys() if k.endswith(scale)]
-        self._pairs = {s: (s + data, s + scale) for s in stems if s + data in names}
+        self._pairs: dict[str, tuple[str, str]] = {}
+        for k in inner.keys():
+            if k.endswith(scale):
+                s = k[: len(k) - len(scale)]
+                d = names.get(s + data)
+                if d is not None:
+                    self._pairs[d if not data else s] = (d, k)
         stem_of = {pair[0]: s for s, pair in self._pairs.items()}
         hidden = {pair[1] for pair in self._pairs.values()}
         self._keys = [stem_of.get(k, k) for k in inner.keys() if k not in hidden]

@@ -95,7 +95,7 @@ def dtype_size(dtype: DType) -> int:
     return size if size is not None else torch_dtype(dtype).itemsize
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, init=False, slots=True)
 class TensorInfo:
     """What is known about a tensor without reading it. The dtype is kept by name
     (``dtype_name``, what headers say); :attr:`dtype` is the torch dtype."""

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     import torch
 
 _LOCK = threading.Lock()
+#: ``MADV_DONTNEED`` where ``mmap.madvise`` exists (Python ≥ 3.8 on Linux and macOS), else None.
+_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None) if hasattr(mmap.mmap, "madvise") else None
 
 
 def _index_add(fmap: FileMap, start: int, end: int) -> None:
@@ -187,6 +189,21 @@ class FileMap:
             return None
         return FileOrigin(self._file.fileno(), offset, length, self.path, self)
 
+    def release(self) -> None:
+        """Drop the map's resident pages from this process (``madvise(MADV_DONTNEED)``).
+
+        The map is private and only ever read, so its pages are clean copies of the file's
+        page cache: dropping them frees nothing the file does not hold, and a tensor still
+        viewing the map reads the same bytes again on its next access (a minor fault from
+        the page cache). What it saves is the resident set — ``ru_maxrss`` counts mapped file
+        pages — which otherwise grows with every input byte read (docs/performance.md,
+        "Memory round")."""
+        if self._mmap is not None and _DONTNEED is not None:
+            try:
+                self._mmap.madvise(_DONTNEED)
+            except (OSError, ValueError):  # advice is best effort
+                pass
+
     def close(self) -> None:
         # Tensors may still view the map; dropping our reference lets the GC unmap it
         # once the last tensor is gone.
@@ -194,6 +211,20 @@ class FileMap:
             _index_remove(self)
         self._mmap = None
         self._file.close()
+
+
+def release_pages() -> int:
+    """:meth:`FileMap.release` every live map; returns how many there were. The engine calls
+    this every few tens of MiB streamed, so mapped inputs already read stop counting in
+    the resident set (they stay in the page cache)."""
+    with _LOCK:
+        maps = [ref() for _, _, ref in _BY_ADDRESS]
+    n = 0
+    for fmap in maps:
+        if fmap is not None:
+            fmap.release()
+            n += 1
+    return n
 
 
 def file_origin(t: torch.Tensor) -> FileOrigin | None:

@@ -158,9 +158,10 @@ class ShardedSafetensors:
                     raise InputError(f"{index_path}: shard name {fname!r} is not a plain file name")
                 files[fname] = SafetensorsFile(os.path.join(folder, fname))
             sf = files[fname]
-            if name not in sf._infos:
+            info = sf._infos.get(name)
+            if info is None:
                 raise InputError(f"{index_path}: {name!r} is not in {fname}")
-            self._where[name] = sf
+            self._where[info.name] = sf  # the shard header's string: the index's copy is dropped
         self._files = files
         self._keys: list[str] | None = None
         extra = sorted(k for sf in files.values() for k in sf.keys() if k not in self._where)

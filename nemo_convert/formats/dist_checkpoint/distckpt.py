@@ -48,7 +48,7 @@ DCP_VERSION: str = "1.0.0"
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChunkRecord:
     """Where one chunk of a global tensor was written."""
 
@@ -60,7 +60,7 @@ class ChunkRecord:
     length: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObjectRecord:
     """Where one BYTE_IO item (a ``torch.save``-d Python object) was written."""
 

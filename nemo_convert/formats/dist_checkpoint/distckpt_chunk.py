@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChunkLayout:
     """Where a chunk's storage bytes lie and how the saved tensor views them."""
 

@@ -30,6 +30,7 @@ from nemo_convert.formats.dist_checkpoint.distckpt import DCP_METADATA, METADATA
 from nemo_convert.formats.dist_checkpoint.distckpt_chunk import ChunkLayout, layout_tensor, load_chunk, read_layout
 from nemo_convert.formats.dist_checkpoint.distckpt_meta import (
     BytesStorageMetadata,
+    Metadata,
     load_metadata,
 )
 from nemo_convert.tensors.base import ByteRegion, FileMap, TensorInfo, torch_dtype
@@ -42,7 +43,7 @@ _STACKED = re.compile(r"(^|\.)layers\.(?!\d+(\.|$))")
 _EXPERTS = re.compile(r"(^|\.)experts\.experts\.(?!\d+(\.|$))")  # Megatron's [E, …] expert key
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Chunk:
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
@@ -51,13 +52,13 @@ class _Chunk:
     length: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Part:
     raw: str
     index: tuple[int, ...] = ()  # fixed indices on the leading stacked axes; (): the whole raw tensor
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _View:
     parts: tuple[_Part, ...]
     shape: tuple[int, ...]
@@ -92,6 +93,7 @@ class DistCheckpointSource:
         self.config = self._read_config()
         self._raw: dict[str, tuple[tuple[int, ...], str, list[_Chunk]]] = {}  # dtype by name
         self._objects: dict[str, _Chunk] = {}
+        self._metadata: Metadata | None = None
         self._index_storage()
         self._check_sizes()
         self._views = self._build_views(strip_prefix, unstack)
@@ -195,11 +197,14 @@ class DistCheckpointSource:
 
     def _index_storage(self) -> None:
         """Fill ``_raw`` (every tensor's global shape, dtype and chunks) and ``_objects``."""
-        self.metadata = load_metadata(self._region(DCP_METADATA).read(), self._where)
+        # Not kept: the unpickled graph is ~10 objects per chunk (50-60 MiB for DeepSeek-V3's
+        # 92k), and once indexed the reader needs only ``_raw`` and ``_objects``
+        # (:attr:`metadata` reads it again for the callers that ask).
+        md = load_metadata(self._region(DCP_METADATA).read(), self._where)
         # Looked up by (fqn, offset), what a MetadataIndex is equal and hashed on, without
         # building one per chunk (a tensor-count cost: DeepSeek-V3 has ~90k chunks).
-        storage = {index._key(): info for index, info in self.metadata.storage_data.items()}
-        for key, item in self.metadata.state_dict_metadata.items():
+        storage = {index._key(): info for index, info in md.storage_data.items()}
+        for key, item in md.state_dict_metadata.items():
             if isinstance(item, BytesStorageMetadata):
                 info = storage.get((key, None))
                 if info is None:
@@ -217,6 +222,14 @@ class DistCheckpointSource:
                     raise InputError(f"{self._where}: {key} has a chunk outside its shape {list(shape)}")
                 chunks.append(_Chunk(offs, sizes, self._check_path(info.relative_path), info.offset, info.length))
             self._raw[key] = (shape, item.properties.dtype_name, chunks)
+
+    @property
+    def metadata(self) -> Metadata:
+        """The checkpoint's unpickled ``.metadata`` (read and checked again on first use,
+        then kept): the conversions themselves never ask for it, so they do not hold it."""
+        if self._metadata is None:
+            self._metadata = load_metadata(self._region(DCP_METADATA).read(), self._where)
+        return self._metadata
 
     def _check_sizes(self) -> None:
         """Every item's bytes lie inside its data file, as ``.metadata`` records them: a

@@ -64,7 +64,7 @@ def extra_state_modules(rests: Sequence[str]) -> list[str]:
     return sorted(mods)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DistPlace:
     """Where one logical tensor goes in a ``torch_dist`` checkpoint: its key (without
     prefix) and its fixed indices on the key's leading stacked axes (layer, expert)."""

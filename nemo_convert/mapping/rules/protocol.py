@@ -38,7 +38,7 @@ def same(ts: Sequence[_T]) -> tuple[_T]:
     return (ts[0],)
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     """One unit of work: read ``inputs``, apply ``fn``, emit ``outputs``."""
 
