@@ -144,10 +144,13 @@ class SpecField:
 
     path: str
     negate: bool = False
+    #: the path's parts (for reading the value without splitting it again)
+    parts: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         record: type | None = ModelSpec
         parts = self.path.split(".")
+        object.__setattr__(self, "parts", tuple(parts))
         for k, part in enumerate(parts):
             if record is None:
                 raise ConfigError(f"spec field {self.path!r}: {'.'.join(parts[:k])} is not a record")
@@ -168,8 +171,11 @@ class SpecField:
         has no value, only :meth:`holds`."""
         if self.negate:
             raise ConfigError(f"spec field {self}: a negated field is a condition, not a value")
+        return self._read(spec)
+
+    def _read(self, spec: ModelSpec) -> Any:
         cur: Any = spec
-        for part in self.path.split("."):
+        for part in self.parts:
             if cur is None:
                 return None
             cur = getattr(cur, part)
@@ -177,7 +183,7 @@ class SpecField:
 
     def holds(self, spec: ModelSpec) -> bool:
         """Whether the field is truthy in ``spec`` (falsy, when negated)."""
-        return bool(SpecField(self.path).value(spec)) != self.negate
+        return bool(self._read(spec)) != self.negate
 
 
 #: A rule's condition: a :class:`SpecField`, a config path (deprecated: ``"path"`` truthy,

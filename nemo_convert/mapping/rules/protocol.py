@@ -109,7 +109,11 @@ class PlanContext:
     @property
     def spec(self) -> ModelSpec:
         """The typed model spec of the config (section) the rules read."""
-        return self._specs().at(self.spec_at)
+        spec: ModelSpec | None = self.__dict__.get("_spec")
+        if spec is None:
+            spec = self._specs().at(self.spec_at)
+            object.__setattr__(self, "_spec", spec)
+        return spec
 
     def holds(self, when: Condition) -> bool:
         """Whether a rule's condition holds (:func:`~nemo_convert.mapping.rules.base.condition_holds`)."""
@@ -120,11 +124,11 @@ class PlanContext:
     def dim(self, d: Dim) -> Any:
         """One dimension of a declared shape: an int as is, a spec field's value, a config
         path's value (deprecated); None (and a field or path without a value): any."""
+        if d is None or isinstance(d, int):
+            return d
         if isinstance(d, SpecField):
             return d.value(self.spec)
-        if isinstance(d, str):
-            return cfg_get(self.cfg, d)
-        return d
+        return cfg_get(self.cfg, d)
 
     def expand(self, template: str) -> list[tuple[int | None, str]]:
         """Every concrete name of ``template`` with its layer (None without ``{i}``)."""
