@@ -166,3 +166,35 @@ def test_no_built_in_rule_declares_a_config_string_condition() -> None:
                         found += [f"{os.path.relpath(path, REPO)}: {line.strip()}" for line in f
                                   if re.search(r"(?<!`)\bwhen=[\"']", line)]
     assert found == []
+
+
+# -- layer selectors in name templates ---------------------------------------------------
+def test_a_per_layer_spec_field_selects_the_layers_of_a_template() -> None:
+    from nemo_convert.families.fields import LAYER_KINDS, MOE_LAYER_PATTERN
+    from nemo_convert.mapping.rules import Axes
+
+    assert MOE_LAYER_PATTERN.layers() == "{i:@moe.layer_pattern}"
+    assert (~MOE_LAYER_PATTERN).layers() == "{i:!@moe.layer_pattern}"
+    assert LAYER_KINDS.layers("ME") == "{i:@layer_kinds=ME}"
+    with pytest.raises(ConfigError, match="name the symbols to keep"):
+        (~LAYER_KINDS).layers("M")
+    with pytest.raises(ConfigError, match="MoE has no field 'layer_patern'"):
+        SpecField("moe.layer_patern").layers()
+
+    def names(cfg: dict[str, Any], template: str) -> list[str]:
+        spec = spec_of(cfg)
+        return [n for _, n in Axes.of(cfg, "num_layers", "num_moe_experts", lambda: spec).expand(template)]
+
+    mixed = gpt_cfg(num_layers=3, num_moe_experts=2, moe_layer_freq=[0, 1, 1])
+    assert names(mixed, "l.{i:@moe.layer_pattern}.e{e}") == ["l.1.e0", "l.1.e1", "l.2.e0", "l.2.e1"]
+    assert names(mixed, "l.{i:!@moe.layer_pattern}") == ["l.0"]
+    # the spec's default where the config is silent (Megatron's moe_layer_freq 1: every layer)
+    assert names(gpt_cfg(num_layers=3, num_moe_experts=2), "l.{i:!@moe.layer_pattern}") == []
+    assert names(gpt_cfg(num_layers=3), "l.{i:@moe.layer_pattern}") == []  # a dense model has none
+    assert names(gpt_cfg(num_layers=3), "l.{i:!@moe.layer_pattern}") == ["l.0", "l.1", "l.2"]
+    hybrid = gpt_cfg(num_layers=6, hybrid_override_pattern="M-*ME-")
+    assert spec_of(hybrid).layer_kinds == "M-*ME-" and spec_of(gpt_cfg()).layer_kinds is None
+    assert names(hybrid, "l.{i:@layer_kinds=ME}") == ["l.0", "l.3", "l.4"]
+    assert names(hybrid, "l.{i:@layer_kinds=-}") == ["l.1", "l.5"]
+    # the deprecated config-path selector reads the same pattern
+    assert names(hybrid, "l.{i:hybrid_override_pattern=ME}") == ["l.0", "l.3", "l.4"]

@@ -38,3 +38,9 @@ EXPERT_FFN = SpecField("moe.ffn")
 SHARED_FFN = SpecField("moe.shared_ffn")
 #: the shared experts' output is gated (``moe_shared_expert_gate``)
 SHARED_GATE = SpecField("moe.shared_gate")
+#: per layer, whether it is a mixture-of-experts layer (``moe_layer_freq``):
+#: ``MOE_LAYER_PATTERN.layers()`` is the ``{i:…}`` of those layers, ``(~…).layers()`` the others
+MOE_LAYER_PATTERN = SpecField("moe.layer_pattern")
+#: a hybrid stack's per-layer symbols (``hybrid_override_pattern``):
+#: ``LAYER_KINDS.layers("M")`` is the ``{i:…}`` of its Mamba layers
+LAYER_KINDS = SpecField("layer_kinds")

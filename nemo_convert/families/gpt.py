@@ -22,8 +22,9 @@ from typing import Any, Callable, Sequence
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.architecture import nemo_refusal
 from nemo_convert.families.config_table import ConfigTable, set_path
-from nemo_convert.families.fields import (EXPERT_FFN, EXPERTS, FFN, HEAD_DIM, HEADS, HIDDEN, KV_LORA_RANK, Q_LORA_RANK,
-                                          SHARED_FFN, SHARED_GATE, TIED, VOCAB, ZERO_CENTRED)
+from nemo_convert.families.fields import (EXPERT_FFN, EXPERTS, FFN, HEAD_DIM, HEADS, HIDDEN, KV_LORA_RANK,
+                                          MOE_LAYER_PATTERN, Q_LORA_RANK, SHARED_FFN, SHARED_GATE, TIED, VOCAB,
+                                          ZERO_CENTRED)
 from nemo_convert.families.gpt_config import HF_MTP, HF_MTP_COPIES, MTP_LAYERS
 from nemo_convert.mapping.rules import (Dim, FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
                                         Shared, StackedExperts, Tied, cfg_get)
@@ -222,8 +223,9 @@ def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
     return rules
 
 
-#: The MoE layers of a stack (Megatron's ``moe_layer_freq`` pattern) and the others.
-MOE_LAYERS, DENSE_LAYERS = "{i:moe_layer_freq}", "{i:!moe_layer_freq}"
+#: The MoE layers of a stack (the spec's :attr:`MoE.layer_pattern`: Megatron's
+#: ``moe_layer_freq``) and the others.
+MOE_LAYERS, DENSE_LAYERS = MOE_LAYER_PATTERN.layers(), (~MOE_LAYER_PATTERN).layers()
 
 
 def dense_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = "{i}") -> list[Rule]:

@@ -13,7 +13,8 @@ the MoE layer's norm is ``pre_mlp_layernorm``); the final norm is ``decoder.fina
 A family declares a hybrid stack as the GPT base's blocks where they fit (attention,
 MLP, mixture of experts: :mod:`nemo_convert.families.gpt`, respelled for the HF
 checkpoint's names) and the Mamba mixer block here (:func:`mamba_mixer_rules`), each on
-the layers of its symbol (``{i:hybrid_override_pattern=M}``, ``mapping/rules/base.py``).
+the layers of its symbol (``{i:@layer_kinds=M}``: the spec's ``hybrid_override_pattern``,
+``mapping/rules/base.py``).
 The mixer's fused input projection and its convolution are split across
 tensor-parallel ranks by sections (:class:`~nemo_convert.mapping.rules.Sections`), as
 Megatron-Core does it, and stored in a distributed checkpoint as one key per section.
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from nemo_convert.families.config_table import ConfigTable
-from nemo_convert.families.fields import HIDDEN, TIED, VOCAB
+from nemo_convert.families.fields import HIDDEN, LAYER_KINDS, TIED, VOCAB
 from nemo_convert.families.gpt_config import GPT_NEMO_CONSTANTS
 from nemo_convert.families.gpt import (GPTFeatures, MoEBlock, attention_rules, checked_to_hf, dense_mlp_rules,
                                        moe_mlp_rules, table_translation)
@@ -45,8 +46,9 @@ D = "decoder.layers."
 
 
 def kind_layers(symbols: str) -> str:
-    """The layer template of the layers whose symbol is one of ``symbols``."""
-    return "{i:" + PATTERN + "=" + symbols + "}"
+    """The layer template of the layers whose symbol is one of ``symbols`` (the spec's
+    :attr:`ModelSpec.layer_kinds`)."""
+    return LAYER_KINDS.layers(symbols)
 
 
 def pattern_of(cfg: dict[str, Any]) -> list[str]:

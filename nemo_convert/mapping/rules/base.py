@@ -30,6 +30,7 @@ import types
 import typing
 from dataclasses import dataclass
 from enum import Enum
+from collections.abc import Callable
 from typing import Any, ClassVar, Union
 
 from nemo_convert.errors import ConfigError
@@ -185,6 +186,16 @@ class SpecField:
         """Whether the field is truthy in ``spec`` (falsy, when negated)."""
         return bool(self._read(spec)) != self.negate
 
+    def layers(self, symbols: str | None = None) -> str:
+        """The layer index of a name template over the layers this per-layer field selects
+        (:class:`Axes`): ``{i:@moe.layer_pattern}`` its true layers (``~field``: the
+        others), ``{i:@layer_kinds=M}`` those whose symbol is one of ``symbols``."""
+        if symbols is None:
+            return "{i:" + ("!" if self.negate else "") + "@" + self.path + "}"
+        if self.negate or not symbols or any(c in "{}" for c in symbols):
+            raise ConfigError(f"layer selector {self} = {symbols!r}: name the symbols to keep")
+        return "{i:@" + self.path + "=" + symbols + "}"
+
 
 #: A rule's condition: a :class:`SpecField`, a config path (deprecated: ``"path"`` truthy,
 #: ``"!path"`` falsy), or None (always).
@@ -250,24 +261,40 @@ def _count(cfg: dict[str, Any], path: str) -> int:
         raise ConfigError(f"config field {path} = {value!r} is not a layer count") from None
 
 
-_LAYER = re.compile(r"\{i(?::(!?[\w.]+)(?:=([^{}]+))?)?\}")
+_LAYER = re.compile(r"\{i(?::(!?@?[\w.]+)(?:=([^{}]+))?)?\}")
+
+
+@functools.cache
+def _selector_field(path: str) -> SpecField:
+    return SpecField(path)
 
 
 @dataclass(frozen=True)
 class Axes:
-    """What a name template's indices range over: ``{i}`` the layers (``{i:PATH}`` only the
-    layers a Megatron layer pattern at config ``PATH`` selects, ``{i:!PATH}`` the others,
-    ``{i:PATH=S}`` those whose symbol at ``PATH`` is one of ``S``) and ``{e}`` the experts
-    of a mixture-of-experts layer."""
+    """What a name template's indices range over: ``{i}`` the layers (``{i:@FIELD}`` only the
+    layers a per-layer field of the model spec selects — ``{i:@moe.layer_pattern}`` the
+    mixture-of-experts layers, :meth:`SpecField.layers` writes it —, ``{i:!@FIELD}`` the
+    others, ``{i:@FIELD=S}`` those whose symbol is one of ``S``: ``{i:@layer_kinds=M}`` a
+    hybrid stack's Mamba layers; ``{i:PATH}``, ``{i:!PATH}``, ``{i:PATH=S}`` the same over a
+    Megatron layer pattern at config ``PATH``, deprecated) and ``{e}`` the experts of a
+    mixture-of-experts layer. ``spec`` gives the plan's model spec (None: read from ``cfg``)."""
 
     layers: int
     experts: int
     cfg: dict[str, Any]
+    spec: Callable[[], ModelSpec] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
-    def of(cls, cfg: dict[str, Any], layers: str, experts: str) -> "Axes":
+    def of(cls, cfg: dict[str, Any], layers: str, experts: str,
+           spec: Callable[[], ModelSpec] | None = None) -> "Axes":
         """The axes for the layer and expert counts at config paths ``layers`` / ``experts``."""
-        return cls(_count(cfg, layers), _count(cfg, experts), cfg)
+        return cls(_count(cfg, layers), _count(cfg, experts), cfg, spec)
+
+    def _pattern(self, selector: str) -> Any:
+        """The per-layer pattern a selector names: a spec field (``@path``) or a config path."""
+        if selector.startswith("@"):
+            return _selector_field(selector[1:]).value(self.spec() if self.spec is not None else spec_of(self.cfg))
+        return cfg_get(self.cfg, selector)
 
     def layer_indices(self, selector: str | None, symbols: str | None = None) -> list[int]:
         """The layers a ``{i:selector}`` (``{i:selector=symbols}``) template runs over."""
@@ -276,10 +303,10 @@ class Axes:
         if symbols is not None:
             if selector.startswith("!"):
                 raise ConfigError(f"layer selector {{i:{selector}={symbols}}}: negate the symbols instead")
-            pattern = layer_symbols(cfg_get(self.cfg, selector), self.layers)
+            pattern = layer_symbols(self._pattern(selector), self.layers)
             return [i for i, s in enumerate(pattern) if s in symbols]
         negate = selector.startswith("!")
-        chosen = layer_pattern(cfg_get(self.cfg, selector.lstrip("!")), self.layers)
+        chosen = layer_pattern(self._pattern(selector.lstrip("!")), self.layers)
         return [i for i, on in enumerate(chosen) if on != negate]
 
     def expand(self, name: str) -> list[tuple[int | None, str]]:

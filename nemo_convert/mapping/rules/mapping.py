@@ -71,11 +71,14 @@ class Mapping:
                        sections=tuple(s.respelled_hf(fn) for s in self.sections), experts=self.experts,
                        spec_at=self.spec_at)
 
-    def axes(self, cfg: dict[str, Any]) -> Axes:
-        """What this section's ``{i}`` and ``{e}`` range over for the NeMo config ``cfg``."""
-        return Axes.of(cfg, self.layers, self.experts)
+    def axes(self, cfg: dict[str, Any], specs: Specs | None = None) -> Axes:
+        """What this section's ``{i}`` and ``{e}`` range over for the NeMo config ``cfg``
+        (a ``{i:@field}`` selector reads the spec from ``specs``; None: a cache of its own)."""
+        source, at = specs if specs is not None else Specs(cfg), self.spec_at
+        return Axes.of(cfg, self.layers, self.experts, lambda: source.at(at))
 
     def context(self, cfg: dict[str, Any], specs: Specs | None = None, pool: BufferPool | None = None) -> PlanContext:
         """What this section's rules plan against for the NeMo config ``cfg``: its axes, and
         the plan's one :class:`Specs` (None: a cache of its own)."""
-        return PlanContext(cfg, self.axes(cfg), pool, self.spec_at, specs)
+        specs = specs if specs is not None else Specs(cfg)
+        return PlanContext(cfg, self.axes(cfg, specs), pool, self.spec_at, specs)
