@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.mapping import ops
@@ -43,7 +43,7 @@ class Rename(Rule):
         if self.shape is None:
             return
         for info in outputs if direction == "to_nemo" else inputs:
-            want: list[Any] = [ctx.dim(s) for s in self.shape]
+            want = ctx.dims(self.shape)
             ok = len(want) == len(info.shape) and all(w is None or int(w) == d for w, d in zip(want, info.shape))
             if not ok:
                 desc = ", ".join(f"{s}={w}" if isinstance(s, (str, SpecField)) else str(s)

@@ -121,6 +121,18 @@ class PlanContext:
             return condition_holds(self.cfg, when)
         return when.holds(self.spec)
 
+    def dims(self, shape: tuple[Dim, ...]) -> tuple[Any, ...]:
+        """Every entry of a declared shape by :meth:`dim`, worked out once per context (a
+        rule checks each of its tasks against the same shape)."""
+        cache: dict[tuple[Dim, ...], tuple[Any, ...]] | None = self.__dict__.get("_dims")
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_dims", cache)
+        got = cache.get(shape)
+        if got is None:
+            got = cache[shape] = tuple(self.dim(d) for d in shape)
+        return got
+
     def dim(self, d: Dim) -> Any:
         """One dimension of a declared shape: an int as is, a spec field's value, a config
         path's value (deprecated); None (and a field or path without a value): any."""
