@@ -1,11 +1,12 @@
 """What every rule is written in: TP kinds, config paths and name templates.
 
 Names are templates: ``{i}`` stands for a layer index and is expanded over
-``range(cfg[layers])`` (``{i:PATH}`` over the layers that the Megatron layer pattern at
-config ``PATH`` selects — ``moe_layer_freq``: the mixture-of-experts layers of a mixed
-stack — and ``{i:!PATH}`` over the others; ``{i:PATH=S}`` over the layers whose symbol in
-the per-layer pattern at ``PATH`` is one of the characters ``S`` — a hybrid stack's
-``hybrid_override_pattern``, ``{i:hybrid_override_pattern=M}`` its Mamba layers);
+``range(cfg[layers])`` (``{i:@FIELD}`` over the layers that a per-layer field of the model
+spec selects — ``{i:@moe.layer_pattern}``: the mixture-of-experts layers of a mixed stack —
+and ``{i:!@FIELD}`` over the others; ``{i:@FIELD=S}`` over the layers whose symbol is one
+of the characters ``S`` — ``{i:@layer_kinds=M}`` a hybrid stack's Mamba layers;
+:meth:`SpecField.layers` writes them; ``{i:PATH}``, ``{i:!PATH}``, ``{i:PATH=S}`` read a
+Megatron layer pattern at config ``PATH`` instead, deprecated);
 ``{e}`` stands for an expert and is expanded over ``range(cfg[experts])``
 (``num_moe_experts``).
 
