@@ -15,7 +15,15 @@ from typing import Any
 
 from nemo_convert import ModelFamily, NemoTarget, hookimpl
 from nemo_convert.families import GPT_CONFIG, Check, never, table_translation
-from nemo_convert.mapping import FuseGated, FuseQKV, Mapping, Parallel, Rename, SpecField, Tied
+from nemo_convert.mapping import (
+    FuseGated,
+    FuseQKV,
+    Mapping,
+    Parallel,
+    Rename,
+    SpecField,
+    Tied,
+)
 
 NEMO_GPT = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
 
