@@ -7,7 +7,8 @@ checkpoint looks like and which optional modules it has) and a :class:`ConfigTab
 Qwen2, Qwen3, Gemma and Phi-3 are each one call (``plugins/nemo_convert_*/``).
 
 Per-config facts (biases, tied embeddings, the norm convention of a NeMo 1 Gemma) are
-``when=`` conditions on NeMo fields, so one family reads every checkpoint its table
+``when=`` conditions on the typed model spec's fields (:mod:`nemo_convert.families.fields`:
+``when=TIED``, ``when=ZERO_CENTRED``; shapes likewise), so one family reads every checkpoint its table
 writes and the ones NeMo's own converters wrote. The MLP is one block of rules
 (:func:`dense_mlp_rules`); an expert-parallel block slots in beside it. The config
 rows live in :mod:`nemo_convert.families.gpt_config`.
@@ -21,9 +22,12 @@ from typing import Any, Callable, Sequence
 from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.architecture import nemo_refusal
 from nemo_convert.families.config_table import ConfigTable, set_path
+from nemo_convert.families.fields import (EXPERT_FFN, EXPERTS, FFN, HEAD_DIM, HEADS, HIDDEN, KV_LORA_RANK,
+                                          MOE_LAYER_PATTERN, Q_LORA_RANK, SHARED_FFN, SHARED_GATE, TIED, VOCAB,
+                                          ZERO_CENTRED)
 from nemo_convert.families.gpt_config import HF_MTP, HF_MTP_COPIES, MTP_LAYERS
-from nemo_convert.mapping.rules import (FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule, Shared,
-                                        StackedExperts, Tied, cfg_get)
+from nemo_convert.mapping.rules import (Dim, FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
+                                        Shared, StackedExperts, Tied, cfg_get)
 from nemo_convert.plugins.records import CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget
 from nemo_convert.spec import provenance_of, spec_of
 
@@ -149,7 +153,7 @@ def hf_experts_layout(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]
     return {"hf_experts": "fused" if fused else "per_expert"}
 
 
-def _norm_bias(rules: list[Rule], features: GPTFeatures, hf: str, nemo: str, shape: tuple[Any, ...]) -> list[Rule]:
+def _norm_bias(rules: list[Rule], features: GPTFeatures, hf: str, nemo: str, shape: tuple[Dim, ...]) -> list[Rule]:
     """``rules`` and, for LayerNorms with a bias, the bias beside the weight
     (``*.weight`` ⇄ ``*.bias``, ``*layer_norm_weight`` ⇄ ``*layer_norm_bias``)."""
     if not features.norm_bias:
@@ -158,13 +162,13 @@ def _norm_bias(rules: list[Rule], features: GPTFeatures, hf: str, nemo: str, sha
     return [*rules, Rename(hf[: -len("weight")] + "bias", bias, shape=shape)]
 
 
-def norm_rules(features: GPTFeatures, hf: str, nemo: str, shape: tuple[Any, ...] = ("hidden_size",)) -> list[Rule]:
+def norm_rules(features: GPTFeatures, hf: str, nemo: str, shape: tuple[Dim, ...] = (HIDDEN,)) -> list[Rule]:
     """One norm weight: as HF stores it, or (NeMo 1 Gemma) with the +1 baked in; and its
     bias, for LayerNorms with one."""
     if not features.zero_centred_norms:
         return _norm_bias([Rename(hf, nemo, shape=shape)], features, hf, nemo, shape)
-    return _norm_bias([Rename(hf, nemo, shape=shape, when="layernorm_zero_centered_gamma"),
-                       Offset(hf, nemo, 1.0, when="!layernorm_zero_centered_gamma")], features, hf, nemo, shape)
+    return _norm_bias([Rename(hf, nemo, shape=shape, when=ZERO_CENTRED),
+                       Offset(hf, nemo, 1.0, when=~ZERO_CENTRED)], features, hf, nemo, shape)
 
 
 def mla_attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
@@ -179,18 +183,18 @@ def mla_attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule
     rules: list[Rule] = norm_rules(features, L + "input_layernorm.weight", D + "input_layernorm.weight")
     mla = spec_of(cfg).attention.mla
     if mla is not None and mla.q_lora_rank:
-        rules += [Rename(a + "q_a_proj.weight", n + "linear_q_down_proj.weight", shape=("q_lora_rank", "hidden_size")),
-                  Rename(a + "q_a_layernorm.weight", n + "linear_q_up_proj.layer_norm_weight", shape=("q_lora_rank",)),
+        rules += [Rename(a + "q_a_proj.weight", n + "linear_q_down_proj.weight", shape=(Q_LORA_RANK, HIDDEN)),
+                  Rename(a + "q_a_layernorm.weight", n + "linear_q_up_proj.layer_norm_weight", shape=(Q_LORA_RANK,)),
                   Rename(a + "q_b_proj.weight", n + "linear_q_up_proj.weight", Parallel.COLUMN,
-                         shape=(None, "q_lora_rank"))]
+                         shape=(None, Q_LORA_RANK))]
     else:
         rules.append(Rename(a + "q_proj.weight", n + "linear_q_proj.weight", Parallel.COLUMN,
-                            shape=(None, "hidden_size")))
-    rules += [Rename(a + "kv_a_proj_with_mqa.weight", n + "linear_kv_down_proj.weight", shape=(None, "hidden_size")),
-              Rename(a + "kv_a_layernorm.weight", n + "linear_kv_up_proj.layer_norm_weight", shape=("kv_lora_rank",)),
+                            shape=(None, HIDDEN)))
+    rules += [Rename(a + "kv_a_proj_with_mqa.weight", n + "linear_kv_down_proj.weight", shape=(None, HIDDEN)),
+              Rename(a + "kv_a_layernorm.weight", n + "linear_kv_up_proj.layer_norm_weight", shape=(KV_LORA_RANK,)),
               Rename(a + "kv_b_proj.weight", n + "linear_kv_up_proj.weight", Parallel.COLUMN,
-                     shape=(None, "kv_lora_rank")),
-              Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=("hidden_size", None))]
+                     shape=(None, KV_LORA_RANK)),
+              Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=(HIDDEN, None))]
     return rules
 
 
@@ -203,9 +207,9 @@ def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
     else:
         rules.append(FuseQKV(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight", n + "linear_qkv.weight"))
     if features.qk_norm and spec.qk_norm:  # a config without them (GLM-4.5-Air's use_qk_norm: false) has none
-        rules += [Rename(a + "q_norm.weight", n + "q_layernorm.weight", shape=("kv_channels",)),
-                  Rename(a + "k_norm.weight", n + "k_layernorm.weight", shape=("kv_channels",))]
-    rules.append(Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=("hidden_size", None)))
+        rules += [Rename(a + "q_norm.weight", n + "q_layernorm.weight", shape=(HEAD_DIM,)),
+                  Rename(a + "k_norm.weight", n + "k_layernorm.weight", shape=(HEAD_DIM,))]
+    rules.append(Rename(a + "o_proj.weight", n + "linear_proj.weight", Parallel.ROW, shape=(HIDDEN, None)))
     if features.post_norms:
         rules += norm_rules(features, L + "post_attention_layernorm.weight", n + "linear_proj.post_layernorm.weight")
     if spec.qkv_bias:
@@ -215,12 +219,13 @@ def attention_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
         rules.append(Rename(a + "o_proj.bias", n + "linear_proj.bias"))
     if features.attention_sinks:
         rules.append(Rename(a + "sinks", n + "core_attention.softmax_offset", Parallel.COLUMN,
-                            shape=("num_attention_heads",)))
+                            shape=(HEADS,)))
     return rules
 
 
-#: The MoE layers of a stack (Megatron's ``moe_layer_freq`` pattern) and the others.
-MOE_LAYERS, DENSE_LAYERS = "{i:moe_layer_freq}", "{i:!moe_layer_freq}"
+#: The MoE layers of a stack (the spec's :attr:`MoE.layer_pattern`: Megatron's
+#: ``moe_layer_freq``) and the others.
+MOE_LAYERS, DENSE_LAYERS = MOE_LAYER_PATTERN.layers(), (~MOE_LAYER_PATTERN).layers()
 
 
 def dense_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = "{i}") -> list[Rule]:
@@ -238,13 +243,13 @@ def dense_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = "{
     for s in suffixes:
         if not features.gated_mlp:
             rules.append(Rename(m + "up_proj." + s, n + "linear_fc1." + s, Parallel.COLUMN,
-                                shape=("ffn_hidden_size", "hidden_size") if s == "weight" else ("ffn_hidden_size",)))
+                                shape=(FFN, HIDDEN) if s == "weight" else (FFN,)))
         elif features.packed_gate_up:
             rules.append(Rename(m + "gate_up_proj." + s, n + "linear_fc1." + s, Parallel.GATED_FC1))
         else:
             rules.append(FuseGated(m + "gate_proj." + s, m + "up_proj." + s, n + "linear_fc1." + s))
     rules.append(Rename(m + "down_proj.weight", n + "linear_fc2.weight", Parallel.ROW,
-                        shape=("hidden_size", "ffn_hidden_size")))
+                        shape=(HIDDEN, FFN)))
     if bias:
         rules.append(Rename(m + "down_proj.bias", n + "linear_fc2.bias"))
     return rules
@@ -262,9 +267,9 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
     x, nx = h + moe.experts + ".", n + "mlp.experts.local_experts.{e}."
     rules: list[Rule] = norm_rules(features, f"model.layers.{layers}.post_attention_layernorm.weight",
                                    n + "pre_mlp_layernorm.weight")
-    rules.append(Rename(h + moe.router + ".weight", n + "mlp.router.weight", shape=("num_moe_experts", "hidden_size")))
+    rules.append(Rename(h + moe.router + ".weight", n + "mlp.router.weight", shape=(EXPERTS, HIDDEN)))
     if moe.router_bias:
-        rules.append(Rename(h + moe.router + ".bias", n + "mlp.router.bias", shape=("num_moe_experts",)))
+        rules.append(Rename(h + moe.router + ".bias", n + "mlp.router.bias", shape=(EXPERTS,)))
     fc1, fc2 = (Parallel.GATED_FC1, Parallel.ROW) if moe.expert_tp else (Parallel.REPLICATED, Parallel.REPLICATED)
     if not moe.gated:
         if fused:
@@ -272,9 +277,9 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
                                    "expert and projection is)")
         fc1 = Parallel.COLUMN if moe.expert_tp else Parallel.REPLICATED
         rules += [Rename(x + moe.up + ".weight", nx + "linear_fc1.weight", fc1,
-                         shape=("moe_ffn_hidden_size", "hidden_size")),
+                         shape=(EXPERT_FFN, HIDDEN)),
                   Rename(x + moe.down + ".weight", nx + "linear_fc2.weight", fc2,
-                         shape=("hidden_size", "moe_ffn_hidden_size"))]
+                         shape=(HIDDEN, EXPERT_FFN))]
     elif fused:
         rules += [StackedExperts(h + "experts.gate_up_proj", nx + "linear_fc1.weight", fc1,
                                  transpose=moe.fused_transposed, interleaved=moe.fused_interleaved),
@@ -286,22 +291,22 @@ def moe_mlp_rules(features: GPTFeatures, cfg: dict[str, Any], layers: str = MOE_
                       StackedExperts(h + "experts.down_proj_bias", nx + "linear_fc2.bias", Parallel.REPLICATED)]
     else:
         rules += [FuseGated(x + moe.gate + ".weight", x + moe.up + ".weight", nx + "linear_fc1.weight",
-                            ffn="moe_ffn_hidden_size", parallel=fc1),
+                            ffn=EXPERT_FFN, parallel=fc1),
                   Rename(x + moe.down + ".weight", nx + "linear_fc2.weight", fc2,
-                         shape=("hidden_size", "moe_ffn_hidden_size"))]
+                         shape=(HIDDEN, EXPERT_FFN))]
     if moe.expert_bias:
-        rules.append(Rename(h + moe.expert_bias, n + "mlp.router.expert_bias", shape=("num_moe_experts",)))
+        rules.append(Rename(h + moe.expert_bias, n + "mlp.router.expert_bias", shape=(EXPERTS,)))
     if moe.shared:
         s, ns = h + moe.shared + ".", n + "mlp.shared_experts."
         rules += [FuseGated(s + "gate_proj.weight", s + "up_proj.weight", ns + "linear_fc1.weight",
-                            ffn="moe_shared_expert_intermediate_size") if moe.gated else
+                            ffn=SHARED_FFN) if moe.gated else
                   Rename(s + "up_proj.weight", ns + "linear_fc1.weight", Parallel.COLUMN,
-                         shape=("moe_shared_expert_intermediate_size", "hidden_size")),
+                         shape=(SHARED_FFN, HIDDEN)),
                   Rename(s + "down_proj.weight", ns + "linear_fc2.weight", Parallel.ROW,
-                         shape=("hidden_size", "moe_shared_expert_intermediate_size"))]
+                         shape=(HIDDEN, SHARED_FFN))]
     if moe.shared_gate:
         rules.append(Rename(h + moe.shared_gate + ".weight", n + "mlp.shared_experts.gate_weight",
-                            shape=(1, "hidden_size"), when="moe_shared_expert_gate"))
+                            shape=(1, HIDDEN), when=SHARED_GATE))
     return rules
 
 
@@ -352,7 +357,7 @@ def mtp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
         h, n = f"model.layers.{layers + k}.", f"mtp.layers.{k}."
         rules += norm_rules(features, h + "enorm.weight", n + "enorm.weight")
         rules += norm_rules(features, h + "hnorm.weight", n + "hnorm.weight")
-        rules.append(Rename(h + "eh_proj.weight", n + "eh_proj.weight", Parallel.COLUMN, shape=("hidden_size", None)))
+        rules.append(Rename(h + "eh_proj.weight", n + "eh_proj.weight", Parallel.COLUMN, shape=(HIDDEN, None)))
         rules += [_at_layer(r, h, n + "transformer_layer.") for r in layer]
         rules += norm_rules(features, h + "shared_head.norm.weight", n + "final_layernorm.weight")
         if not copies:
@@ -360,9 +365,9 @@ def mtp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
         rules += [Shared(h + "embed_tokens.weight", "model.embed_tokens.weight", "embedding.word_embeddings.weight",
                          why=why),
                   Shared(h + "shared_head.head.weight", "lm_head.weight", "output_layer.weight", why=why,
-                         when="!share_embeddings_and_output_weights"),
+                         when=~TIED),
                   Shared(h + "shared_head.head.weight", "model.embed_tokens.weight",
-                         "embedding.word_embeddings.weight", why=why, when="share_embeddings_and_output_weights")]
+                         "embedding.word_embeddings.weight", why=why, when=TIED)]
     return rules
 
 
@@ -371,7 +376,7 @@ def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, An
     per layer, without the ``model.`` prefix)."""
 
     def mapping(cfg: dict[str, Any]) -> Mapping:
-        vocab = ("nemo_convert.vocab_size", "hidden_size")
+        vocab = (VOCAB, HIDDEN)
         rules: list[Rule] = [Rename("model.embed_tokens.weight", "embedding.word_embeddings.weight", Parallel.VOCAB,
                                     shape=vocab)]
         rules += mla_attention_rules(features, cfg) if features.mla else attention_rules(features, cfg)
@@ -382,8 +387,8 @@ def gpt_mapping(features: GPTFeatures = GPTFeatures()) -> Callable[[dict[str, An
             rules += dense_mlp_rules(features, cfg)
         rules += norm_rules(features, "model.norm.weight", "decoder.final_layernorm.weight")
         rules += [Rename("lm_head.weight", "output_layer.weight", Parallel.VOCAB, shape=vocab,
-                         when="!share_embeddings_and_output_weights"),
-                  Tied("lm_head.weight", "model.embed_tokens.weight", when="share_embeddings_and_output_weights")]
+                         when=~TIED),
+                  Tied("lm_head.weight", "model.embed_tokens.weight", when=TIED)]
         if features.mtp:
             rules += mtp_rules(features, cfg)
         # MTP layers left out on request (--drop-mtp): consumed without output and reported.

@@ -13,7 +13,8 @@ the MoE layer's norm is ``pre_mlp_layernorm``); the final norm is ``decoder.fina
 A family declares a hybrid stack as the GPT base's blocks where they fit (attention,
 MLP, mixture of experts: :mod:`nemo_convert.families.gpt`, respelled for the HF
 checkpoint's names) and the Mamba mixer block here (:func:`mamba_mixer_rules`), each on
-the layers of its symbol (``{i:hybrid_override_pattern=M}``, ``mapping/rules/base.py``).
+the layers of its symbol (``{i:@layer_kinds=M}``: the spec's ``hybrid_override_pattern``,
+``mapping/rules/base.py``).
 The mixer's fused input projection and its convolution are split across
 tensor-parallel ranks by sections (:class:`~nemo_convert.mapping.rules.Sections`), as
 Megatron-Core does it, and stored in a distributed checkpoint as one key per section.
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from nemo_convert.families.config_table import ConfigTable
+from nemo_convert.families.fields import HIDDEN, LAYER_KINDS, TIED, VOCAB
 from nemo_convert.families.gpt_config import GPT_NEMO_CONSTANTS
 from nemo_convert.families.gpt import (GPTFeatures, MoEBlock, attention_rules, checked_to_hf, dense_mlp_rules,
                                        moe_mlp_rules, table_translation)
@@ -44,8 +46,9 @@ D = "decoder.layers."
 
 
 def kind_layers(symbols: str) -> str:
-    """The layer template of the layers whose symbol is one of ``symbols``."""
-    return "{i:" + PATTERN + "=" + symbols + "}"
+    """The layer template of the layers whose symbol is one of ``symbols`` (the spec's
+    :attr:`ModelSpec.layer_kinds`)."""
+    return LAYER_KINDS.layers(symbols)
 
 
 def pattern_of(cfg: dict[str, Any]) -> list[str]:
@@ -124,15 +127,15 @@ def mamba_mixer_rules(names: HybridNames, cfg: dict[str, Any]) -> list[Rule]:
     in_proj, conv = mamba_sections(cfg)
     heads, inner = (in_proj.sizes[-1],), in_proj.sizes[0]
     return [
-        Rename(h + names.norm, n + "mixer.in_proj.layer_norm_weight", shape=("hidden_size",)),
-        Rename(m + "in_proj.weight", n + "mixer.in_proj.weight", in_proj, shape=(in_proj.rows, "hidden_size")),
+        Rename(h + names.norm, n + "mixer.in_proj.layer_norm_weight", shape=(HIDDEN,)),
+        Rename(m + "in_proj.weight", n + "mixer.in_proj.weight", in_proj, shape=(in_proj.rows, HIDDEN)),
         Rename(m + "conv1d.weight", n + "mixer.conv1d.weight", conv, shape=(conv.rows, 1, None)),
         Rename(m + "conv1d.bias", n + "mixer.conv1d.bias", conv, shape=(conv.rows,)),
         Rename(m + "A_log", n + "mixer.A_log", Parallel.COLUMN, shape=heads),
         Rename(m + "D", n + "mixer.D", Parallel.COLUMN, shape=heads),
         Rename(m + "dt_bias", n + "mixer.dt_bias", Parallel.COLUMN, shape=heads),
         Rename(m + "norm.weight", n + "mixer.norm.weight", Parallel.COLUMN, shape=(inner,)),
-        Rename(m + "out_proj.weight", n + "mixer.out_proj.weight", Parallel.ROW, shape=("hidden_size", inner)),
+        Rename(m + "out_proj.weight", n + "mixer.out_proj.weight", Parallel.ROW, shape=(HIDDEN, inner)),
     ]
 
 
@@ -191,7 +194,7 @@ def hybrid_mapping(blocks: HybridBlocks = HybridBlocks(), names: HybridNames = H
 
     def mapping(cfg: dict[str, Any]) -> Mapping:
         kinds = set(pattern_of(cfg))
-        vocab = ("nemo_convert.vocab_size", "hidden_size")
+        vocab = (VOCAB, HIDDEN)
         rules: list[Rule] = [Rename(names.embedding, "embedding.word_embeddings.weight", Parallel.VOCAB, shape=vocab)]
         if MAMBA in kinds:
             rules += mamba_mixer_rules(names, cfg)
@@ -203,10 +206,10 @@ def hybrid_mapping(blocks: HybridBlocks = HybridBlocks(), names: HybridNames = H
             if blocks.moe is None:
                 raise ValueError(f"internal error: {PATTERN} has {MOE} layers and the family declares no MoE block")
             rules += moe_block(blocks, names, cfg)
-        rules += [Rename(names.final_norm, "decoder.final_norm.weight", shape=("hidden_size",)),
+        rules += [Rename(names.final_norm, "decoder.final_norm.weight", shape=(HIDDEN,)),
                   Rename(names.head, "output_layer.weight", Parallel.VOCAB, shape=vocab,
-                         when="!share_embeddings_and_output_weights"),
-                  Tied(names.head, names.embedding, when="share_embeddings_and_output_weights")]
+                         when=~TIED),
+                  Tied(names.head, names.embedding, when=TIED)]
         return Mapping(tuple(rules), layers="num_layers")
 
     return mapping

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.mapping.rules import Condition, SpecField
 from nemo_convert.spec import Llama3Scaling, MoE, Rope, describe_activation, spec_of
 
 Stage = Literal["first", "last"]
@@ -67,7 +68,8 @@ class TrtllmName:
         one ``[q; k; v]`` tensor).
     :param quantize: a linear weight that the algorithm quantizes.
     :param stage: for tensors outside the decoder layers, the pipeline stage holding them.
-    :param when: a NeMo config condition, as for rules (``"share_embeddings_and_output_weights"``).
+    :param when: a condition on the typed model spec, as for rules
+        (``SpecField("embedding.tied")``; a NeMo config path still works, deprecated).
     :param shares: the tensor is written again from ``nemo`` without consuming it (a tied
         ``lm_head`` is the embedding).
     :param experts: ``nemo`` has ``{e}``: one TensorRT-LLM tensor per layer holds every
@@ -88,7 +90,7 @@ class TrtllmName:
     trtllm: tuple[str, ...]
     quantize: bool = False
     stage: Stage | None = None
-    when: str | None = None
+    when: Condition = None
     shares: bool = False
     experts: bool = False
     order: tuple[int, ...] | None = None
@@ -129,6 +131,9 @@ D = "decoder.layers.{i}."
 E = D + "mlp.experts.local_experts.{e}."
 T = "transformer.layers.{i}."
 
+#: The output layer is the word embedding (the spec's :attr:`Embedding.tied`).
+TIED = SpecField("embedding.tied")
+
 #: The GPT base's table: NeMo mcore GPT logical names → TensorRT-LLM names (see the
 #: module docstring for the sources). A MoE layer's rows (``pre_mlp_layernorm``, the router,
 #: the stacked experts) write nothing for a dense layer, and the dense MLP's nothing for a
@@ -149,9 +154,8 @@ GPT_TRTLLM_NAMES: tuple[TrtllmName, ...] = (
     TrtllmName(E + "linear_fc1.weight", (T + "mlp.fc.weight",), quantize=True, experts=True, order=(1, 0)),
     TrtllmName(E + "linear_fc2.weight", (T + "mlp.proj.weight",), quantize=True, experts=True),
     TrtllmName("decoder.final_layernorm.weight", ("transformer.ln_f.weight",), stage="last"),
-    TrtllmName("output_layer.weight", ("lm_head.weight",), stage="last", when="!share_embeddings_and_output_weights"),
-    TrtllmName("embedding.word_embeddings.weight", ("lm_head.weight",), stage="last", shares=True,
-               when="share_embeddings_and_output_weights"),
+    TrtllmName("output_layer.weight", ("lm_head.weight",), stage="last", when=~TIED),
+    TrtllmName("embedding.word_embeddings.weight", ("lm_head.weight",), stage="last", shares=True, when=TIED),
 )
 GPT_KV_CACHE = T + "attention.kv_cache_scaling_factor"
 GPT_KV_OF = D + "self_attention.linear_qkv.weight"

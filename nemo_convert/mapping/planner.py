@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from nemo_convert.errors import MappingError, ShapeError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules import Mapping, Parallel, Rule
-from nemo_convert.mapping.rules.base import Kind
+from nemo_convert.mapping.rules.base import Kind, Specs
 from nemo_convert.mapping.rules.protocol import (
     Direction,
     LazyFn,
@@ -69,10 +69,11 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
     unproduced: list[str] = []
     drops: list[str] = []
     rule_of: dict[int, tuple[Rule, PlanContext]] = {}
+    specs = Specs(cfg)  # the typed model spec, built once if a rule reads it
     for part in mapping.parts():
-        ctx = PlanContext(cfg, part.axes(cfg), pool)
+        ctx = part.context(cfg, specs, pool)
         for rule in part.rules:
-            if not rule.applies(cfg):
+            if not rule.applies(ctx):
                 continue
             for task in rule.tasks(ctx, direction):
                 missing = [k for k in task.inputs if k not in available]
@@ -132,10 +133,11 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
 
 def _applying_rules(mapping: Mapping, cfg: dict[str, Any]) -> Iterator[tuple[Rule, PlanContext]]:
     """Every rule of the mapping that applies to ``cfg``, with its part's plan context."""
+    specs = Specs(cfg)
     for part in mapping.parts():
-        ctx = PlanContext(cfg, part.axes(cfg))
+        ctx = part.context(cfg, specs)
         for rule in part.rules:
-            if rule.applies(cfg):
+            if rule.applies(ctx):
                 yield rule, ctx
 
 

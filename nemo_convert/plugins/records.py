@@ -135,8 +135,8 @@ class ModelFamily:
     What it translates:
 
     :param mapping: builds the key mapping (rules as data) for a NeMo config. Called
-        with the NeMo config so rules can depend on it (``when=`` conditions are the
-        usual way; a function is an escape hatch).
+        with the NeMo config so rules can depend on it (``when=`` conditions on the typed
+        model spec, ``SpecField``, are the usual way; a function is an escape hatch).
     :param config_to_nemo: HF ``config.json`` dict → NeMo ``model_config.yaml`` dict.
     :param config_to_hf: NeMo config dict → HF ``config.json`` dict (export).
 

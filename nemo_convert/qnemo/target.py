@@ -30,7 +30,7 @@ from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.families.trtllm import TrtllmName, TrtllmTable
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.planner import Plan, plan_conversion
-from nemo_convert.mapping.rules import Mapping, Parallel, cfg_get
+from nemo_convert.mapping.rules import Condition, Mapping, Parallel, cfg_get
 from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task
 from nemo_convert.tensors.base import TensorSource
 from nemo_convert.tensors.pieces import materialize
@@ -119,7 +119,7 @@ class Projected(Rule):
     index: int
     kinds: dict[str, Parallel] = field(compare=False, hash=False, repr=False)
     geometry: dict[str, int] | None = field(default=None, compare=False, hash=False)
-    when: str | None = None
+    when: Condition = None
 
     def _spec(self, kind: Parallel, n_out: int, j: int, nemo_names: Sequence[str]) -> OutSpec:
         split = TRT_SPLIT.get(kind)

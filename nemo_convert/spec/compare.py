@@ -62,6 +62,7 @@ def signature(spec: ModelSpec) -> dict[str, Any]:
         "apply_residual_connection_post_layernorm": spec.block.residual_post_norm,
         "headscale": a.headscale,
         "attention_type": a.kind,
+        "hybrid_override_pattern": spec.layer_kinds,
         "unsupported": spec.unsupported,
     }
 

@@ -236,6 +236,9 @@ class ModelSpec:
     are kept in (``bfloat16``, ``float16``, ``float32``), the one storage fact every target
     records; ``final_logit_softcap``: the logits pass through ``c·tanh(x / c)`` (Gemma 2's
     ``final_logit_softcapping``), None: they do not; ``mtp_layers`` counts the multi-token-prediction layers after the last one;
+    ``layer_kinds``: a hybrid stack's layers, one symbol each (Megatron-Core's
+    ``hybrid_override_pattern``: ``M`` Mamba, ``*`` attention, ``-`` MLP, ``E`` mixture of
+    experts), None: every layer is a transformer layer;
     ``unsupported`` lists the math fields the config sets that no field here models
     (:data:`nemo_convert.spec.nemo.UNMODELLED`, field and value): no target computes them."""
 
@@ -249,6 +252,7 @@ class ModelSpec:
     block: Block = Block()
     moe: MoE | None = None
     mtp_layers: int = 0
+    layer_kinds: str | None = None
     final_logit_softcap: float | None = None
     precision: str = "float32"
     unsupported: tuple[tuple[str, Any], ...] = ()

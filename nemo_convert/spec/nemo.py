@@ -43,6 +43,8 @@ section's side channels, with NeMo's defaults applied once (NeMo ``8cfedd72``
   and the global layers' linear factor as ``rope_scaling_factor`` (Megatron-Bridge
   ``067f987d`` ``src/megatron/bridge/models/gemma/gemma3_provider.py`` lines 62, 76,
   113-137, 285-309); a NeMo config has one number per field, so the local base is its own;
+- a hybrid stack's ``hybrid_override_pattern`` (one symbol per layer, a string or a list:
+  :func:`layer_symbols`) is :attr:`ModelSpec.layer_kinds`, absent: none;
 - ``precision`` 32.
 """
 
@@ -197,6 +199,13 @@ def _window_pattern(cfg: Mapping[str, Any], layers: int) -> tuple[bool, ...] | N
     if value is None and cfg.get("name") == "megatron_gemma2":
         return tuple(n % 2 == 1 for n in range(layers))
     return window_pattern(value, layers)
+
+
+def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> str | None:
+    """A hybrid stack's ``hybrid_override_pattern`` as one string (:func:`layer_symbols`),
+    None without one."""
+    value = cfg.get("hybrid_override_pattern")
+    return None if value is None else "".join(layer_symbols(value, layers))
 
 
 def _customised(cfg: Mapping[str, Any], key: str) -> float | None:
@@ -386,6 +395,7 @@ def spec_of(cfg: Mapping[str, Any]) -> ModelSpec:
                     bool(section(cfg).get("post_norms")) or cfg.get("name") == "megatron_gemma2"),
         moe=_moe(cfg, geometry.layers),
         mtp_layers=_int(cfg, "mtp_num_layers", 0),
+        layer_kinds=_layer_kinds(cfg, geometry.layers),
         final_logit_softcap=_customised(cfg, "final_logit_softcapping"),
         precision=dtype_name_of_precision(cfg.get("precision", 32)),
         unsupported=unsupported(cfg),

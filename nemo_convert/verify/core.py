@@ -19,7 +19,7 @@ from nemo_convert.formats.detect import require_kind
 from nemo_convert.formats.hf.hf import HFCheckpoint, open_hf
 from nemo_convert.formats.nemo.nemo import NemoCheckpoint
 from nemo_convert.formats.open_any import open_model_checkpoint
-from nemo_convert.mapping.rules import PlanContext
+from nemo_convert.mapping.rules import Specs
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.plugins.records import DEFAULT_TOKENIZER_FILES, ModelFamily, Verifier
 from nemo_convert.verify.configs import compare_hf_configs, diff_config
@@ -54,10 +54,11 @@ def _mapping_facts(fam: ModelFamily, nemo_cfg: dict[str, Any]) -> tuple[dict[str
     """Tied HF tensors and HF non-weight globs of the family, for this config."""
     tied: dict[str, str] = {}
     drops: list[str] = []
+    specs = Specs(nemo_cfg)
     for part in fam.mapping(nemo_cfg).parts():
-        ctx = PlanContext(nemo_cfg, part.axes(nemo_cfg))
+        ctx = part.context(nemo_cfg, specs)
         for rule in part.rules:
-            if rule.applies(nemo_cfg):
+            if rule.applies(ctx):
                 tied.update(rule.aliases(ctx))
         drops.extend(p.replace("{i}", "*") for p in part.drop_hf)
     return tied, drops

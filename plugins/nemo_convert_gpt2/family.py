@@ -34,6 +34,7 @@ from nemo_convert import FamilyOptions
 from nemo_convert.errors import ConfigError
 from nemo_convert.families import (Check, Derived, Field, GELU_ERF, GELU_TANH, GPT_CONFIG, activation_choice,
                                    gpt_family, set_path)
+from nemo_convert.families.fields import FFN, HIDDEN, MAX_POSITIONS, TIED, VOCAB
 from nemo_convert.mapping import Mapping
 from nemo_convert.mapping.rules import PackedQKV, Parallel, Rename, Rule, Tied, Transposed
 from nemo_convert.spec import provenance_of, spec_of
@@ -57,7 +58,7 @@ def _prefixed_mapping(cfg: dict[str, Any]) -> Mapping:
     """The names ``GPT2LMHeadModel.save_pretrained`` writes (``transformer.h.{i}.…``)."""
     t, h, n = "transformer.", "transformer.h.{i}.", "decoder.layers.{i}."
     a, m = n + "self_attention.", n + "mlp."
-    vocab, hidden = ("nemo_convert.vocab_size", "hidden_size"), ("hidden_size",)
+    vocab, hidden = (VOCAB, HIDDEN), (HIDDEN,)
 
     def norm(hf: str, nemo_weight: str, nemo_bias: str) -> list[Rule]:
         return [Rename(hf + ".weight", nemo_weight, shape=hidden), Rename(hf + ".bias", nemo_bias, shape=hidden)]
@@ -65,23 +66,23 @@ def _prefixed_mapping(cfg: dict[str, Any]) -> Mapping:
     rules: list[Rule] = [
         Rename(t + "wte.weight", "embedding.word_embeddings.weight", Parallel.VOCAB, shape=vocab),
         Rename(t + "wpe.weight", "embedding.position_embeddings.weight",
-               shape=("max_position_embeddings", "hidden_size")),
+               shape=(MAX_POSITIONS, HIDDEN)),
         *norm(h + "ln_1", a + "linear_qkv.layer_norm_weight", a + "linear_qkv.layer_norm_bias"),
         PackedQKV(h + "attn.c_attn.weight", a + "linear_qkv.weight", transposed=True),
         PackedQKV(h + "attn.c_attn.bias", a + "linear_qkv.bias"),
-        Transposed(h + "attn.c_proj.weight", a + "linear_proj.weight", Parallel.ROW, shape=("hidden_size", None)),
+        Transposed(h + "attn.c_proj.weight", a + "linear_proj.weight", Parallel.ROW, shape=(HIDDEN, None)),
         Rename(h + "attn.c_proj.bias", a + "linear_proj.bias", shape=hidden),
         *norm(h + "ln_2", m + "linear_fc1.layer_norm_weight", m + "linear_fc1.layer_norm_bias"),
         Transposed(h + "mlp.c_fc.weight", m + "linear_fc1.weight", Parallel.COLUMN,
-                   shape=("ffn_hidden_size", "hidden_size")),
-        Rename(h + "mlp.c_fc.bias", m + "linear_fc1.bias", Parallel.COLUMN, shape=("ffn_hidden_size",)),
+                   shape=(FFN, HIDDEN)),
+        Rename(h + "mlp.c_fc.bias", m + "linear_fc1.bias", Parallel.COLUMN, shape=(FFN,)),
         Transposed(h + "mlp.c_proj.weight", m + "linear_fc2.weight", Parallel.ROW,
-                   shape=("hidden_size", "ffn_hidden_size")),
+                   shape=(HIDDEN, FFN)),
         Rename(h + "mlp.c_proj.bias", m + "linear_fc2.bias", shape=hidden),
         *norm(t + "ln_f", "decoder.final_layernorm.weight", "decoder.final_layernorm.bias"),
         Rename("lm_head.weight", "output_layer.weight", Parallel.VOCAB, shape=vocab,
-               when="!share_embeddings_and_output_weights"),
-        Tied("lm_head.weight", t + "wte.weight", when="share_embeddings_and_output_weights"),
+               when=~TIED),
+        Tied("lm_head.weight", t + "wte.weight", when=TIED),
     ]
     # The causal-mask buffers older checkpoints saved (not weights; transformers ignores them).
     return Mapping(tuple(rules), layers="num_layers", drop_hf=(h + "attn.bias", h + "attn.masked_bias"))

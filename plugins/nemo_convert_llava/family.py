@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_convert import CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget
+from nemo_convert.families.fields import HIDDEN
 from nemo_convert.mapping import Mapping, Rename, cfg_get
 from nemo_convert_clip.family import clip_vision_tower_mapping
 from nemo_convert_llama.family import llama_mapping
@@ -59,12 +60,12 @@ def vision_tower_mapping(spelling: str, embedded: bool) -> Mapping:
 def projector_mapping() -> Mapping:
     """HF ``LlavaMultiModalProjector`` (linear_1, GELU, linear_2) ⇄ NeVA's ``mlp2x_gelu``
     adapter (``Sequential(Linear, GELU, Linear)``: indices 0 and 2)."""
-    vh = VISION_CFG + "hidden_size"
+    vh = VISION_CFG + "hidden_size"  # the vision tower's: a config path (the spec is the language model's)
     return Mapping((
-        Rename("linear_1.weight", PROJECTOR + "0.weight", shape=("hidden_size", vh)),
-        Rename("linear_1.bias", PROJECTOR + "0.bias", shape=("hidden_size",)),
-        Rename("linear_2.weight", PROJECTOR + "2.weight", shape=("hidden_size", "hidden_size")),
-        Rename("linear_2.bias", PROJECTOR + "2.bias", shape=("hidden_size",)),
+        Rename("linear_1.weight", PROJECTOR + "0.weight", shape=(HIDDEN, vh)),
+        Rename("linear_1.bias", PROJECTOR + "0.bias", shape=(HIDDEN,)),
+        Rename("linear_2.weight", PROJECTOR + "2.weight", shape=(HIDDEN, HIDDEN)),
+        Rename("linear_2.bias", PROJECTOR + "2.bias", shape=(HIDDEN,)),
     ))
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from nemo_convert.mapping import ops
-from nemo_convert.mapping.rules.base import Parallel, cfg_get
+from nemo_convert.mapping.rules.base import Condition, Dim, Parallel, cfg_get
 from nemo_convert.mapping.rules.protocol import Direction, LazyFn, Origin, PlanContext, Rule, Task, TaskFn
 from nemo_convert.tensors.pieces import Lazy, materialize
 
@@ -44,7 +44,7 @@ class FuseQKV(Rule):
     head_dim: str = "kv_channels"
     hidden: str = "hidden_size"
     parallel: Parallel = Parallel.QKV
-    when: str | None = None
+    when: Condition = None
 
     def geometry(self, cfg: dict[str, Any]) -> dict[str, int]:
         return qkv_geometry(cfg, self.heads, self.groups, self.head_dim, self.hidden)
@@ -80,7 +80,7 @@ class PackedQKV(Rule):
     head_dim: str = "kv_channels"
     hidden: str = "hidden_size"
     parallel: Parallel = Parallel.QKV
-    when: str | None = None
+    when: Condition = None
     transposed: bool = False
 
     def geometry(self, cfg: dict[str, Any]) -> dict[str, int]:
@@ -105,7 +105,8 @@ class PackedQKV(Rule):
 
 @dataclass(frozen=True)
 class FuseGated(Rule):
-    """HF gate and up projections ⇄ Megatron's gated ``linear_fc1`` = ``[gate; up]``."""
+    """HF gate and up projections ⇄ Megatron's gated ``linear_fc1`` = ``[gate; up]``; ``ffn``
+    is the size of each half (a spec field, or a config path; None: half the rows)."""
 
     hf_fields: ClassVar[tuple[str, ...]] = ("gate", "up")
     cfg_fields: ClassVar[tuple[str, ...]] = ("ffn",)
@@ -113,12 +114,12 @@ class FuseGated(Rule):
     gate: str
     up: str
     nemo: str
-    ffn: str | None = "ffn_hidden_size"
+    ffn: Dim = "ffn_hidden_size"
     parallel: Parallel = Parallel.GATED_FC1
-    when: str | None = None
+    when: Condition = None
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
-        ffn = cfg_get(ctx.cfg, self.ffn)
+        ffn = ctx.dim(self.ffn)
         ffn = int(ffn) if ffn is not None else None
         pool = ctx.pool
         out = []
@@ -143,7 +144,7 @@ class StackedExperts(Rule):
     hf: str
     nemo: str
     parallel: Parallel = Parallel.REPLICATED
-    when: str | None = None
+    when: Condition = None
     transpose: bool = False  # HF stores each expert as ``x @ W`` (GPT-OSS)
     interleaved: bool = False  # HF's gate/up rows alternate (GPT-OSS)
 

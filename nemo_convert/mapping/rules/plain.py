@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence, Union
+from typing import ClassVar, Sequence
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.mapping import ops
-from nemo_convert.mapping.rules.base import Kind, Parallel, cfg_get
+from nemo_convert.mapping.rules.base import Condition, Dim, Kind, Parallel, SpecField
 from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task, same
 from nemo_convert.tensors.base import TensorInfo
 
@@ -21,8 +21,9 @@ def _side_kind(kind: Kind, direction: Direction) -> tuple[Kind]:
 class Rename(Rule):
     """One HF tensor is one NeMo tensor, unchanged.
 
-    ``shape`` optionally states the NeMo tensor's shape in config terms: each entry an
-    int, a config path, or ``None`` for "any"; the planner checks it before writing.
+    ``shape`` optionally states the NeMo tensor's shape in model terms: each entry an int,
+    a :class:`SpecField` of the typed model spec (``SpecField("geometry.hidden")``), a
+    config path (deprecated), or ``None`` for "any"; the planner checks it before writing.
     """
 
     cfg_fields: ClassVar[tuple[str, ...]] = ("shape",)
@@ -30,8 +31,8 @@ class Rename(Rule):
     hf: str
     nemo: str
     parallel: Kind = Parallel.REPLICATED
-    when: str | None = None
-    shape: tuple[Union[int, str, None], ...] | None = None
+    when: Condition = None
+    shape: tuple[Dim, ...] | None = None
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
         return [Task((src,), (dst,), same, _side_kind(self.parallel, direction), label="rename", lazy_fn=same)
@@ -42,34 +43,36 @@ class Rename(Rule):
         if self.shape is None:
             return
         for info in outputs if direction == "to_nemo" else inputs:
-            want: list[Any] = [cfg_get(ctx.cfg, s) if isinstance(s, str) else s for s in self.shape]
+            want = ctx.dims(self.shape)
             ok = len(want) == len(info.shape) and all(w is None or int(w) == d for w, d in zip(want, info.shape))
             if not ok:
-                desc = ", ".join(f"{s}={w}" if isinstance(s, str) else str(s) for s, w in zip(self.shape, want))
+                desc = ", ".join(f"{s}={w}" if isinstance(s, (str, SpecField)) else str(s)
+                                 for s, w in zip(self.shape, want))
                 raise ShapeError(f"{info.name} has shape {list(info.shape)}, but the config implies [{desc}]")
 
 
 @dataclass(frozen=True)
 class Reshape(Rule):
     """One HF tensor is one NeMo tensor of another shape with the same elements (e.g. a
-    class token ``[H]`` ⇄ ``[1, 1, H]``). ``nemo_shape`` entries are ints or config paths;
+    class token ``[H]`` ⇄ ``[1, 1, H]``). ``nemo_shape`` entries are ints, spec fields or
+    config paths (deprecated);
     the HF shape is restored from the source on export via ``hf_shape``."""
 
     cfg_fields: ClassVar[tuple[str, ...]] = ("nemo_shape", "hf_shape")
 
     hf: str
     nemo: str
-    nemo_shape: tuple[Union[int, str], ...]
-    hf_shape: tuple[Union[int, str], ...]
+    nemo_shape: tuple[int | SpecField | str, ...]
+    hf_shape: tuple[int | SpecField | str, ...]
     parallel: Parallel = Parallel.REPLICATED
-    when: str | None = None
+    when: Condition = None
 
-    def resolve(self, cfg: dict[str, Any], which: str) -> tuple[int, ...]:
+    def resolve(self, ctx: PlanContext, which: str) -> tuple[int, ...]:
         shape = self.nemo_shape if which == "nemo" else self.hf_shape
-        return tuple(int(cfg_get(cfg, s)) if isinstance(s, str) else int(s) for s in shape)
+        return tuple(int(ctx.dim(s)) for s in shape)
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
-        shape = self.resolve(ctx.cfg, "nemo" if direction == "to_nemo" else "hf")
+        shape = self.resolve(ctx, "nemo" if direction == "to_nemo" else "hf")
         out = []
         for src, dst in ctx.pairs(self.hf, self.nemo, direction):
             fn = (lambda ts, s=shape: (ts[0].reshape(s),))
@@ -81,15 +84,15 @@ class Reshape(Rule):
 class Transposed(Rule):
     """One HF ``Conv1D`` weight ``[in, out]`` (GPT-2) is one NeMo linear weight ``[out, in]``
     (:func:`~nemo_convert.mapping.ops.transpose_2d`, both ways). ``shape`` states the NeMo
-    weight's shape in config terms, as for :class:`Rename`."""
+    weight's shape in model terms, as for :class:`Rename`."""
 
     cfg_fields: ClassVar[tuple[str, ...]] = ("shape",)
 
     hf: str
     nemo: str
     parallel: Parallel = Parallel.REPLICATED
-    when: str | None = None
-    shape: tuple[Union[int, str, None], ...] | None = None
+    when: Condition = None
+    shape: tuple[Dim, ...] | None = None
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
         return [Task((src,), (dst,), lambda ts: (ops.transpose_2d(ts[0]),), _side_kind(self.parallel, direction),
@@ -110,7 +113,7 @@ class Offset(Rule):
     nemo: str
     value: float
     parallel: Parallel = Parallel.REPLICATED
-    when: str | None = None
+    when: Condition = None
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
         delta = self.value if direction == "to_nemo" else -self.value

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Literal, Sequence, TYPE_CHECKING, TypeVar
 
 from nemo_convert.mapping.ops import BufferPool
-from nemo_convert.mapping.rules.base import Axes, Kind, Parallel, condition_holds, prefix_name, prefix_path
+from nemo_convert.mapping.rules.base import (Axes, Condition, Dim, Kind, Parallel, SpecField, Specs, cfg_get,
+                                             condition_holds, prefix_name, prefix_path)
+from nemo_convert.spec.model import ModelSpec
 from nemo_convert.tensors.base import TensorInfo
 from nemo_convert.tensors.pieces import Lazy
 
@@ -86,12 +88,59 @@ class Origin:
 
 @dataclass(frozen=True)
 class PlanContext:
-    """What a rule plans against: the NeMo config, what the name templates of its mapping
-    section range over, and the buffers fused outputs may reuse."""
+    """What a rule plans against: the NeMo config and its typed model spec (built on first
+    use, once per plan: ``specs``; of the config section at ``spec_at`` for a mapping
+    nested under a config prefix), what the name templates of its mapping section range
+    over, and the buffers fused outputs may reuse."""
 
     cfg: dict[str, Any]
     axes: Axes
     pool: BufferPool | None = None
+    spec_at: str = ""
+    specs: Specs | None = field(default=None, compare=False, repr=False)
+
+    def _specs(self) -> Specs:
+        specs = self.specs
+        if specs is None:  # a context made without the plan's cache: its own
+            specs = Specs(self.cfg)
+            object.__setattr__(self, "specs", specs)
+        return specs
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The typed model spec of the config (section) the rules read."""
+        spec: ModelSpec | None = self.__dict__.get("_spec")
+        if spec is None:
+            spec = self._specs().at(self.spec_at)
+            object.__setattr__(self, "_spec", spec)
+        return spec
+
+    def holds(self, when: Condition) -> bool:
+        """Whether a rule's condition holds (:func:`~nemo_convert.mapping.rules.base.condition_holds`)."""
+        if when is None or isinstance(when, str):
+            return condition_holds(self.cfg, when)
+        return when.holds(self.spec)
+
+    def dims(self, shape: tuple[Dim, ...]) -> tuple[Any, ...]:
+        """Every entry of a declared shape by :meth:`dim`, worked out once per context (a
+        rule checks each of its tasks against the same shape)."""
+        cache: dict[tuple[Dim, ...], tuple[Any, ...]] | None = self.__dict__.get("_dims")
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_dims", cache)
+        got = cache.get(shape)
+        if got is None:
+            got = cache[shape] = tuple(self.dim(d) for d in shape)
+        return got
+
+    def dim(self, d: Dim) -> Any:
+        """One dimension of a declared shape: an int as is, a spec field's value, a config
+        path's value (deprecated); None (and a field or path without a value): any."""
+        if d is None or isinstance(d, int):
+            return d
+        if isinstance(d, SpecField):
+            return d.value(self.spec)
+        return cfg_get(self.cfg, d)
 
     def expand(self, template: str) -> list[tuple[int | None, str]]:
         """Every concrete name of ``template`` with its layer (None without ``{i}``)."""
@@ -131,7 +180,8 @@ class Rule(ABC):
 
     The fields named by :attr:`hf_fields`, :attr:`nemo_fields` and :attr:`cfg_fields`
     (each a string, a tuple of strings, or None; non-string tuple entries are kept) are
-    what :meth:`prefixed` and :meth:`renamed` rewrite; ``when`` is always a config path.
+    what :meth:`prefixed` and :meth:`renamed` rewrite (their config-path strings; a
+    :class:`SpecField` is kept); ``when`` is a condition (:data:`Condition`).
     """
 
     #: the fields holding HF name templates
@@ -140,8 +190,9 @@ class Rule(ABC):
     nemo_fields: ClassVar[tuple[str, ...]] = ("nemo",)
     #: the fields holding config paths (besides ``when``)
     cfg_fields: ClassVar[tuple[str, ...]] = ()
-    #: a config condition (``"path"`` truthy, ``"!path"`` falsy); None: always
-    when: str | None = None
+    #: the condition: a :class:`SpecField` (``~`` negates), a config path (deprecated:
+    #: ``"path"`` truthy, ``"!path"`` falsy); None: always
+    when: Condition = None
 
     @abstractmethod
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
@@ -149,9 +200,9 @@ class Rule(ABC):
         task's ``fn`` is pure and works on ``meta`` tensors; give ``lazy_fn`` where it only
         rearranges rows (written once, in its deferred form)."""
 
-    def applies(self, cfg: dict[str, Any]) -> bool:
-        """Whether the rule applies to the NeMo config ``cfg`` (its ``when``)."""
-        return condition_holds(cfg, self.when)
+    def applies(self, ctx: PlanContext) -> bool:
+        """Whether the rule applies to the config and spec of ``ctx`` (its ``when``)."""
+        return ctx.holds(self.when)
 
     def nemo_kinds(self, ctx: PlanContext) -> dict[str, Parallel]:
         """The tensor-parallel kind of every NeMo tensor the rule can produce (no I/O).

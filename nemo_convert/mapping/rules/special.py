@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Sequence, TYPE_CHECKING, cast
 
 from nemo_convert.errors import ShapeError
-from nemo_convert.mapping.rules.base import Parallel, cfg_get
+from nemo_convert.mapping.rules.base import Condition, Parallel, cfg_get
 from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task, same
 from nemo_convert.tensors.base import TensorInfo
 
@@ -31,7 +31,7 @@ class Custom(Rule):
     to_nemo: TensorFn
     to_hf: TensorFn
     parallel: tuple[Parallel, ...] | Parallel = Parallel.REPLICATED
-    when: str | None = None
+    when: Condition = None
 
     def prefixed(self, hf: str, nemo: str, cfg: str) -> "Custom":
         out = cast("Custom", super().prefixed(hf, nemo, cfg))
@@ -93,7 +93,7 @@ class Tied(Rule):
 
     hf: str
     same_as: str
-    when: str | None = None
+    when: Condition = None
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
         if direction != "to_nemo":
@@ -128,7 +128,7 @@ class Shared(Rule):
     same_as: str
     nemo: str
     why: str = "the NeMo model shares one tensor for both"
-    when: str | None = None
+    when: Condition = None
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
         if direction == "to_nemo":

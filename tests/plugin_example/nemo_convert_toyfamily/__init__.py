@@ -15,12 +15,25 @@ from typing import Any
 
 from nemo_convert import ModelFamily, NemoTarget, hookimpl
 from nemo_convert.families import GPT_CONFIG, Check, never, table_translation
-from nemo_convert.mapping import FuseGated, FuseQKV, Mapping, Parallel, Rename, Tied
+from nemo_convert.mapping import (
+    FuseGated,
+    FuseQKV,
+    Mapping,
+    Parallel,
+    Rename,
+    SpecField,
+    Tied,
+)
 
 NEMO_GPT = "nemo.collections.nlp.models.language_modeling.megatron_gpt_model.MegatronGPTModel"
 
 L = "model.layers.{i}."  # HF names; {i} runs over range(num_layers)
 D = "decoder.layers.{i}."  # NeMo names, per layer and without the "model." prefix
+
+# Conditions and declared shapes read the typed model spec (nemo_convert.spec.ModelSpec),
+# by field path; a path that is not a field of the spec fails here, at import.
+TIED = SpecField("embedding.tied")  # the output layer is the word embedding
+HIDDEN, FFN = SpecField("geometry.hidden"), SpecField("geometry.ffn")
 
 
 def toy_mapping(cfg: dict[str, Any]) -> Mapping:
@@ -30,21 +43,21 @@ def toy_mapping(cfg: dict[str, Any]) -> Mapping:
         rules=(
             Rename("model.embed_tokens.weight", "embedding.word_embeddings.weight", Parallel.VOCAB),
             Rename(L + "input_layernorm.weight", D + "self_attention.linear_qkv.layer_norm_weight",
-                   shape=("hidden_size",)),
+                   shape=(HIDDEN,)),
             FuseQKV(q=L + "self_attn.q_proj.weight", k=L + "self_attn.k_proj.weight",
                     v=L + "self_attn.v_proj.weight", nemo=D + "self_attention.linear_qkv.weight"),
             Rename(L + "self_attn.o_proj.weight", D + "self_attention.linear_proj.weight", Parallel.ROW),
             Rename(L + "post_attention_layernorm.weight", D + "mlp.linear_fc1.layer_norm_weight",
-                   shape=("hidden_size",)),
+                   shape=(HIDDEN,)),
             FuseGated(gate=L + "mlp.gate_proj.weight", up=L + "mlp.up_proj.weight",
                       nemo=D + "mlp.linear_fc1.weight"),
             Rename(L + "mlp.down_proj.weight", D + "mlp.linear_fc2.weight", Parallel.ROW,
-                   shape=("hidden_size", "ffn_hidden_size")),
-            Rename("model.norm.weight", "decoder.final_layernorm.weight", shape=("hidden_size",)),
+                   shape=(HIDDEN, FFN)),
+            Rename("model.norm.weight", "decoder.final_layernorm.weight", shape=(HIDDEN,)),
             Rename("lm_head.weight", "output_layer.weight", Parallel.VOCAB,
-                   when="!share_embeddings_and_output_weights"),
+                   when=~TIED),
             Tied("lm_head.weight", same_as="model.embed_tokens.weight",
-                 when="share_embeddings_and_output_weights"),
+                 when=TIED),
         ),
         layers="num_layers",
         drop_hf=(L + "self_attn.rotary_emb.inv_freq",),  # a buffer, not a weight
