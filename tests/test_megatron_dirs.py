@@ -602,6 +602,119 @@ def test_family_minimal_run_config_means_the_provider_defaults(family_models, tm
     assert torch.equal(logits(back), logits(src))
 
 
+#: Megatron-Bridge's per-model Llama classes (releases up to v0.3.1; ``llama/llama_provider.py`` at
+#: 217de1a2e~1), read through the llama plugin's declaration (``plugins/nemo_convert_llama/providers.py``).
+LLAMA_CLASSES = "megatron.bridge.models.llama.llama_provider."
+#: The geometry a minimal section keeps (and the dtype, which export must not change).
+GEOMETRY = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+            "vocab_size", "seq_length", "rotary_base", "layernorm_epsilon", "bf16", "params_dtype")
+
+
+def _llama3_model(folder: str, factor: float, tied: bool) -> str:
+    from test_family_matrix import make_model
+
+    return make_model(folder, "llama", attention_bias=False, mlp_bias=False, tie_word_embeddings=tied,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": factor,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 8192})
+
+
+def _minimal_llama_dir(src: str, out: str, section: dict) -> dict:
+    """``src`` → a Megatron-Bridge directory whose ``model:`` is ``section`` over the geometry
+    written (no record of ours); returns the section as written first."""
+    api.import_hf(src, out, to="megatron-bridge")
+    path = os.path.join(out, "iter_0000000", "run_config.yaml")
+    model = yaml.safe_load(open(path))["model"]
+    with open(path, "w") as f:
+        yaml.safe_dump({"model": {**{k: model[k] for k in GEOMETRY}, **section}}, f)
+    os.remove(os.path.join(out, "iter_0000000", "nemo_convert.json"))
+    return model
+
+
+def _rope_of(folder: str) -> dict:
+    cfg = read_json(os.path.join(folder, "config.json"))
+    return cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls, factor, tied", [("Llama31ModelProvider8B", 8.0, False),
+                                               ("Llama32ModelProvider1B", 32.0, True)])
+def test_llama_provider_class_minimal_run_config(tmp_path, cls, factor, tied) -> None:
+    """A section of one of Megatron-Bridge's own Llama classes with only the geometry (no RoPE
+    fields: the class's ``rope_scaling`` / ``rope_scaling_factor``, 8 for 3.1 and 32 for 3.2, and
+    3.2's tied embeddings) reads as the model: tensors bit for bit, config.json's llama3 factor,
+    transformers' logits."""
+    from test_family_matrix import logits
+
+    src = _llama3_model(str(tmp_path / "src"), factor, tied)
+    out = str(tmp_path / "mb")
+    written = _minimal_llama_dir(src, out, {"_target_": LLAMA_CLASSES + cls})
+    assert (written["rope_scaling"], written["rope_scaling_factor"]) == (True, factor)  # dropped from the section
+    assert api.inspect_checkpoint(out)["family"] == "llama"
+    back = str(tmp_path / "back")
+    api.export_hf(out, back)
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert set(b) <= set(a) and set(a) - set(b) <= {"lm_head.weight"} and all(torch.equal(a[k], b[k]) for k in b)
+    assert ("lm_head.weight" in b) != tied
+    rope = _rope_of(back)
+    assert (rope.get("rope_type"), rope.get("factor")) == ("llama3", factor)
+    ref = logits(src)
+    assert torch.equal(logits(back), ref)
+    if factor == 32.0:
+        # negative control: the same 3.2 section read with 3.1's factor 8 is another model
+        wrong = str(tmp_path / "wrong")
+        _minimal_llama_dir(src, wrong, {"_target_": LLAMA_CLASSES + "Llama31ModelProvider8B",
+                                        "share_embeddings_and_output_weights": True})
+        api.export_hf(wrong, str(tmp_path / "wrong_hf"))
+        assert _rope_of(str(tmp_path / "wrong_hf")).get("factor") == 8.0
+        assert not torch.allclose(logits(str(tmp_path / "wrong_hf")), ref)
+
+
+def test_llama_provider_classes_read_their_defaults() -> None:
+    """The llama plugin's declared classes: llama3 scaling from the class (3.1: 8, 3.2: 32, Llama 3
+    and CodeLlama: none), from the older releases' NeMo 2 spelling where the section writes it
+    (Megatron-Bridge v0.1.0a0-v0.3.0: ``scale_factor`` & co., no ``rope_scaling`` field), refused
+    when the two spellings disagree; Llama 4 refused by name, not read as a plain GPT."""
+    from nemo_convert.formats.megatron.megatron_config import provider_to_nemo
+
+    geometry = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 96}
+
+    def read(cls: str, **more) -> dict:  # type: ignore[no-untyped-def]
+        return provider_to_nemo({"_target_": LLAMA_CLASSES + cls, **geometry, **more}, "run_config.yaml", PROVIDERS)
+
+    def scaling(cfg: dict) -> tuple:
+        return cfg["scale_positional_embedding"], cfg.get("scale_factor")
+
+    assert scaling(read("Llama31ModelProvider8B")) == (True, 8.0)
+    assert scaling(read("Llama32ModelProvider1B")) == (True, 32.0)
+    assert scaling(read("Llama32ModelProvider3B")) == (True, 32.0)
+    assert read("Llama32ModelProvider1B")["share_embeddings_and_output_weights"] is True
+    assert scaling(read("Llama32ModelProvider1B", rope_scaling_factor=16.0)) == (True, 16.0)
+    assert scaling(read("Llama3ModelProvider8B")) == (False, None)
+    assert scaling(read("CodeLlamaModelProvider34B")) == (False, None)
+    assert read("CodeLlamaModelProvider34B")["rotary_base"] == 1_000_000
+    assert read("Llama3ModelProvider70B")["num_query_groups"] == 8
+    old = read("Llama32ModelProvider1B", scale_factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+               old_context_len=8192)
+    assert scaling(old) == (True, 32.0) and old["old_context_len"] == 8192
+    assert scaling(read("Llama32ModelProvider1B", scale_factor=16)) == (True, 16.0)  # written over the class's 32
+    with pytest.raises(UnsupportedError, match="the two spellings of llama3 RoPE scaling disagree"):
+        read("Llama31ModelProvider", scale_factor=16.0, rope_scaling_factor=8.0)
+    with pytest.raises(UnsupportedError, match="the two spellings of llama3 RoPE scaling disagree"):
+        read("Llama31ModelProvider", scale_factor=8.0, rope_scaling=False)
+    for cls in ("Llama4ModelProvider", "Llama4Experts16ModelProvider", "Llama4Experts128ModelProvider"):
+        with pytest.raises(UnsupportedError, match=f"model provider {LLAMA_CLASSES}{cls} is not supported"):
+            read(cls)
+
+
+@pytest.mark.slow
+def test_llama4_provider_directory_refused(tiny_llama, tmp_path) -> None:
+    out = str(tmp_path / "mb")
+    _minimal_llama_dir(tiny_llama(), out, {"_target_": LLAMA_CLASSES + "Llama4ModelProvider"})
+    with pytest.raises(UnsupportedError, match="Llama4ModelProvider is not supported"):
+        api.inspect_checkpoint(out)
+
+
 def test_family_refusals_by_name(family_models, tmp_path) -> None:
     from test_family_matrix import make_model
 

@@ -702,6 +702,7 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
     if known is None and target.startswith(providers.family_modules()):
         raise UnsupportedError(f"{where}: model provider {target} is not supported (known: "
                                + ", ".join(sorted(t.rsplit(".", 1)[-1] for t in classes)) + ")")
+    written = model
     model = {**(known or {}), **model}
     pf = providers.declared(target)
     hybrid = pf is not None and pf.hybrid
@@ -752,17 +753,36 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
     cfg["precision"] = precision_of_dtype_name(dtype_name_of_flags(
         model.get("bf16"), model.get("fp16"), target_of(model.get("params_dtype")).rsplit(".", 1)[-1]))
     cfg["make_vocab_size_divisible_by"] = int(model.get("make_vocab_size_divisible_by") or 128)
-    target = target_of(model)
-    if model.get("rope_scaling") is None and ("scale_factor" in model or "Llama31" in target or "Llama32" in target):
-        # older Megatron-Bridge: Llama31ModelProvider & co. carry NeMo 2's llama3 fields (so do NeMo 2's configs)
-        d = LLAMA3_DEFAULTS
-        cfg.update(_llama3_fields(Llama3Scaling(
-            float(model.get("scale_factor", d.factor)), float(model.get("low_freq_factor", d.low_freq_factor)),
-            float(model.get("high_freq_factor", d.high_freq_factor)),
-            int(model.get("old_context_len", d.original_max_positions)))))
-    else:
-        _apply_rope_scaling(cfg, model.get("rope_scaling"), model.get("rope_scaling_factor"))
+    _read_rope_scaling(cfg, model, written, where)
     return cfg
+
+
+#: NeMo 2's spelling of llama3 RoPE scaling (NeMo 8cfedd7 ``llm/gpt/model/llama.py``
+#: ``Llama31Config`` lines 159-171), which Megatron-Bridge v0.1.0a0 to v0.3.0 also wrote for its
+#: own llama3 provider classes (v0.3.0 ``llama/llama_provider.py`` lines 135-171, applied in
+#: ``provide()``; replaced by ``rope_scaling`` / ``rope_scaling_factor`` in 30489d616).
+NEMO2_LLAMA3 = ("scale_factor", "low_freq_factor", "high_freq_factor", "old_context_len")
+
+
+def _read_rope_scaling(cfg: dict[str, Any], model: dict[str, Any], written: dict[str, Any], where: str) -> None:
+    """llama3 RoPE scaling from a provider section: NeMo 2's fields (:data:`NEMO2_LLAMA3`) where
+    the section writes them, else Megatron-Core's ``rope_scaling`` / ``rope_scaling_factor``
+    (``model``: the section over its class's declared defaults). A section writing both
+    spellings must mean the same scaling."""
+    if not any(written.get(k) is not None for k in NEMO2_LLAMA3):
+        _apply_rope_scaling(cfg, model.get("rope_scaling"), model.get("rope_scaling_factor"))
+        return
+    d = LLAMA3_DEFAULTS
+    sc = Llama3Scaling(float(model.get("scale_factor") or d.factor),
+                       float(model.get("low_freq_factor") or d.low_freq_factor),
+                       float(model.get("high_freq_factor") or d.high_freq_factor),
+                       int(model.get("old_context_len") or d.original_max_positions))
+    if "rope_scaling" in written or "rope_scaling_factor" in written:
+        on, factor = written.get("rope_scaling", model.get("rope_scaling")), written.get("rope_scaling_factor")
+        if not on or (factor is not None and float(factor) != sc.factor):
+            raise UnsupportedError(f"{where}: scale_factor={sc.factor} with rope_scaling={on!r}, rope_scaling_factor="
+                                   f"{factor!r}: the two spellings of llama3 RoPE scaling disagree")
+    cfg.update(_llama3_fields(sc))
 
 
 def _refuse_unfixed(values: dict[str, Any], pf: ProviderFamily, where: str) -> None:
