@@ -75,6 +75,7 @@ def conditional(tmp_path_factory):
     return model, new, old
 
 
+@pytest.mark.slow
 def test_refused_by_name_without_the_option(conditional, tmp_path):
     _, new, _ = conditional
     with pytest.raises(UnsupportedError, match="--text-only"):
@@ -87,6 +88,8 @@ def test_published_config_reads_as_its_text_config():
 
     from nemo_convert.spec import spec_of
 
+    with pytest.raises(UnsupportedError, match="pass --text-only"):
+        GEMMA3.config_to_nemo(_published())
     spec = spec_of(GEMMA3.config_to_nemo(_published(), text_only=True))
     g = spec.geometry
     assert (g.layers, g.hidden, g.heads, g.query_groups, g.head_dim, g.ffn, g.vocab_size) == (34, 2560, 8, 4, 256, 10240, 262208)
