@@ -59,6 +59,9 @@ CASES: dict[str, tuple[str | None, bool]] = {
     "gemma2/google__gemma-2-9b.json": (None, False),
     "gemma3/google__gemma-3-1b-it_saved-4.52.4.json": (None, False),
     "gemma3/google__gemma-3-270m.json": (None, False),
+    # Gemma3ForConditionalGeneration: only its language model is imported, on request
+    # (tests/test_gemma3_multimodal.py runs that on the same config)
+    "gemma3/google__gemma-3-4b-it_printed-4.50.3.json": ("is not imported whole: pass --text-only", False),
     "gpt2/gpt2_gptq.json": ("quant_method='gptq'", False),
     "gpt2/gpt2_large_hub.json": (None, False),
     "gpt2/gpt2_saved_4.38.json": (None, False),
@@ -205,6 +208,10 @@ def shrink(name: str) -> dict[str, Any]:
         cfg.update({k: v for k, v in sizes.items() if k != "num_experts_per_tok"})
         if "n_routed_experts" in cfg:
             cfg["n_routed_experts"] = max(4, int(cfg["num_experts_per_tok"]))
+    elif family == "gemma3" and "text_config" in cfg:  # Gemma3ForConditionalGeneration: one image token
+        cfg["text_config"].update(_decoder(cfg["text_config"], layers=6))
+        cfg["vision_config"].update(_tower(cfg["vision_config"], True))
+        cfg["mm_tokens_per_image"] = 1
     elif family == "gemma3":  # six layers: the sixth is the first global one (sliding_window_pattern 6)
         cfg.update(_decoder(cfg, layers=6))
     else:
@@ -236,7 +243,7 @@ def test_shrinking_keeps_every_other_key():
                  "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "layer_types", "projection_dim", "n_embd",
                  "n_layer", "n_head", "text_config", "vision_config", "text_config_dict", "vision_config_dict",
                  "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "hybrid_override_pattern",
-                 "moe_shared_expert_intermediate_size", "max_position_embeddings"}
+                 "moe_shared_expert_intermediate_size", "max_position_embeddings", "mm_tokens_per_image"}
         assert {k for k in src if src[k] != small[k]} <= sizes, name
     v3 = shrink("deepseek_v3/DeepSeek-V3.json")
     assert (v3["num_hidden_layers"], v3["first_k_dense_replace"], v3["n_group"], v3["topk_group"]) == (4, 3, 8, 4)
@@ -271,6 +278,8 @@ def _hf_model(cfg: dict[str, Any], family: str, seed: int) -> torch.nn.Module:
         model = transformers.CLIPModel(hf_cfg)
     elif family == "llava":
         model = transformers.LlavaForConditionalGeneration(hf_cfg)
+    elif family == "gemma3" and "text_config" in cfg:
+        model = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(**kwargs))
     else:
         model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
     randomize_(model, seed=seed)

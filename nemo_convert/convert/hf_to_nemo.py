@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import fnmatch
 import os
 import re
 from typing import Any, Sequence
@@ -25,6 +26,7 @@ from nemo_convert.formats.nemo.nemo import artifact_name
 from nemo_convert.formats.nemo.nemo_weights import LAYOUTS
 from nemo_convert.formats.io.staging import refuse_overlap
 from nemo_convert.hf_config import read_config_json
+from nemo_convert.mapping import Mapping
 from nemo_convert.mapping.planner import Plan, nemo_parallel_kinds, plan_conversion
 from nemo_convert.plugins.manager import Registry
 from nemo_convert.tokenizers import add_tokens_sentencepiece
@@ -135,8 +137,36 @@ def plan_import(family: ModelFamily, hf_cfg: dict[str, Any], source: TensorSourc
     if ignore_config_keys:
         ours["ignored_config_keys"] = {k: _pop_key(copy.deepcopy(hf_cfg), k) for k in dict.fromkeys(ignore_config_keys)}
     cfg.setdefault("target", family.nemo.target)
-    plan = plan_conversion(family.mapping(cfg), cfg, source, "to_nemo", allow_unmapped=allow_unmapped)
+    plan = plan_conversion(import_mapping(family, cfg), cfg, source, "to_nemo", allow_unmapped=allow_unmapped)
     return cfg, plan
+
+
+def import_mapping(family: ModelFamily, cfg: dict[str, Any]) -> Mapping:
+    """The family's mapping as import reads the source: its HF names under the prefixes the
+    config recorded (``hf_read_prefixes``: a text model inside a multimodal checkpoint), and
+    the tensors an option left out (``hf_left_out``) consumed without output. Export uses the
+    family's mapping itself, so it writes the plain names."""
+    mapping, origin = family.mapping(cfg), provenance_of(cfg)
+    prefixes = origin.hf_read_prefixes
+    if prefixes:
+        def respell(name: str) -> str:
+            for old, new in prefixes.items():
+                if name.startswith(old):
+                    return new + name[len(old):]
+            return name
+        mapping = mapping.respelled_hf(respell)
+    if origin.hf_left_out is not None and origin.hf_left_out.names:
+        mapping = mapping.combine(Mapping((), drop_hf=origin.hf_left_out.names))
+    return mapping
+
+
+def _left_out_notes(cfg: dict[str, Any], plan: Plan) -> list[str]:
+    """One line naming what an import option left out of the source (``hf_left_out``)."""
+    left = provenance_of(cfg).hf_left_out
+    if left is None:
+        return []
+    count = sum(any(fnmatch.fnmatchcase(k, n) for n in left.names) for k in plan.dropped)
+    return [f"{left.option}: left out {left.what} ({', '.join(left.names)}: {count} tensors)"]
 
 
 def _mtp_notes(cfg: dict[str, Any], plan: Plan) -> list[str]:
@@ -216,7 +246,7 @@ def import_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, famil
                                 ignore_config_keys=ignore_config_keys)
         if quantized is not None:
             cfg[SECTION]["hf_dequantized"] = copy.deepcopy(quantized)
-        notes += _mtp_notes(cfg, plan)
+        notes += _mtp_notes(cfg, plan) + _left_out_notes(cfg, plan)
         plan.check_finite = check_finite
         warnings = apply_dtype(plan, want)
         plan.pool.enabled = True  # the writers consume each fused tensor before the next task

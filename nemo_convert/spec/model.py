@@ -263,6 +263,20 @@ HFExperts = Literal["per_expert", "fused"]
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """Source tensors an import option leaves out (:attr:`Provenance.hf_left_out`).
+
+    :param option: the option that asked for it (``--text-only``).
+    :param what: what they are, in words (``the vision tower and the projector``).
+    :param names: HF name globs (in the source's spelling) of the tensors left out.
+    """
+
+    option: str
+    what: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Provenance:
     """Where a model came from and how its source spelled it — never what it computes.
 
@@ -275,6 +289,11 @@ class Provenance:
     :param mtp_absent: MTP layers the source's config announced but did not store.
     :param ignored_config_keys: ``config.json`` keys import was told to ignore.
     :param tokenizer_files: tokenizer files by HF name → where the archive holds them.
+    :param hf_read_prefixes: HF name prefixes import read the source's tensors under (a
+        text model stored inside a multimodal checkpoint: ``{"model.": "model.language_model."}``);
+        import only — export writes the mapping's own names.
+    :param hf_left_out: what import left out of the source on request (``hf_left_out``
+        record: the option, what it is, the name globs), reported in one note.
     """
 
     family: str | None = None
@@ -286,3 +305,5 @@ class Provenance:
     mtp_absent: int = 0
     ignored_config_keys: tuple[str, ...] = ()
     tokenizer_files: dict[str, str] = field(default_factory=dict)
+    hf_read_prefixes: dict[str, str] = field(default_factory=dict)
+    hf_left_out: LeftOut | None = None

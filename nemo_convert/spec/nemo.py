@@ -55,7 +55,7 @@ from typing import Any, Mapping
 from nemo_convert.errors import ConfigError
 from nemo_convert.spec.activations import nemo_activation
 from nemo_convert.spec.model import (LLAMA3_DEFAULTS, MLA, MLP, Attention, Block, Embedding, Geometry, Llama3Scaling,
-                                     ModelSpec, MoE, Norm, Provenance, Rope, Scaling, YarnScaling)
+                                     LeftOut, ModelSpec, MoE, Norm, Provenance, Rope, Scaling, YarnScaling)
 from nemo_convert.spec.precision import dtype_name_of_precision
 
 SECTION = "nemo_convert"
@@ -409,6 +409,7 @@ def provenance_of(cfg: Mapping[str, Any]) -> Provenance:
     mtp: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     hf = ours.get("hf_config")
     files = ours.get("tokenizer_files")
+    prefixes, left = ours.get("hf_read_prefixes"), ours.get("hf_left_out")
     return Provenance(
         family=ours.get("family") or None, hf_config=dict(hf) if isinstance(hf, Mapping) else None,
         source_format=ours.get("source_format"),
@@ -416,4 +417,7 @@ def provenance_of(cfg: Mapping[str, Any]) -> Provenance:
         hf_names=ours.get("hf_names"),
         mtp_dropped=int(mtp.get("dropped") or 0), mtp_absent=int(mtp.get("absent") or 0),
         ignored_config_keys=tuple(str(k) for k in ours.get("ignored_config_keys") or ()),
-        tokenizer_files=dict(files) if isinstance(files, Mapping) else {})
+        tokenizer_files=dict(files) if isinstance(files, Mapping) else {},
+        hf_read_prefixes={str(k): str(v) for k, v in prefixes.items()} if isinstance(prefixes, Mapping) else {},
+        hf_left_out=LeftOut(str(left.get("option", "")), str(left.get("what", "")),
+                            tuple(str(n) for n in left.get("names") or ())) if isinstance(left, Mapping) else None)

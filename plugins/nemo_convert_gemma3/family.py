@@ -27,14 +27,34 @@ layers with ``rotary_base[0]`` and global ones with ``rotary_base[1]`` divided b
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
-from nemo_convert.errors import UnsupportedError
-from nemo_convert.families import (DENSE, DENSE_CLASS_DEFAULTS, FAST_GELU, GPT_CONFIG, NO_LINEAR_BIAS, Check, Derived,
-                                   Field, GPTFeatures, ProviderFamily, activation, gpt_family, layer_windows,
-                                   linear_biases, query_pre_attn_scalar, softcap)
-from nemo_convert.spec import Rope, rope_of, spec_of
+from nemo_convert import CommandOption, FamilyOptions
+from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.families import (
+    DENSE,
+    DENSE_CLASS_DEFAULTS,
+    FAST_GELU,
+    GPT_CONFIG,
+    NO_LINEAR_BIAS,
+    Check,
+    Derived,
+    Field,
+    GPTFeatures,
+    ProviderFamily,
+    activation,
+    gpt_family,
+    layer_windows,
+    linear_biases,
+    query_pre_attn_scalar,
+    softcap,
+)
+from nemo_convert.families.config_table import set_path
+from nemo_convert.spec import Rope, provenance_of, rope_of, spec_of
 
 GLOBAL_THETA, LOCAL_THETA, PATTERN = 1_000_000.0, 10_000.0, 6
 KINDS = ("full_attention", "sliding_attention")
@@ -218,9 +238,129 @@ def _claims(cfg: dict[str, Any]) -> bool:
     return spec.block.post_norms and spec.attention.qk_norm
 
 
-GEMMA3 = gpt_family(
+TEXT_MODEL = gpt_family(
     "gemma3", architecture="Gemma3ForCausalLM", model_type="gemma3_text", config=GEMMA3_CONFIG,
     features=GPTFeatures(zero_centred_norms=True, post_norms=True, qk_norm=True), claims=_claims,
     megatron_bridge=MEGATRON_BRIDGE,
     description="Gemma 3 text (q/k norms, 5:1 local/global layers, a local RoPE base, four norms a layer)",
 )
+
+
+# -- Gemma3ForConditionalGeneration: its language model on request (--text-only) ----------
+#
+# transformers 5.25 ``models/gemma3/configuration_gemma3.py`` lines 164-212: ``Gemma3Config``
+# (``model_type: gemma3``) holds a ``text_config`` (a ``Gemma3TextConfig``, whose defaults fill
+# what it leaves out: lines 73-79), a SigLIP ``vision_config``, ``mm_tokens_per_image``,
+# ``boi_token_index``, ``eoi_token_index``, ``image_token_index`` (read as ``*_token_id`` too,
+# ``attribute_map``), ``initializer_range`` and ``tie_word_embeddings``. ``modeling_gemma3.py``:
+# ``Gemma3Model`` holds ``vision_tower``, ``multi_modal_projector`` and ``language_model`` (a
+# ``Gemma3TextModel``, lines 747-758); ``Gemma3ForConditionalGeneration`` adds ``lm_head`` tied
+# to ``model.language_model.embed_tokens`` (lines 902-911). It saves ``model.language_model.*``,
+# ``model.vision_tower.*``, ``model.multi_modal_projector.*``, ``lm_head.weight``; checkpoints
+# saved before (transformers 4.50-4.51, google/gemma-3-4b-it and the other published ones) spell
+# them ``language_model.model.*``, ``language_model.lm_head.*``, ``vision_tower.*``,
+# ``multi_modal_projector.*`` — the renaming 5.25 applies on load (``conversion_mapping.py``:
+# ``"gemma3": "llava"`` line 102, ``"llava"``'s renames lines 888-893). With no pixel values the
+# conditional model runs its language model on the token embeddings alone (the image features
+# are merged only where ``pixel_values`` are given), so its text logits are a
+# ``Gemma3ForCausalLM``'s of the same weights (tests/test_gemma3_multimodal.py checks it).
+
+CONDITIONAL = "Gemma3ForConditionalGeneration"
+TEXT_ONLY = CommandOption("import", "--text-only", "Gemma 3: import the language model of a "
+                          "Gemma3ForConditionalGeneration (4B/12B/27B) as a Gemma3ForCausalLM, leaving the vision "
+                          "tower and the projector out (one note); export writes a Gemma3ForCausalLM. "
+                          "Same as --option text_only=true")
+#: ``Gemma3TextConfig``'s sizes (lines 73-79), written where a ``text_config`` leaves them out
+#: (google/gemma-3-4b-it's names only four: the rest are these defaults).
+TEXT_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                 "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256}
+#: Outer keys that describe the image input only: harmless because --text-only leaves the
+#: tower and the projector out (the language model never reads them on text input).
+VISION_KEYS = ("vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
+               "boi_token_id", "eoi_token_id", "image_token_id")
+#: Outer keys that are the text model's too (no math: the dtype, the saving version, generation
+#: token ids); written into the text model's config where its ``text_config`` lacks them.
+SHARED_KEYS = ("torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id",
+               "_name_or_path", "use_cache")
+#: Outer keys with no effect on the language model's outputs: the class names (replaced by
+#: the text model's), the initialisation scale.
+OUTER_HARMLESS = ("architectures", "model_type", "initializer_range")
+#: The two spellings of the conditional model's names (module comment): HF name prefixes of
+#: the text model ⇄ where each stores them; and what --text-only leaves out.
+SPELLINGS = {
+    "new": ({"model.": "model.language_model.", "lm_head.": "lm_head."},
+            ("model.vision_tower.*", "model.multi_modal_projector.*")),
+    "old": ({"model.": "language_model.model.", "lm_head.": "language_model.lm_head."},
+            ("vision_tower.*", "multi_modal_projector.*")),
+}
+
+
+def is_conditional(hf: dict[str, Any]) -> bool:
+    return hf.get("model_type") == "gemma3" or CONDITIONAL in (hf.get("architectures") or ()) or "text_config" in hf
+
+
+def text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The ``config.json`` of the conditional model's language model as a ``Gemma3ForCausalLM``:
+    its ``text_config`` with ``Gemma3TextConfig``'s size defaults written out, the shared outer
+    keys where it lacks them, and the text model's class. Every outer key is translated,
+    harmless (above) or refused by name."""
+    unknown = sorted(set(hf) - {"text_config", *VISION_KEYS, *SHARED_KEYS, *OUTER_HARMLESS, "tie_word_embeddings"})
+    if unknown:
+        raise ConfigError(f"{CONDITIONAL} key(s) {', '.join(unknown)} not understood by family gemma3")
+    inner = hf.get("text_config") or {}
+    if not isinstance(inner, dict):
+        raise ConfigError(f"text_config={inner!r} is not a mapping")
+    if inner.get("model_type", "gemma3_text") != "gemma3_text":
+        raise UnsupportedError(f"text_config model_type={inner.get('model_type')!r} (Gemma 3's language model is "
+                               "gemma3_text)")
+    tie, inner_tie = hf.get("tie_word_embeddings"), inner.get("tie_word_embeddings", True)
+    if tie is not None and bool(tie) != bool(inner_tie):
+        raise UnsupportedError(f"tie_word_embeddings={tie!r} beside text_config tie_word_embeddings={inner_tie!r} "
+                               f"({CONDITIONAL} ties its lm_head by the outer one)")
+    out = {**TEXT_DEFAULTS, **copy.deepcopy(inner)}
+    for k in SHARED_KEYS:
+        if k in hf and k not in out:
+            out[k] = copy.deepcopy(hf[k])
+    out.update({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"})
+    return out
+
+
+def text_spelling(hf: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """``from_source``: which spelling a conditional checkpoint stores (module comment)."""
+    if not is_conditional(hf):
+        return {}
+    return {"hf_text_spelling": "old" if any(k.startswith("language_model.") for k in keys) else "new"}
+
+
+def _config_to_nemo(hf: dict[str, Any], text_only: Any = False, hf_text_spelling: Any = "new",
+                    **more: Any) -> dict[str, Any]:
+    if not is_conditional(hf):
+        return TEXT_MODEL.config_to_nemo(hf, **more)
+    if str(text_only).strip().lower() in ("false", "0", "no", "none", ""):
+        raise UnsupportedError(f"{CONDITIONAL} (a SigLIP vision tower and a projector beside the language model) is "
+                               "not imported whole: pass --text-only (--option text_only=true) to import its "
+                               "language model as a Gemma3ForCausalLM, leaving the vision tower and projector out")
+    if hf_text_spelling not in SPELLINGS:
+        raise ConfigError(f"hf_text_spelling={hf_text_spelling!r} (use {' or '.join(SPELLINGS)})")
+    cfg = TEXT_MODEL.config_to_nemo(text_config(hf), **more)
+    prefixes, left_out = SPELLINGS[str(hf_text_spelling)]
+    set_path(cfg, "nemo_convert.hf_read_prefixes", dict(prefixes))
+    set_path(cfg, "nemo_convert.hf_left_out", {"option": "--text-only", "what": "the vision tower and the projector",
+                                               "names": list(left_out)})
+    return cfg
+
+
+def _config_to_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Export: a model imported from a conditional checkpoint is its text model, so the
+    recorded source is read as :func:`text_config` makes it (a ``Gemma3ForCausalLM``'s)."""
+    source = provenance_of(cfg).hf_config
+    if source is not None and is_conditional(source):
+        cfg = copy.deepcopy(cfg)
+        set_path(cfg, "nemo_convert.hf_config", text_config(source))
+    return TEXT_MODEL.config_to_hf(cfg)
+
+
+GEMMA3 = dataclasses.replace(
+    TEXT_MODEL, hf_architectures=(*TEXT_MODEL.hf_architectures, CONDITIONAL),
+    hf_model_types=(*TEXT_MODEL.hf_model_types, "gemma3"), config_to_nemo=_config_to_nemo, config_to_hf=_config_to_hf,
+    options=FamilyOptions(keys=("text_only", "hf_text_spelling"), cli=(TEXT_ONLY,), from_source=text_spelling))
