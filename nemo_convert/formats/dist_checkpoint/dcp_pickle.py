@@ -236,13 +236,13 @@ _FAST_NAMES = frozenset((_MD_FAST.__name__, _FS_FAST.__name__))
 
 def metadata_bytes(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[tuple[tuple[int, ...],
                    tuple[int, ...], str, int, int]]]],
-                   objects: list[tuple[str, str, int, int]], version: str) -> bytes:
+                   objects: list[tuple[str, str, int, int]], version: str) -> bytes | bytearray:
     """``pickle.dumps(Metadata(...))`` for tensors ``(key, shape, dtype, [(offsets, sizes,
     path, offset, length), …])`` (chunks sorted) and BYTE_IO objects ``(key, path, offset,
     length)``, in that order. Written by :func:`_metadata_stream` where it applies (it
     holds no object graph), else by the C pickler over look-alikes."""
     if _streamable(tensors, objects, version):
-        return bytes(_metadata_stream(tensors, objects, version))
+        return _metadata_stream(tensors, objects, version)  # not copied: bytes-like, the peak's half
     return _metadata_pickled(tensors, objects, version)
 
 
