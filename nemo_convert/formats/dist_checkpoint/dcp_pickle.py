@@ -301,30 +301,32 @@ class _Emitter:
 
     def __init__(self) -> None:
         self.out = bytearray(pickle.PROTO + bytes((pickle.DEFAULT_PROTOCOL,)))
-        self.frame = -1  # where the current frame's header is; -1: none open
         self.n = 0  # the next memo index
         self.fixed: dict[Any, int] = {}  # memo indices of the fixed strings and objects
+        self.open()
+
+    def open(self) -> None:
+        """Start a frame: its header's place. (The C pickler starts one at the next write;
+        here a write always follows.)"""
+        self.frame = len(self.out)  # where the current frame's header is
+        self.limit = self.frame + 9 + _FRAME_TARGET  # the length that ends it at a save
+        self.out += b"\0" * 9
 
     def w(self, b: bytes) -> None:
-        if self.frame < 0:
-            self.frame = len(self.out)
-            self.out += b"\0" * 9
         self.out += b
 
     def commit(self) -> None:
-        if self.frame < 0:
-            return
         n = len(self.out) - self.frame - 9
         if n >= 4:
             self.out[self.frame:self.frame + 9] = pickle.FRAME + n.to_bytes(8, "little")
         else:
             del self.out[self.frame:self.frame + 9]
-        self.frame = -1
 
     def save(self) -> None:
-        """A ``save`` starts: commit a frame of 64 KiB or more."""
-        if self.frame >= 0 and len(self.out) - self.frame - 9 >= _FRAME_TARGET:
+        """A ``save`` starts: a frame of 64 KiB or more is committed (and the next opened)."""
+        if len(self.out) >= self.limit:
             self.commit()
+            self.open()
 
     def memo(self) -> int:
         self.w(_S_MEMO)
