@@ -729,6 +729,69 @@ def test_metadata_pickle_is_byte_identical_to_torchs_for_many_chunks() -> None:
     assert dcp_pickle._metadata_stub(tensors, objects, d.DCP_VERSION) == want
 
 
+def _random_entries(n_tensors: int, n_objects: int, seed: int, max_chunks: int = 3,
+                    big: bool = False) -> tuple[list[Any], list[Any]]:
+    """Random ``metadata_entries``-shaped records: 0-4-d shapes, 1..max_chunks chunks, two
+    data files (one path object each, and on odd seeds a fresh equal string per chunk),
+    three dtypes; ``big``: ints past 32 bits and keys past 255 bytes."""
+    import random
+
+    r = random.Random(seed)
+    files = ["__0_0.distcp", "__1_0.distcp"]
+    tensors = []
+    for i in range(n_tensors):
+        nd = r.choice([0, 1, 2, 3, 4])
+        shape = tuple(r.choice([1, 3, 300, 70000, 3_000_000_000 if big else 5]) for _ in range(nd))
+        chunks = [(tuple(r.randint(0, 70000) for _ in range(nd)), shape,
+                   r.choice(files) if seed % 2 == 0 else "".join(r.choice(files)),
+                   r.randint(0, 2**40 if big else 300), r.randint(0, 70000))
+                  for _ in range(r.randint(1, max_chunks) if nd else 1)]
+        key = f"decoder.layers.{i}.w" + ("x" * r.choice([0, 300]) if big else "")
+        tensors.append((key, shape, r.choice([torch.bfloat16, torch.float32, torch.float8_e4m3fn]), chunks))
+    objects = [(f"o/{i}", r.choice(files), r.randint(0, 1000), r.randint(0, 9)) for i in range(n_objects)]
+    return tensors, objects
+
+
+@pytest.mark.parametrize("args", [(0, 0, 0), (1, 0, 1), (0, 1, 2), (2, 1, 3), (500, 3, 4), (999, 1, 5),
+                                  (1000, 0, 6), (998, 2, 7), (3000, 5, 9), (30, 0, 10, 1200),
+                                  (1500, 7, 11, 3, True)])
+def test_metadata_stream_equals_the_c_pickler(args: tuple[Any, ...]) -> None:
+    """The record-by-record writer gives the C pickler's bytes (itself pinned to torch's
+    above): frames of 64 KiB split at the same opcode, dict and list batches of 1000 (a dict
+    of exactly 1000 items ends with an empty batch), one-item containers, memo indices past
+    255, ints past 8/16/32 bits, keys past 255 bytes, equal paths as one or many objects."""
+    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+
+    tensors, objects = _random_entries(*args)
+    assert dcp_pickle._streamable(tensors, objects, "0.16")
+    got = dcp_pickle._metadata_stream(tensors, objects, "0.16")
+    assert got == dcp_pickle._metadata_pickled(tensors, objects, "0.16")
+    assert dcp_pickle.metadata_bytes(tensors, objects, "0.16") == got
+
+
+def test_metadata_stream_negative_control() -> None:
+    """The comparison above can fail: one offset changed gives other bytes."""
+    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+
+    tensors, objects = _random_entries(50, 1, 0)
+    key, shape, dtype, chunks = tensors[7]
+    other = [*tensors[:7], (key, shape, dtype, [(*chunks[0][:3], chunks[0][3] + 1, chunks[0][4]), *chunks[1:]]),
+             *tensors[8:]]
+    assert dcp_pickle._metadata_stream(other, objects, "0.16") != dcp_pickle._metadata_pickled(tensors, objects, "0.16")
+
+
+@pytest.mark.parametrize("odd", ["size", "Metadata", "torch", "bfloat16", "__0_0.distcp", "0.16"])
+def test_metadata_stream_declines_strings_that_could_share_a_memo_entry(odd: str) -> None:
+    """A key equal to a fixed string, a path or the version could be the same object and
+    share its memo entry: the C pickler writes those, the same bytes."""
+    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+
+    tensors, objects = _random_entries(3, 0, 0)
+    tensors[1] = (odd, *tensors[1][1:])
+    assert not dcp_pickle._streamable(tensors, objects, "0.16")
+    assert dcp_pickle.metadata_bytes(tensors, objects, "0.16") == dcp_pickle._metadata_pickled(tensors, objects, "0.16")
+
+
 def test_metadata_pickle_falls_back_when_a_key_looks_like_a_module() -> None:
     """A key spelled like the look-alike module name cannot corrupt the pickle: the fast
     writer sees the name twice and falls back to the stand-in pickler."""

@@ -19,7 +19,7 @@ from nemo_convert.formats.io.output_file import open_output
 class MemberSink(Protocol):
     """Accepts named files (``/``-separated relative names), one open member at a time."""
 
-    def add_bytes(self, name: str, data: bytes) -> None:
+    def add_bytes(self, name: str, data: bytes | bytearray) -> None:
         """Write a whole member from memory."""
         ...
 
@@ -48,7 +48,7 @@ class DirectorySink:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return path
 
-    def add_bytes(self, name: str, data: bytes) -> None:
+    def add_bytes(self, name: str, data: bytes | bytearray) -> None:
         with open(self._path(name), "wb") as f:
             f.write(data)
 

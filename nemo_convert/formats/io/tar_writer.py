@@ -208,7 +208,7 @@ class TarWriter:
             self._dirs.add(rel)
             self._write_entry(f"./{rel}/", 0, b"5", 0o755)
 
-    def add_bytes(self, name: str, data: bytes) -> None:
+    def add_bytes(self, name: str, data: bytes | bytearray) -> None:
         """Write a whole member from memory."""
         rel = self._claim(name, is_dir=False)
         self._files.add(rel)
