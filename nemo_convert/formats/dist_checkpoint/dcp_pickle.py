@@ -15,6 +15,7 @@ import io
 import pickle
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -367,16 +368,24 @@ class _Emitter:
             b = pickle.encode_long(v)  # type: ignore[attr-defined]
             self.w(pickle.LONG1 + bytes((len(b),)) + b)
 
-    def global_(self, key: Any, module: tuple[Any, str], name: str) -> None:
+    def once(self, key: Any, build: Callable[[], None]) -> None:
+        """An object that is one object throughout: built (then memoized under ``key``) the
+        first time, a memo get after."""
         self.save()
         i = self.fixed.get(key)
         if i is not None:
             self.get(i)
             return
-        self.fixed_str(*module)
-        self.new_str(name)
-        self.w(pickle.STACK_GLOBAL)
+        build()
         self.fixed[key] = self.memo()
+
+    def global_(self, key: Any, module: tuple[Any, str], name: str) -> None:
+        def build() -> None:
+            self.fixed_str(*module)
+            self.new_str(name)
+            self.w(pickle.STACK_GLOBAL)
+
+        self.once(key, build)
 
     def tuple_(self, items: Any, save: Any) -> None:
         self.save()
@@ -483,15 +492,12 @@ def _metadata_stream(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list
         e.fixed_str(s, s)
 
     def shared(key: str, func: tuple[Any, tuple[Any, str], str], arg: Any) -> None:
-        e.save()
-        i = e.fixed.get(key)
-        if i is not None:
-            e.get(i)
-            return
-        e.global_(*func)
-        e.tuple_((arg,), lambda a: e.fixed_str(a, a) if isinstance(a, str) else e.int_(a))
-        e.w(pickle.REDUCE)
-        e.fixed[key] = e.memo()
+        def build() -> None:
+            e.global_(*func)
+            e.tuple_((arg,), lambda a: e.fixed_str(a, a) if isinstance(a, str) else e.int_(a))
+            e.w(pickle.REDUCE)
+
+        e.once(key, build)
 
     def properties(dtype: torch.dtype) -> None:
         def field(x: Any) -> None:
