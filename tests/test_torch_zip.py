@@ -421,7 +421,7 @@ def test_archive_read_from_memory_matches_zipfile(tmp_path: Any, make: Any) -> N
     """The plain layout ``torch.save`` writes is read by ``struct`` from the map (twice: the
     second time from the per-process ``data.pkl`` cache), and gives what :mod:`zipfile`
     and the restricted unpickler give."""
-    from nemo_convert.tensors.torch_zip import _directory
+    from nemo_convert.tensors.zip_directory import read_directory as _directory
 
     t = make()
     path = _save(t, tmp_path / "t.pt")
@@ -490,7 +490,7 @@ def test_dist_writer_chunks_take_the_in_memory_path(tmp_path: Any) -> None:
     import io
 
     from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
-    from nemo_convert.tensors.torch_zip import _directory
+    from nemo_convert.tensors.zip_directory import read_directory as _directory
 
     t = torch.randn(6, 10).to(torch.bfloat16)
     buf = io.BytesIO()

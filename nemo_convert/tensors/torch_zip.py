@@ -12,10 +12,8 @@ whole file, or a member of an uncompressed tar such as a ``.nemo``), unpickles
 
 from __future__ import annotations
 
-import bisect
 import io
 import math
-import struct
 import sys
 import threading
 import weakref
@@ -33,85 +31,10 @@ from nemo_convert.tensors.safe_unpickle import (
     safe_load,
     to_plain,
 )
+from nemo_convert.tensors.zip_directory import LOCAL_HEADER, read_directory
 
 if TYPE_CHECKING:
     import torch
-
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, 22 bytes, name length, extra length
-_EOCD = struct.Struct("<4sHHHHIIH")  # end of central directory, no zip64
-_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # one central directory entry, before its name
-_ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")  # zip64 end of central directory record (no extensible data)
-_ZIP64_LOCATOR = struct.Struct("<4sIQI")  # zip64 end of central directory locator
-
-
-class _Member:
-    """What :class:`_Archive` uses of a zip member: ``zipfile.ZipInfo``'s attribute names."""
-
-    __slots__ = ("filename", "header_offset", "compress_type", "flag_bits", "compress_size", "file_size", "CRC",
-                 "end")
-
-    def __init__(self, filename: str, header_offset: int, compress_type: int, flag_bits: int, compress_size: int,
-                 file_size: int, crc: int) -> None:
-        self.filename, self.header_offset, self.compress_type, self.flag_bits = (filename, header_offset,
-                                                                                 compress_type, flag_bits)
-        self.compress_size, self.file_size, self.CRC = compress_size, file_size, crc
-        self.end = 0  # where the next member (or the directory) starts: its bytes must end before
-
-
-def _directory(buf: memoryview) -> dict[str, _Member] | None:
-    """The members of the zip archive that is exactly ``buf`` (in memory, e.g. a mapped
-    dist-checkpoint chunk), read by ``struct`` instead of :class:`zipfile.ZipFile` — a
-    dist checkpoint has one archive per chunk, tens of thousands of them. Only the plain
-    layout ``torch.save`` writes: no archive comment, zip64 end records only in their plain
-    form (no zip64 sizes in the entries), no prefix, ASCII names, each once, entries that
-    do not overlap. None for anything else: :mod:`zipfile` reads (or refuses)
-    it then."""
-    n = len(buf)
-    if n < _EOCD.size:
-        return None
-    end = n - _EOCD.size  # where the central directory must end
-    sig, disk, cd_disk, _, count, cd_size, cd_offset, comment = _EOCD.unpack_from(buf, end)
-    if sig != b"PK\x05\x06" or disk or cd_disk or comment:
-        return None
-    if end >= _ZIP64_LOCATOR.size + _ZIP64_EOCD.size and buf[end - _ZIP64_LOCATOR.size:][:4] == b"PK\x06\x07":
-        # torch.save always writes the zip64 records (PKWARE APPNOTE 4.3.14, 4.3.15), and
-        # their counts are the ones that hold; only the plain form: one disk, the record
-        # just before its locator, no extensible data
-        _, z_disk, z_at, z_disks = _ZIP64_LOCATOR.unpack_from(buf, end - _ZIP64_LOCATOR.size)
-        end -= _ZIP64_LOCATOR.size + _ZIP64_EOCD.size
-        (sig, rec_size, _, _, disk, cd_disk, _, count, cd_size,
-         cd_offset) = _ZIP64_EOCD.unpack_from(buf, end)
-        if (sig != b"PK\x06\x06" or z_disk or z_disks != 1 or z_at != end or rec_size != _ZIP64_EOCD.size - 12
-                or disk or cd_disk):
-            return None
-    elif count == 0xFFFF or cd_offset == 0xFFFFFFFF:
-        return None
-    if cd_offset + cd_size != end:
-        return None
-    members: dict[str, _Member] = {}
-    at = cd_offset
-    for _ in range(count):
-        if at + _CENTRAL.size > cd_offset + cd_size:
-            return None
-        (sig, _, _, flags, method, _, _, crc, csize, size, name_len, extra_len, comment_len, _, _, _,
-         header) = _CENTRAL.unpack_from(buf, at)
-        at += _CENTRAL.size
-        if sig != b"PK\x01\x02" or 0xFFFFFFFF in (csize, size, header) or at + name_len > cd_offset + cd_size:
-            return None
-        raw = bytes(buf[at:at + name_len])
-        if not raw.isascii():
-            return None
-        members[raw.decode("ascii")] = _Member(raw.decode("ascii"), header, method, flags, csize, size, crc)
-        at += name_len + extra_len + comment_len
-    if at != cd_offset + cd_size or len(members) != count:  # (a name twice: zipfile decides)
-        return None
-    ends = sorted(m.header_offset for m in members.values()) + [cd_offset]
-    for m in members.values():
-        m.end = ends[bisect.bisect_right(ends, m.header_offset)] if m.header_offset < cd_offset else -1
-        if m.header_offset + _LOCAL_HEADER.size + m.compress_size > m.end:
-            return None
-    return members
-
 
 @dataclass(frozen=True, eq=False)
 class StorageRef:
@@ -295,7 +218,8 @@ class _Archive:
     def __init__(self, region: ByteRegion, mapped: memoryview | None = None) -> None:
         """``mapped``: the region's bytes, where the caller has the file mapped already (a
         dist checkpoint's chunks): the zip directory is then read from memory, without
-        :mod:`zipfile` when it has the plain layout :func:`_directory` reads."""
+        :mod:`zipfile` when it has the plain layout
+        :func:`~nemo_convert.tensors.zip_directory.read_directory` reads."""
         self.region = region
         self.where = region.path + (f" (member at byte {region.offset})" if region.offset else "")
         self._lock = threading.Lock()
@@ -306,7 +230,7 @@ class _Archive:
         self._storages: weakref.WeakValueDictionary[str, StorageRef] = weakref.WeakValueDictionary()
         self._data_offsets: dict[str, int] = {}
         self._mapped = mapped
-        self.members: dict[str, Any] = {}  # zipfile.ZipInfo, or _Member (the same attributes)
+        self.members: dict[str, Any] = {}  # zipfile.ZipInfo, or ZipMember (the same attributes)
         self._check_magic()
         if mapped is not None and self._read_mapped(mapped):
             return
@@ -326,10 +250,11 @@ class _Archive:
                              f"{sys.byteorder}-endian torch files are supported")
 
     def _read_mapped(self, buf: memoryview) -> bool:
-        """The directory, ``data.pkl`` and ``byteorder`` from memory (see :func:`_directory`),
+        """The directory, ``data.pkl`` and ``byteorder`` from memory (see
+        :func:`~nemo_convert.tensors.zip_directory.read_directory`),
         with :mod:`zipfile`'s checks: the local header names the member, the bytes are
         STORED, unencrypted and match their CRC-32. False: read it with :mod:`zipfile`."""
-        members = _directory(buf)
+        members = read_directory(buf)
         if members is None:
             return False
         self.members = members
@@ -342,8 +267,8 @@ class _Archive:
                 continue
             if m.compress_type != zipfile.ZIP_STORED or m.flag_bits & 0x1 or m.compress_size != m.file_size:
                 return False
-            sig, name_len, extra_len = _LOCAL_HEADER.unpack_from(buf, m.header_offset)
-            start = m.header_offset + _LOCAL_HEADER.size
+            sig, name_len, extra_len = LOCAL_HEADER.unpack_from(buf, m.header_offset)
+            start = m.header_offset + LOCAL_HEADER.size
             if sig != b"PK\x03\x04" or bytes(buf[start:start + name_len]) != name.encode():
                 return False
             start += name_len + extra_len
@@ -422,15 +347,15 @@ class _Archive:
         if key not in self._data_offsets:
             info = self.members[f"{self.prefix}data/{key}"]
             sig, name_len, extra_len = b"", 0, 0
-            if 0 <= info.header_offset <= self.region.length - _LOCAL_HEADER.size:
+            if 0 <= info.header_offset <= self.region.length - LOCAL_HEADER.size:
                 if self._mapped is not None:
-                    sig, name_len, extra_len = _LOCAL_HEADER.unpack_from(self._mapped, info.header_offset)
+                    sig, name_len, extra_len = LOCAL_HEADER.unpack_from(self._mapped, info.header_offset)
                 else:
-                    sig, name_len, extra_len = _LOCAL_HEADER.unpack(
-                        self.region.read(info.header_offset, _LOCAL_HEADER.size))
+                    sig, name_len, extra_len = LOCAL_HEADER.unpack(
+                        self.region.read(info.header_offset, LOCAL_HEADER.size))
             if sig != b"PK\x03\x04":
                 raise InputError(f"{self.where}: bad zip header for storage {key}")
-            start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+            start = info.header_offset + LOCAL_HEADER.size + name_len + extra_len
             if start + info.file_size > self.region.length:
                 raise InputError(f"{self.where}: storage {key} runs past the end of the archive")
             self._data_offsets[key] = start
