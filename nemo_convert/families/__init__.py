@@ -13,12 +13,12 @@ from nemo_convert.formats.megatron.providers import (AUTOCAST_BF16, DENSE, DENSE
 from nemo_convert.families.gpt import (NEMO_GPT_TARGET, GPTFeatures, MoEBlock, attention_rules, dense_mlp_rules,
                                        gpt_family, gpt_mapping, mla_attention_rules, moe_mlp_rules, mtp_rules, never,
                                        norm_rules, table_translation)
-from nemo_convert.families.gpt_config import (DTYPE, EXPERTS_FFN, GELU_ERF, GELU_TANH, GPT_CONFIG, GPT_NEMO_CONSTANTS,
-                                              HF_MTP, HF_MTP_COPIES, MOE_HARMLESS, MOE_NEMO_CONSTANTS, MOE_ROWS,
-                                              MTP_LAYERS, NORM_TOPK_PROB, activation, activation_choice,
-                                              dense_first_experts, layer_windows, linear_biases, moe_layers,
-                                              no_per_layer_windows, num_experts, partial_rope, query_pre_attn_scalar,
-                                              rope, sliding_window, softcap, top_two_groups)
+from nemo_convert.families.gpt_config import (DTYPE, GELU_ERF, GELU_TANH, GPT_CONFIG, GPT_NEMO_CONSTANTS, activation,
+                                              activation_choice, layer_windows, linear_biases, no_per_layer_windows,
+                                              partial_rope, query_pre_attn_scalar, rope, sliding_window, softcap)
+from nemo_convert.families.moe_config import (EXPERTS_FFN, HF_MTP, HF_MTP_COPIES, MOE_HARMLESS, MOE_NEMO_CONSTANTS,
+                                              MOE_ROWS, MTP_LAYERS, NORM_TOPK_PROB, dense_first_experts, moe_layers,
+                                              num_experts, top_two_groups)
 from nemo_convert.families.mla_config import MLA_ROWS
 
 __all__ = ["AUTOCAST_BF16", "DENSE", "DENSE_CLASS_DEFAULTS", "FAST_GELU", "GPT_PROVIDER", "HYBRID_PROVIDER",

@@ -11,7 +11,7 @@ Per-config facts (biases, tied embeddings, the norm convention of a NeMo 1 Gemma
 ``when=TIED``, ``when=ZERO_CENTRED``; shapes likewise), so one family reads every checkpoint its table
 writes and the ones NeMo's own converters wrote. The MLP is one block of rules
 (:func:`dense_mlp_rules`); an expert-parallel block slots in beside it. The config
-rows live in :mod:`nemo_convert.families.gpt_config`.
+rows live in :mod:`nemo_convert.families.gpt_config` and :mod:`nemo_convert.families.moe_config`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from nemo_convert.families.config_table import ConfigTable, set_path
 from nemo_convert.families.fields import (EXPERT_FFN, EXPERTS, FFN, HEAD_DIM, HEADS, HIDDEN, KV_LORA_RANK,
                                           MOE_LAYER_PATTERN, Q_LORA_RANK, SHARED_FFN, SHARED_GATE, TIED, VOCAB,
                                           ZERO_CENTRED)
-from nemo_convert.families.gpt_config import HF_MTP, HF_MTP_COPIES, MTP_LAYERS
+from nemo_convert.families.moe_config import HF_MTP, HF_MTP_COPIES, MTP_LAYERS
 from nemo_convert.mapping.rules import (Dim, FuseGated, FuseQKV, Mapping, Offset, PackedQKV, Parallel, Rename, Rule,
                                         Shared, StackedExperts, Tied, cfg_get)
 from nemo_convert.plugins.records import CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget
@@ -65,7 +65,7 @@ class GPTFeatures:
         ⇄ ``linear_fc1`` and the activation alone (Nemotron's squared ReLU).
     :param mtp: the checkpoint may carry multi-token-prediction layers after the last one
         (DeepSeek-V3's ``num_nextn_predict_layers``) ⇄ Megatron-Core's MTP block
-        (:func:`mtp_rules`); adds the config row :data:`~nemo_convert.families.gpt_config.MTP_LAYERS`
+        (:func:`mtp_rules`); adds the config row :data:`~nemo_convert.families.moe_config.MTP_LAYERS`
         and the import switch ``--drop-mtp``.
     :param post_norms: each sublayer's output is normalised before the residual add (Gemma 2
         / 3): HF ``post_attention_layernorm`` ⇄ ``self_attention.linear_proj.post_layernorm``,
@@ -340,7 +340,7 @@ def mtp_rules(features: GPTFeatures, cfg: dict[str, Any]) -> list[Rule]:
     (DeepSeek-V3's README_WEIGHTS.md: they share parameters with the main model) — checked
     equal on import and written again on export (:class:`~nemo_convert.mapping.rules.Shared`);
     a source whose MTP layers lack the copies (GLM-4.6's) is recorded as such
-    (:data:`~nemo_convert.families.gpt_config.HF_MTP_COPIES`) and exported without them.
+    (:data:`~nemo_convert.families.moe_config.HF_MTP_COPIES`) and exported without them.
     Megatron-Bridge maps the same names (``deepseek/common.py`` at v0.6.0, lines 96-157)."""
     spec = spec_of(cfg)
     layers, count = spec.geometry.layers, spec.mtp_layers
