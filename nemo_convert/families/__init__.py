@@ -11,8 +11,8 @@ from nemo_convert.formats.megatron.provider_gpt_oss import QUICK_GELU
 from nemo_convert.formats.megatron.providers import (AUTOCAST_BF16, DENSE, DENSE_CLASS_DEFAULTS, FAST_GELU, GPT_PROVIDER,
                                                       HYBRID_PROVIDER, MLA_PROVIDER, NO_LINEAR_BIAS, SILU, SQUARED_RELU, ProviderFamily)
 from nemo_convert.families.gpt import (NEMO_GPT_TARGET, GPTFeatures, MoEBlock, attention_rules, dense_mlp_rules,
-                                       gpt_family, gpt_mapping, mla_attention_rules, moe_mlp_rules, mtp_rules, never,
-                                       norm_rules, table_translation)
+                                       gpt_mapping, mla_attention_rules, moe_mlp_rules, mtp_rules, norm_rules)
+from nemo_convert.families.gpt_family import gpt_family, never, table_translation
 from nemo_convert.families.gpt_config import (DTYPE, GELU_ERF, GELU_TANH, GPT_CONFIG, GPT_NEMO_CONSTANTS, activation,
                                               activation_choice, layer_windows, linear_biases, no_per_layer_windows,
                                               partial_rope, query_pre_attn_scalar, rope, sliding_window, softcap)

@@ -6,7 +6,7 @@ for the ``config.json`` it would export has the same spec
 :func:`nemo_convert.spec.first_difference`): the same MLP activation, normalization,
 positions and RoPE, linear biases, attention variant and window, experts and routing,
 multi-token prediction. Every GPT-base family gets the check from
-:func:`~nemo_convert.families.gpt.gpt_family`; nothing is declared twice, and a field the
+:func:`~nemo_convert.families.gpt_family.gpt_family`; nothing is declared twice, and a field the
 family's table drops (a ``window_size`` on a Llama, a gated GeLU on any SiLU family) shows
 up as a difference, refused by name (:func:`nemo_refusal`). How NeMo's fields are read —
 NeMo's defaults, the fused tanh GeLU, ``layernorm1p`` — is the spec reader's

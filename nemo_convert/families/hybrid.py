@@ -28,8 +28,8 @@ from typing import Any, Callable
 from nemo_convert.families.config_table import ConfigTable
 from nemo_convert.families.fields import HIDDEN, LAYER_KINDS, TIED, VOCAB
 from nemo_convert.families.gpt_config import GPT_NEMO_CONSTANTS
-from nemo_convert.families.gpt import (GPTFeatures, MoEBlock, attention_rules, checked_to_hf, dense_mlp_rules,
-                                       moe_mlp_rules, table_translation)
+from nemo_convert.families.gpt import GPTFeatures, MoEBlock, attention_rules, dense_mlp_rules, moe_mlp_rules
+from nemo_convert.families.gpt_family import checked_to_hf, table_translation
 from nemo_convert.mapping.rules import Mapping, Parallel, Rename, Rule, Sections, Tied
 from nemo_convert.plugins.records import HFSide, ModelFamily, NemoTarget
 from nemo_convert.spec import layer_symbols, mamba_dims, spec_of
