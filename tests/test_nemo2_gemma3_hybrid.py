@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tarfile
 from typing import Any
 
 import pytest
@@ -31,6 +32,9 @@ from tiny_hybrid import make_nemotron_h
 from tiny_models import hf_tensors
 
 from nemo_convert import api
+from nemo_convert.convert.common import kinds_for
+from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
+from nemo_convert.formats.dist_checkpoint.sections import sectioned
 from nemo_convert.errors import UnsupportedError
 from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
@@ -197,19 +201,42 @@ def _recipe(hf: dict[str, Any]) -> dict[str, Any]:
                 seq_length=hf["max_position_embeddings"], **_FP32)
 
 
+def _dist_keys(path: str, prefix: str) -> tuple[dict[str, list[int]], set[str]]:
+    """A dist checkpoint's tensor keys with their global shapes and its ``_extra_state`` items,
+    ``prefix`` taken off."""
+    ck = DistCheckpointSource.from_dir(path)
+    try:
+        assert all(k.startswith(prefix) for k in ck.raw_keys())
+        return ({k.removeprefix(prefix): list(ck._raw[k][0]) for k in ck.raw_keys()},
+                {k.removeprefix(prefix) for k in ck.extra_state_keys})
+    finally:
+        ck.close()
+
+
 def _hybrid_folder(root: str, config_cls: str, **changes: Any) -> tuple[str, str]:
-    """A tiny Nemotron-H (``tests/tiny_hybrid.py``) and the NeMo 2 folder of it, weights under
-    ``module.`` as Megatron-Core's ``MambaStack`` keys them (every layer its own keys)."""
+    """A tiny Nemotron-H (``tests/tiny_hybrid.py``) and the NeMo 2 folder of it, ``weights/``
+    under ``module.`` as Megatron-Core 0.16.1's ``MambaModel.sharded_state_dict`` keys it: every
+    layer its own keys (``MambaStack``), the mixer's ``in_proj`` / ``conv1d`` one key per section
+    (``in_proj.weight.z`` …), the modules' ``_extra_state`` items — the ``.nemo``'s
+    ``model_weights/`` under NeMo 2's prefix (checked below)."""
     src = make_nemotron_h(os.path.join(root, "hf"), "nemotron_h_8b", **changes)
     nemo = os.path.join(root, "m.nemo")
     api.import_hf(src, nemo)
     folder = os.path.join(root, "nemo2")
+    reg = get_registry()
     with api.open_checkpoint(nemo) as ck:
+        target = reg.family_for_nemo_config(ck.config).nemo
         w = DistWeightsWriter(DirectorySink(folder), [ck.source.info(k) for k in ck.source.keys()],
-                              prefix="module.", folder="weights")
+                              prefix="module.", folder="weights", unstacked=target.dist_unstacked,
+                              sections=sectioned(kinds_for(reg)(ck.config)), extra_states=target.dist_extra_states)
         for k in ck.source.keys():
             w.write(k, ck.source.load(k))
         w.close()
+    untar = os.path.join(root, "untar")
+    with tarfile.open(nemo) as tar:
+        tar.extractall(untar, filter="data")
+    assert _dist_keys(os.path.join(folder, "weights"), "module.") == _dist_keys(
+        os.path.join(untar, "model_weights"), "model.")
     with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
         hf = json.load(f)
     os.makedirs(os.path.join(folder, "context"), exist_ok=True)
