@@ -286,3 +286,14 @@ def test_pure_mamba_class_reads_as_an_all_mamba_nemotron_h(tmp_path: Any) -> Non
     src, folder = _hybrid_folder(str(tmp_path), "BaseMambaConfig130M", hybrid_override_pattern="MMMM",
                                  num_hidden_layers=4)
     _exports_as(src, folder, str(tmp_path / "back"), use_cache=False)
+
+
+@pytest.mark.slow  # converts four times and runs transformers twice
+def test_hybrid_folder_reshards_to_a_tp2_nemo(tmp_path: Any) -> None:
+    """The NeMo 2 hybrid folder resharded to a TP=2 ``.nemo`` (the mixer's sections split per
+    rank) exports to the source's logits."""
+    src, folder = _hybrid_folder(str(tmp_path), "NemotronHConfig8B")
+    nemo, back = str(tmp_path / "tp2.nemo"), str(tmp_path / "back")
+    api.reshard(folder, nemo, tp=2, pp=1)
+    api.export_hf(nemo, back)
+    assert torch.equal(_logits(src), _logits(back))
