@@ -179,7 +179,10 @@ def test_every_declared_hybrid_class_counts_its_layers() -> None:
 
 @pytest.mark.parametrize("config, words", [
     ({"_target_": _M + _SSM + "NVIDIAMambaHybridConfig8B"}, "activation_func='gelu'"),
-    ({"_target_": _M + _SSM + "SSMConfig", "num_layers": 2, "hidden_size": 64}, "SSMConfig without hybrid_override_pattern"),
+    ({"_target_": _M + _SSM + "SSMConfig", "num_layers": 2, "hidden_size": 64},
+     "MambaModel config without hybrid_override_pattern"),
+    ({"_target_": _M + _SSM + "NemotronHConfigBase", "num_layers": 2, "hidden_size": 64},
+     "MambaModel config without hybrid_override_pattern"),
     ({"_target_": _M + _SSM + "BaseMambaConfig130M", "hybrid_override_pattern": "M-" * 12},
      "activation_func='gelu'"),
     ({"_target_": _M + "llama.LlamaConfig"}, "LlamaConfig under MambaModel is declared by no installed family"),

@@ -50,8 +50,8 @@ def unused_activation(values: dict[str, Any]) -> dict[str, Any]:
     layers allocated by ratios): refused by name."""
     pattern = values.get("hybrid_override_pattern")
     if not isinstance(pattern, str) or not pattern:
-        raise UnsupportedError("a NeMo 2 SSMConfig without hybrid_override_pattern (layers allocated by "
-                               "hybrid_attention_ratio / hybrid_mlp_ratio) is not read")
+        raise UnsupportedError("a NeMo 2 MambaModel config without hybrid_override_pattern (SSMConfig's None: layers "
+                               "allocated by hybrid_attention_ratio / hybrid_mlp_ratio) is not read")
     fn = str(values.get("activation_func") or "").rsplit(".", 1)[-1]
     if isinstance(pattern, str) and not set(pattern) & {"-", "E"} and fn == _GELU.rsplit(".", 1)[-1]:
         return {**values, "activation_func": SQUARED_RELU}
