@@ -259,14 +259,16 @@ def constants_refusal(cfg: dict[str, Any], constants: dict[str, Any]) -> str | N
 
 def hybrid_family(name: str, *, architecture: str, model_type: str, config: ConfigTable,
                   blocks: HybridBlocks = HybridBlocks(), names: HybridNames = HybridNames(),
-                  description: str = "", **extra: Any) -> ModelFamily:
+                  description: str = "", nemo2_targets: tuple[str, ...] = (),
+                  nemo2_configs: dict[str, dict[str, Any] | str] | None = None, **extra: Any) -> ModelFamily:
     """A hybrid-stack family: the blocks of ``blocks`` on the layers of their symbols,
     HF names ``names``, translated by ``config`` (its rows and :data:`HYBRID_NEMO_CONSTANTS`).
     The NeMo side is ``MegatronMambaModel`` in the ``dist`` layout with every layer's keys
     unstacked (``MambaStack.sharded_state_dict``); export refuses a NeMo config the table's
     :class:`~nemo_convert.families.config_table.NemoCheck` rows refuse, or one whose biases,
-    gating, MLP function or norm are not the family's constants (:func:`constants_refusal`). ``extra`` replaces
-    other :class:`ModelFamily` fields."""
+    gating, MLP function or norm are not the family's constants (:func:`constants_refusal`).
+    ``nemo2_targets`` / ``nemo2_configs``: NeMo 2's model classes and their config classes'
+    defaults (:class:`NemoTarget`). ``extra`` replaces other :class:`ModelFamily` fields."""
     table = config.extend(hf_constants={"architectures": [architecture], "model_type": model_type})
     to_nemo, to_hf = table_translation(table, name)
 
@@ -277,7 +279,8 @@ def hybrid_family(name: str, *, architecture: str, model_type: str, config: Conf
 
     fields: dict[str, Any] = {
         "nemo": NemoTarget(NEMO_MAMBA_TARGET, default_layout="dist", dist_unstacked=(D,),
-                           dist_extra_states=("output_layer",)),
+                           dist_extra_states=("output_layer",), nemo2_targets=nemo2_targets,
+                           nemo2_configs=dict(nemo2_configs or {})),
         "hf": HFSide(model_class=architecture), **extra}
     return ModelFamily(
         name=name, hf_architectures=(architecture,), hf_model_types=(model_type,),

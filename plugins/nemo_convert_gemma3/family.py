@@ -55,6 +55,7 @@ from nemo_convert.families import (
 )
 from nemo_convert.families.config_table import set_path
 from nemo_convert.spec import Rope, provenance_of, rope_of, spec_of
+from nemo_convert_gemma3.nemo2 import GEMMA3_PROVIDER, NEMO2_CONFIGS
 
 GLOBAL_THETA, LOCAL_THETA, PATTERN = 1_000_000.0, 10_000.0, 6
 KINDS = ("full_attention", "sliding_attention")
@@ -218,7 +219,6 @@ GEMMA3_CONFIG = GPT_CONFIG.extend(
 #: ``post_layernorm``), its ``provide()`` scales the embedding by sqrt(hidden) (lines 118-126,
 #: 272-282). It has no soft-caps: a model with ``final_logit_softcapping`` is refused by name, and
 #: ``is_vision_language`` (lines 87, 145, 244-260: no causal mask) is read only when false.
-GEMMA3_PROVIDER = "megatron.bridge.models.gemma.gemma3_provider.Gemma3ModelProvider"
 MEGATRON_BRIDGE = ProviderFamily(
     GEMMA3_PROVIDER, DENSE + NO_LINEAR_BIAS + (("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
                                                ("qk_layernorm", True)),
@@ -242,6 +242,7 @@ TEXT_MODEL = gpt_family(
     "gemma3", architecture="Gemma3ForCausalLM", model_type="gemma3_text", config=GEMMA3_CONFIG,
     features=GPTFeatures(zero_centred_norms=True, post_norms=True, qk_norm=True), claims=_claims,
     megatron_bridge=MEGATRON_BRIDGE,
+    nemo2_targets=("nemo.collections.llm.gpt.model.gemma3.Gemma3Model",), nemo2_configs=NEMO2_CONFIGS,
     description="Gemma 3 text (q/k norms, 5:1 local/global layers, a local RoPE base, four norms a layer)",
 )
 

@@ -48,6 +48,7 @@ from nemo_convert.families.hybrid import (HYBRID_NEMO_CONSTANTS, MOE, NEMO_MAMBA
                                           hybrid_family)
 from nemo_convert.families.hybrid_config import HYBRID_PATTERN, MIXER_HARMLESS, MIXER_ROWS, _pattern_from_hf
 from nemo_convert.spec import spec_of
+from nemo_convert_nemotron_h.nemo2 import NEMO2_CONFIGS
 
 #: transformers 5.24's default head size (``NemotronHConfig.head_dim = 128``,
 #: ``configuration_nemotron_h.py`` line 108), which ``NemotronHAttention`` uses (line 878).
@@ -194,6 +195,7 @@ NEMOTRON_H = hybrid_family(
     blocks=HybridBlocks(moe=NEMOTRON_H_MOE),
     description="Nemotron-H hybrid: Mamba-2, attention, squared-ReLU MLP, MoE layers (Megatron-Core MambaModel)",
     megatron_bridge=MEGATRON_BRIDGE,
+    nemo2_targets=("nemo.collections.llm.gpt.model.ssm.MambaModel",), nemo2_configs=NEMO2_CONFIGS,
 )
 
 __all__ = ["NEMOTRON_H", "NEMOTRON_H_CONFIG", "NEMOTRON_H_MOE", "PATTERN"]

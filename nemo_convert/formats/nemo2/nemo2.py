@@ -108,14 +108,27 @@ def _declared(model: dict[str, Any], c: dict[str, Any], providers: ProviderTable
     return dict(found)
 
 
+#: A declaration's key for its class's own spelling: a function from the provider-shaped
+#: values (defaults under the fields written) to the provider's, where the NeMo 2 class
+#: reads a field otherwise than the provider it is read as (it may refuse by name).
+READ_HOOK = "_read_"
+
+
 def _provider_values(c: dict[str, Any], declared: dict[str, Any]) -> dict[str, Any]:
     """A NeMo 2 GPT config as the provider-shaped values it is (NeMo 2's configs are
     Megatron-Core ``TransformerConfig`` subclasses, the fields Megatron-Bridge's providers
-    have): ``GPTConfig``'s defaults under the class's declared ones under the fields written,
+    have): ``GPTConfig``'s defaults under the class's declared ones under the fields written
+    (then the declaration's :data:`READ_HOOK`, if any),
     the context length under ``seq_length``, and ``activation_func`` by Megatron-Core's name
     (fiddle may spell it as a Python tag, read inert)."""
     provider = declared.pop("_target_", None)
+    reads = declared.pop(READ_HOOK, None)
     values = {**GPT_CONFIG_DEFAULTS, **declared, **{k: v for k, v in c.items() if k != "_target_"}}
+    if reads is not None:
+        try:
+            values = reads(values)
+        except UnsupportedError as exc:
+            raise UnsupportedError(f"context/model.yaml: {exc}") from None
     values["_target_"] = provider or _target(c)
     values["seq_length"] = values.get("seq_length") or values.get("max_position_embeddings") or 1024
     names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", _target(values.get("activation_func")))
@@ -141,6 +154,10 @@ def nemo2_to_nemo1_config(model: dict[str, Any], providers: ProviderTable) -> di
         raise ConfigError(f"context/model.yaml: a model field is not understood ({type(exc).__name__}: {exc})") \
             from None
     cfg.pop("target", None)  # a NeMo 2 class: the family is NeMo 2's (nemo2_targets)
+    if isinstance(values.get("window_size"), (list, tuple)):
+        # NeMo 2's importers write HF's W as ``[W, 0]`` (``mistral.py``'s HFMistralImporter): read as
+        # NeMo meant it (window_size[0] keys, docs/families/mistral.md), not as Megatron-Bridge's [W-1, 0]
+        (cfg.get("nemo_convert") or {}).pop("sliding_window", None)
     cfg["nemo2_target"] = _target(model)
     return cfg
 
@@ -173,7 +190,7 @@ def open_nemo2(path: str, *, providers: ProviderTable, kinds_for: KindsFor | Non
                 files["tokenizer.model"] = f"context/{n}"
         if files:
             ours["tokenizer_files"] = files
-        cfg["nemo_convert"] = ours
+        cfg["nemo_convert"] = {**(cfg.get("nemo_convert") or {}), **ours}  # the provider's records too (post-norms)
         kinds = kinds_for(cfg) if kinds_for is not None else {}
         source = join_sections(source, kinds)
         if vocab:
