@@ -26,8 +26,8 @@ def write_trtllm_target(job: OutputJob) -> Any:
 
 
 TRTLLM = OutputTarget("trtllm", "qnemo", write_trtllm_target, frozenset({"packed", "workers", "quantization"}),
-                      description="a .qnemo: a TensorRT-LLM checkpoint (config.json, rank{i}.safetensors, tokenizer) "
-                                  "quantized as quantize's --algo says; a tar when packed")
+                      description="a .qnemo (TensorRT-LLM checkpoint: config.json, rank{i}.safetensors, tokenizer) "
+                                  "as quantize writes it")
 
 
 @hookimpl

@@ -366,11 +366,11 @@ class WriteStats(Protocol):
 class OutputJob:
     """Everything one conversion hands the target it writes (:attr:`OutputTarget.write`):
     the planned tensors and the config, and what the command was asked. ``import``,
-    ``export``, ``reshard`` and ``from-ckpt`` each open their source, pick the family and
-    plan; the one output step (:mod:`nemo_convert.convert.output`) builds this record.
+    ``export``, ``reshard``, ``from-ckpt`` and ``quantize`` each open their source, pick the
+    family and plan; the one output step (:mod:`nemo_convert.convert.output`) builds this record.
 
-    :param command: which conversion runs it: ``"import"``, ``"export"``, ``"reshard"`` or
-        ``"from-ckpt"``.
+    :param command: which conversion runs it: ``"import"``, ``"export"``, ``"reshard"``,
+        ``"from-ckpt"`` or ``"quantize"``.
     :param out: the path to write (checked writable before the source was opened).
     :param cfg: the NeMo config of the model (``model_config.yaml``'s content; a writer
         may complete it).
@@ -470,8 +470,10 @@ class OutputTarget:
         into place) and returns a :class:`WriteStats`; refusals are one-line
         ``UnsupportedError``/``ConfigError`` raised before anything is written.
     :param options: which of the options that only some targets take it honours
-        (``"layout"``, ``"packed"``, ``"workers"``); a conversion given one it does not
-        take (``--layout``, several processes) is refused up front.
+        (``"layout"``, ``"packed"``, ``"workers"``, ``"quantization"``); a conversion given
+        one it does not take (``--layout``, several processes, quantization settings) is
+        refused up front, and so is one without quantization settings for a target that
+        needs them (``--to trtllm`` from ``import`` or ``reshard``).
     :param directory: whether the output is a folder when ``"packed"`` is not among
         ``options`` (with it, a folder exactly when not packed).
     :param description: one line for ``nemo-convert plugins``.
