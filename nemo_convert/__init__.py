@@ -6,11 +6,11 @@ The public Python API lives in :mod:`nemo_convert.api`; plugin authors use
 
 from nemo_convert.plugins.hookspecs import hookimpl
 from nemo_convert.plugins.records import (CommandOption, FamilyOptions, HFSide, ModelFamily, NemoTarget, OutputJob,
-                                         OutputTarget, ResultTable, ShardingStrategy, TokenizerPatcher, Verifier,
-                                         VerifierResult, WriteStats)
+                                         OutputTarget, QuantSettings, ResultTable, RunnableModel, ShardingStrategy,
+                                         TokenizerPatcher, Verifier, VerifierResult, WriteStats)
 
 __version__ = "0.1.0"
 
 __all__ = ["CommandOption", "FamilyOptions", "HFSide", "ModelFamily", "NemoTarget", "OutputJob", "OutputTarget",
-           "ResultTable", "ShardingStrategy", "TokenizerPatcher", "Verifier", "VerifierResult", "WriteStats",
+           "QuantSettings", "ResultTable", "RunnableModel", "ShardingStrategy", "TokenizerPatcher", "Verifier", "VerifierResult", "WriteStats",
            "__version__", "hookimpl"]

@@ -44,7 +44,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("nemo_convert.engine", "nemo_convert.compute", "nemo_convert.workers")),
     ("convert", ("nemo_convert.convert",)),
     # beside the conversions, built on them
-    ("beside convert", ("nemo_convert.verify", "nemo_convert.qnemo", "nemo_convert.examples")),
+    # (trtllm_target: the registration of qnemo's output target, light: loaded by every command)
+    ("beside convert", ("nemo_convert.verify", "nemo_convert.qnemo", "nemo_convert.examples",
+                        "nemo_convert.trtllm_target")),
     ("api", ("nemo_convert.api",)),
     ("cli", ("nemo_convert.cli", "nemo_convert.__main__")),
 )
@@ -54,6 +56,9 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("nemo_convert.convert.targets", "nemo_convert.convert.target_writers"):
         "the built-in targets' entry-point module is loaded by every command (--help included, "
         "tests/test_startup.py); its writers load torch only when a conversion writes",
+    ("nemo_convert.trtllm_target", "nemo_convert.qnemo.target_writer"):
+        "the trtllm target's entry-point module is loaded by every command (--help included); its "
+        "writer (calibration, quantization) loads torch only when quantize writes",
 }
 
 LAZY_MARK = "# lazy:"

@@ -17,7 +17,7 @@ from nemo_convert.convert.output import check_output, choose_target, write_outpu
 from nemo_convert.engine import RunStats, run_plan
 from nemo_convert.errors import OutputExistsError, PluginError, UnsupportedError
 from nemo_convert.plugins.manager import registry_with
-from nemo_convert.plugins.records import OutputJob, OutputTarget
+from nemo_convert.plugins.records import OutputJob, OutputTarget, QuantSettings
 from nemo_convert.workers import Workers
 
 
@@ -60,12 +60,17 @@ FLAT = OutputTarget("flat", "hf", write_flat, description="the plan's tensors in
 
 def test_builtin_targets_are_registered_through_the_hook() -> None:
     reg = registry_with()
-    assert [t.name for t in reg.targets()][:3] == ["nemo", "megatron-bridge", "hf"]
+    assert [t.name for t in reg.targets()][:4] == ["nemo", "megatron-bridge", "hf", "trtllm"]
     assert reg.output_targets["nemo"].plugin == "targets"  # the entry point in pyproject.toml
+    assert reg.output_targets["trtllm"].plugin == "trtllm"
     assert reg.target("nemo").options == {"layout", "packed", "workers"}
     assert reg.target("megatron-bridge").options == frozenset()
     assert reg.target("hf").options == {"workers"} and reg.target("hf").kind == "hf"
-    with pytest.raises(UnsupportedError, match=r"unknown target 'nemo3' \(use nemo, megatron-bridge or hf\)"):
+    trt = reg.target("trtllm")
+    assert trt.options == {"packed", "workers", "quantization"} and trt.kind == "qnemo"
+    assert trt.is_dir(False) and not trt.is_dir(True)  # a folder, or a tar with --compress
+    with pytest.raises(UnsupportedError,
+                       match=r"unknown target 'nemo3' \(use nemo, megatron-bridge, hf or trtllm\)"):
         reg.target("nemo3")
 
 
@@ -103,13 +108,32 @@ def test_a_target_refuses_options_it_does_not_take(tmp_path) -> None:
         choose_target(reg, "flat", workers=Workers(rank=0, world=2))
     nemo = choose_target(reg, "nemo", layout="legacy", workers=Workers(rank=0, world=2))
     assert nemo.name == "nemo"  # the .nemo target takes both
-    with pytest.raises(UnsupportedError, match=r"unknown target 'x' \(use nemo, megatron-bridge, hf or flat\)"):
+    with pytest.raises(UnsupportedError,
+                       match=r"unknown target 'x' \(use nemo, megatron-bridge, hf, trtllm or flat\)"):
         choose_target(reg, "x")
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "x").write_text("x")
     with pytest.raises(OutputExistsError):
         check_output(FLAT, str(taken), overwrite=False)
+
+
+def test_a_quantizing_target_needs_quantization_settings(tmp_path) -> None:
+    """``--to trtllm`` quantizes: a conversion without ``quantize``'s settings is refused it by
+    name before the source is opened (the sources here do not exist), and a target that does
+    not quantize is refused settings."""
+    reg = registry_with(("flat-target", targets_plugin(FLAT)))
+    with pytest.raises(UnsupportedError, match=r"--to trtllm quantizes \(a \.qnemo checkpoint\) and needs --algo"):
+        choose_target(reg, "trtllm")
+    assert choose_target(reg, "trtllm", quantization=QuantSettings("int8_wo"),
+                         workers=Workers(rank=0, world=2)).kind == "qnemo"
+    with pytest.raises(UnsupportedError, match=r"--to flat writes a Hugging Face checkpoint, which is not quantized"):
+        choose_target(reg, "flat", quantization=QuantSettings("int8_wo"))
+    missing = str(tmp_path / "missing")
+    for convert in (api.reshard, api.import_hf, api.from_ckpt):
+        with pytest.raises(UnsupportedError, match="only quantize takes: run nemo-convert quantize"):
+            convert(missing, str(tmp_path / "out.qnemo"), to="trtllm", registry=reg)
+    assert not os.path.exists(tmp_path / "out.qnemo")
 
 
 def test_write_output_reports_the_layout_or_the_target_name() -> None:
@@ -155,12 +179,13 @@ def test_the_cli_offers_the_registered_targets(monkeypatch) -> None:
     sub = next(a for a in parser._actions if a.dest == "command").choices
     for command in ("import", "reshard", "from-ckpt"):
         to = next(a for a in sub[command]._actions if a.dest == "to")
-        assert to.choices == ["nemo", "megatron-bridge", "hf", "flat"], command
+        assert to.choices == ["nemo", "megatron-bridge", "hf", "trtllm", "flat"], command
     monkeypatch.setattr(manager, "_REGISTRY", with_flat)
     listed = {t["name"]: t for t in collect()["output_targets"]}
     assert listed["flat"]["plugin"] == "flat-target" and listed["flat"]["kind"] == "hf"
     assert listed["nemo"]["takes"] == ["layout", "packed", "workers"] and listed["megatron-bridge"]["takes"] == []
     assert listed["hf"]["takes"] == ["workers"] and listed["hf"]["kind"] == "hf"
+    assert listed["trtllm"]["kind"] == "qnemo" and listed["trtllm"]["plugin"] == "trtllm"
 
 
 @pytest.mark.slow  # a Lightning checkpoint saved for real (one Adam step), then converted: ~10 s

@@ -453,6 +453,46 @@ def test_nemo_source_gives_the_same_files(tmp_path, src, outs):
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")], "temporary export left behind"
 
 
+def test_quantize_writes_through_the_registered_trtllm_target(tmp_path, src, outs, monkeypatch):
+    """``quantize`` is a command over the one output step: the registered ``trtllm``
+    record's writer gets one :class:`OutputJob` with the settings as one frozen
+    ``QuantSettings``; a third party's target of the same kind is not called; with the
+    ``trtllm`` plugin blocked, quantize has no target (negative control)."""
+    from types import SimpleNamespace
+
+    from nemo_convert import hookimpl
+    from nemo_convert.plugins.manager import DISABLE_ENV, registry_with
+    from nemo_convert.plugins.records import OutputTarget, QuantSettings
+    from nemo_convert.qnemo import target_writer
+
+    expected = _files(outs("int4_awq", 2, 2, kv_cache="fp8"))  # quantized before the spy is in place
+    seen: list = []
+    real = target_writer.write_trtllm_target
+    monkeypatch.setattr(target_writer, "write_trtllm_target", lambda job: seen.append(job) or real(job))
+
+    def never(job):
+        raise AssertionError("a target quantize did not choose was called")
+
+    other = SimpleNamespace(nemo_convert_targets=hookimpl(
+        lambda: [OutputTarget("other-qnemo", "qnemo", never, frozenset({"packed", "workers", "quantization"}))]))
+    reg = registry_with(("other", other))
+    assert [t.name for t in reg.targets()][-2:] == ["trtllm", "other-qnemo"]
+    out = str(tmp_path / "q.qnemo")
+    quantize(src, out, algo="int4_awq", tp=2, pp=2, group_size=64, kv_cache="fp8", registry=reg, **CALIB)
+    assert _files(out) == expected  # byte-identical to the run with the default registry
+    [job] = seen
+    assert job.command == "quantize" and (job.tp, job.pp, job.packed) == (2, 2, False)
+    assert job.quantization == QuantSettings("int4_awq", kv_cache="fp8", group_size=64, device=torch.device("cpu"),
+                                             calib_size=4, calib_seq_len=32, calib_batch_size=4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.quantization.algo = "fp8"  # type: ignore[misc]
+    assert job.model is not None and job.model.config["vocab_size"] == GEOMETRY["vocab_size"]
+    monkeypatch.setenv(DISABLE_ENV, "trtllm")
+    with pytest.raises(UnsupportedError, match="unknown target 'trtllm'"):
+        quantize(src, str(tmp_path / "blocked.qnemo"), algo="none", registry=registry_with())
+    assert len(seen) == 1 and not os.path.exists(tmp_path / "blocked.qnemo")
+
+
 def test_compress_writes_a_plain_tar_with_the_same_members(tmp_path, src, outs):
     out = str(tmp_path / "m.qnemo")
     rep = quantize(src, out, algo="int4_awq", tp=2, pp=2, group_size=64, kv_cache="fp8", compress=True, **CALIB)

@@ -68,7 +68,8 @@ def add_target_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", default="nemo",
                    help="what to write: a .nemo (default), a Megatron-Bridge checkpoint directory "
                         "(iter_0000000/ with run_config.yaml; --tp/--pp are recorded in it) or a Hugging Face "
-                        "folder (hf, as export writes it; not from import)")
+                        "folder (hf, as export writes it; not from import); trtllm (a .qnemo) is written by "
+                        "quantize, which takes --algo")
 
 
 def add_iteration_flag(p: argparse.ArgumentParser) -> None:

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     # choices: the installed output targets, set once the plugins are loaded (plugin_options.py)
     p.add_argument("--to", default="nemo",
                    help="what to write: a .nemo (default), a Megatron-Bridge checkpoint directory or a "
-                        "Hugging Face folder (hf: the training checkpoint straight to transformers)")
+                        "Hugging Face folder (hf: the training checkpoint straight to transformers); trtllm (a "
+                        ".qnemo) is written by quantize, which takes --algo")
     p.add_argument("--hparams", metavar="FILE.yaml",
                    help="Lightning hparams.yaml whose 'cfg:' section is the model config (default: the "
                         "checkpoint's hyper_parameters)")

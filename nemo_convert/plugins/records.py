@@ -6,6 +6,7 @@ tensor work. A record never holds open files or tensors.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, Union, runtime_checkable
 
@@ -295,8 +296,58 @@ class Verifier:
     description: str = ""
 
 
-#: The options of a conversion that only some targets take (:attr:`OutputTarget.options`).
-TargetOption = Literal["layout", "packed", "workers"]
+#: The options of a conversion that only some targets take (:attr:`OutputTarget.options`);
+#: ``"quantization"``: the target needs :class:`QuantSettings` (``OutputJob.quantization``).
+TargetOption = Literal["layout", "packed", "workers", "quantization"]
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """How a target that quantizes (``--to trtllm``, what ``nemo-convert quantize`` writes)
+    is asked to quantize: the options of ``quantize``, in one record on the job
+    (:attr:`OutputJob.quantization`). TP × PP × EP, ``--compress`` (``packed``), the
+    processes and ``--overwrite`` are the job's own fields.
+
+    :param algo: ``none``, ``int8_wo``, ``int4_wo``, ``fp8`` or ``int4_awq``.
+    :param kv_cache: ``none`` or ``fp8`` (calibrated FP8 KV-cache scales).
+    :param group_size: the int4 group size (64 or 128).
+    :param dtype: the checkpoint's ``torch.dtype``; None: the source's.
+    :param device: the ``torch.device`` calibration and the quantization math run on.
+    :param calib_data: a text file, one calibration sample per line (None: the built-in sample).
+    :param calib_size: calibration rows; ``calib_seq_len`` tokens per row (None: sized to
+        the model and the device); ``calib_batch_size`` rows per forward.
+    :param awq_grid: the points of AWQ's α search.
+    """
+
+    algo: str
+    kv_cache: str = "none"
+    group_size: int = 128
+    dtype: Any = None
+    device: Any = "cpu"
+    calib_data: str | None = None
+    calib_size: int | None = None
+    calib_seq_len: int | None = None
+    calib_batch_size: int = 4
+    awq_grid: int = 20
+
+
+@dataclass(frozen=True)
+class RunnableModel:
+    """The model as transformers loads it, for a target that runs it (the ``trtllm``
+    target calibrates with it): set by a conversion that can give it (``quantize``).
+
+    :param config: the ``config.json`` transformers reads: an HF source's own; for a NeMo
+        source the one ``export`` writes of it.
+    :param folder: ``folder(dtype, scratch) -> context manager of (path, config)``: an HF
+        folder of the model (an HF source's own, or ``export`` of the source written under the
+        folder ``scratch`` and removed on exit) and the ``config.json`` it holds.
+    :param ignore_config_keys: the ``config.json`` keys the NeMo config was translated
+        without (``--ignore-config-key``); the loaded model's config is read the same way.
+    """
+
+    config: dict[str, Any]
+    folder: Callable[[Any, str], AbstractContextManager[tuple[str, dict[str, Any]]]]
+    ignore_config_keys: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -315,11 +366,11 @@ class WriteStats(Protocol):
 class OutputJob:
     """Everything one conversion hands the target it writes (:attr:`OutputTarget.write`):
     the planned tensors and the config, and what the command was asked. ``import``,
-    ``export``, ``reshard`` and ``from-ckpt`` each open their source, pick the family and
-    plan; the one output step (:mod:`nemo_convert.convert.output`) builds this record.
+    ``export``, ``reshard``, ``from-ckpt`` and ``quantize`` each open their source, pick the
+    family and plan; the one output step (:mod:`nemo_convert.convert.output`) builds this record.
 
-    :param command: which conversion runs it: ``"import"``, ``"export"``, ``"reshard"`` or
-        ``"from-ckpt"``.
+    :param command: which conversion runs it: ``"import"``, ``"export"``, ``"reshard"``,
+        ``"from-ckpt"`` or ``"quantize"``.
     :param out: the path to write (checked writable before the source was opened).
     :param cfg: the NeMo config of the model (``model_config.yaml``'s content; a writer
         may complete it).
@@ -363,6 +414,13 @@ class OutputJob:
         the ones the NeMo config itself tells (precision, tied embeddings, vocabulary).
     :param dropped: the source tensors the target's own plan leaves out (the report's
         ``dropped``); the writer appends them.
+
+    What only a target with the ``"quantization"`` option reads (``trtllm``):
+
+    :param quantization: the quantization asked for (:class:`QuantSettings`); a conversion
+        without it is refused such a target up front
+        (:func:`~nemo_convert.convert.output.choose_target`).
+    :param model: the model as transformers runs it, for calibration (:class:`RunnableModel`).
     """
 
     command: str
@@ -393,6 +451,8 @@ class OutputJob:
     rope_scaling: bool = True
     hf_defaults: dict[str, Any] | None = None
     dropped: list[str] = field(default_factory=list)
+    quantization: QuantSettings | None = None
+    model: RunnableModel | None = None
 
 
 @dataclass(frozen=True)
@@ -410,8 +470,10 @@ class OutputTarget:
         into place) and returns a :class:`WriteStats`; refusals are one-line
         ``UnsupportedError``/``ConfigError`` raised before anything is written.
     :param options: which of the options that only some targets take it honours
-        (``"layout"``, ``"packed"``, ``"workers"``); a conversion given one it does not
-        take (``--layout``, several processes) is refused up front.
+        (``"layout"``, ``"packed"``, ``"workers"``, ``"quantization"``); a conversion given
+        one it does not take (``--layout``, several processes, quantization settings) is
+        refused up front, and so is one without quantization settings for a target that
+        needs them (``--to trtllm`` from ``import`` or ``reshard``).
     :param directory: whether the output is a folder when ``"packed"`` is not among
         ``options`` (with it, a folder exactly when not packed).
     :param description: one line for ``nemo-convert plugins``.

@@ -13,8 +13,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,12 +20,9 @@ from typing import Any
 import torch
 
 from nemo_convert.convert.hf_to_nemo import nemo_config_of
-from nemo_convert.convert.nemo_to_hf import export_hf
 from nemo_convert.engine import Progress
 from nemo_convert.errors import MappingError
-from nemo_convert.hf_config import read_json_object
 from nemo_convert.mapping.planner import Origin, nemo_origins
-from nemo_convert.plugins.manager import Registry
 import nemo_convert.qnemo.calibration as calib
 from nemo_convert.qnemo.job import Job
 from nemo_convert.qnemo.plan import DTYPE_NAME, Item, QuantPlan
@@ -84,28 +79,18 @@ def calibration_modules(job: Job, hf_cfg: dict[str, Any], names: Sequence[str]) 
     return modules
 
 
-def _calibrate(job: Job, src: str, out: str, *, calib_data: str | None, calib_size: int | None,
-               calib_seq_len: int | None, calib_batch_size: int, dev: torch.device, reg: Registry,
-               trust_pickle: bool, progress: Progress | None = None,
-               rope_scaling: bool = True) -> tuple[dict[str, Stats], calib.CalibrationInfo, Modules]:
-    """Run the model over the calibration text and check every scale input is there."""
+def _calibrate(job: Job, out: str, *, calib_data: str | None, calib_size: int | None,
+               calib_seq_len: int | None, calib_batch_size: int, dev: torch.device,
+               progress: Progress | None = None) -> tuple[dict[str, Stats], calib.CalibrationInfo, Modules]:
+    """Run the model over the calibration text and check every scale input is there. The
+    model is the job's :class:`~nemo_convert.plugins.records.RunnableModel`: an HF source's
+    own folder, or an export of the source into a scratch folder beside ``out``."""
     plan = job.plan
     tc = time.perf_counter()
     size = sized(job, dev, calib_size, calib_seq_len)
     texts = calib.read_calibration_texts(calib_data)
-    folder, tmp = src, None
     chosen: Modules = {}
-    try:
-        if job.ck.format != "hf":
-            parent = os.path.dirname(os.path.abspath(out))
-            os.makedirs(parent, exist_ok=True)
-            tmp = tempfile.mkdtemp(prefix=".nemo-convert-calib-", dir=parent)
-            folder = os.path.join(tmp, "hf")
-            export_hf(src, folder, dtype=plan.dtype, registry=reg, family=job.fam.name, trust_pickle=trust_pickle,
-                      rope_scaling=rope_scaling)
-            hf_cfg = read_json_object(os.path.join(folder, "config.json"))
-        else:
-            hf_cfg = job.ck.config
+    with job.model.folder(plan.dtype, os.path.dirname(os.path.abspath(out))) as (folder, hf_cfg):
         ids = calib.calibration_tokens(folder, texts, n=size.samples, seq_len=size.seq_len,
                                        vocab_size=plan.model_config.get("vocab_size"))
 
@@ -120,9 +105,6 @@ def _calibrate(job: Job, src: str, out: str, *, calib_data: str | None, calib_si
                                 model_class=job.fam.hf.model_class, progress=progress)
         plan.quantizer.calibrated(stats, chosen)
         check_stats(plan.quantizer, [lin.key for lin in plan.linears()], list(plan.kv_of))
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
     info = calib.CalibrationInfo(calib_data or "built-in", int(ids.shape[0]), int(ids.shape[1]), int(ids.numel()),
                                  str(dev), DTYPE_NAME[plan.dtype], time.perf_counter() - tc, size.reason)
     return stats, info, chosen

@@ -1,89 +1,57 @@
-"""``quantize``: a ``.nemo`` or HF folder → a ``.qnemo`` (a TensorRT-LLM checkpoint).
+"""``quantize``: a ``.nemo`` or HF folder → a ``.qnemo`` (a TensorRT-LLM checkpoint), a thin
+command over the one output step (:mod:`nemo_convert.convert.output`) with the ``trtllm``
+target (:mod:`nemo_convert.trtllm_target`)::
 
-Order of work (nothing is written until every check passed):
+    check the options; choose_target("trtllm") + check_output     (before the source is opened)
+    open the source → pick the family → plan (NeMo logical tensors)
+    write_output(target, OutputJob(..., quantization=QuantSettings(...), model=...))
 
-1. open the source lazily as NeMo logical tensors (an HF folder through the family's
-   ``to_nemo`` plan, with the planner's coverage proof; a ``.nemo`` as its own tensors) and
-   find the family;
-2. plan the family's TensorRT-LLM target with the same planner (:mod:`.target`: its name
-   projection over the NeMo tensors, its config projection over the NeMo config), add the
-   quantization tasks and lay out every rank file's header, every split (:mod:`.plan`);
-3. calibrate if the algorithm or the KV cache needs it (:mod:`.calibration`) and check
-   that every quantized linear has all of its scale inputs (:func:`.quantizer.check_stats`);
-4. write ``config.json``, the tokenizer, and ``rank{i}.safetensors`` — one pipeline stage
-   at a time, one tensor at a time — into a staging folder or a tar being streamed, then
-   rename it into place.
+The source is opened as NeMo logical tensors: an HF folder through the family's ``to_nemo``
+plan (with the planner's coverage proof, its config translated as ``import`` translates
+it), a ``.nemo`` as its own tensors (its config completed as export completes it). The
+target's writer (:mod:`.target_writer`) plans the family's TensorRT-LLM target over them
+with the same planner, adds the quantization tasks, calibrates, quantizes and writes.
 
-Folder output opens the TP rank files of a stage together, so each tensor is read and
-quantized once and its slices go to every rank. A tar holds one open member at a time, so
-``compress=True`` writes rank after rank and re-reads (and re-quantizes) each tensor once
-per TP rank; AWQ's search runs once per linear either way.
-
-Several processes (``workers``, torchrun) split the rank files: ``rank{i}.safetensors`` is
-written by process ``i mod world`` (its TP ranks of a stage together, also for a tar),
-calibration runs in process 0 alone and its statistics are broadcast, AWQ's α of each
-linear is searched in one process and shared, and process 0 writes ``config.json``, the
-tokenizer and the tar (:func:`nemo_convert.workers.write_together`). The output is
-byte-identical to a one-process run.
+Under torchrun every process checks the options and opens the source; they agree
+(:meth:`~nemo_convert.workers.Workers.run_all`): one failing stops all of them.
 """
 
 from __future__ import annotations
 
-import copy
-import json
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import torch
 
-from nemo_convert import __version__
 from nemo_convert.compute import resolve_device
-from nemo_convert.convert.checkpoint import open_checkpoint
-from nemo_convert.convert.common import dir_sink
+from nemo_convert.convert.checkpoint import Checkpoint, open_checkpoint
 from nemo_convert.convert.hf_to_nemo import plan_import
-from nemo_convert.convert.nemo_to_hf import plan_to_hf
+from nemo_convert.convert.nemo_to_hf import export_hf, plan_to_hf
+from nemo_convert.convert.output import check_output, choose_target, write_output
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
 from nemo_convert.errors import UnsupportedError
 from nemo_convert.families.trtllm import TrtllmTable
+from nemo_convert.formats.io.staging import refuse_overlap
 from nemo_convert.formats.nemo.nemo import dump_yaml
-from nemo_convert.formats.io.sink import MemberSink
-from nemo_convert.formats.io.staging import check_target, refuse_overlap, staged_output
-from nemo_convert.formats.io.tar_writer import TarWriter
-from nemo_convert.hf_config import hf_dtype_name
-from nemo_convert.mapping.planner import nemo_origins, nemo_parallel_kinds
-from nemo_convert.mapping.rules import Parallel
+from nemo_convert.hf_config import read_json_object
+from nemo_convert.mapping.planner import Plan, identity_plan, nemo_parallel_kinds
 from nemo_convert.plugins.manager import Registry, get_registry
-from nemo_convert.plugins.records import ModelFamily
-from nemo_convert.qnemo.calibrate_once import calibrate_once, share_awq_search
-from nemo_convert.qnemo.job import Job
-from nemo_convert.qnemo.plan import (
-    ALGOS,
-    DTYPE_NAME,
-    QuantPlan,
-    build_plan,
-    rank_slice,
-)
-from nemo_convert.mapping.plan_view import PlanSource
-from nemo_convert.qnemo.produce import Producer
-from nemo_convert.qnemo.target import TargetPlan, plan_target
-from nemo_convert.qnemo.tokenizer import (
-    TOKENIZER_CONFIG,
-    tokenizer_from_hf,
-    tokenizer_from_nemo,
-)
-from nemo_convert.qnemo.writer import RankStream
+from nemo_convert.plugins.records import ModelFamily, OutputJob, OutputTarget, QuantSettings, RunnableModel
+from nemo_convert.qnemo.plan import ALGOS
+from nemo_convert.qnemo.target_writer import QuantStats
+from nemo_convert.qnemo.tokenizer import TOKENIZER_CONFIG, tokenizer_from_hf, tokenizer_from_nemo
 from nemo_convert.quant.algorithms import DEFAULT_GROUP_SIZE
-from nemo_convert.quant.trtllm_names import QUANT_ALGO, quantization_section
 from nemo_convert.tensors.base import TensorSource
-from nemo_convert.workers import SINGLE, Workers, write_together
+from nemo_convert.workers import SINGLE, Workers
 
 KV_CACHE_CHOICES = ("none", "fp8")
-_NAMED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
@@ -113,6 +81,25 @@ class QuantizeReport:
         return dict(self.__dict__)
 
 
+@dataclass
+class _Opened:
+    """The source opened and planned as NeMo logical tensors: ``plan`` over ``source``
+    (an HF folder's ``to_nemo`` plan over its tensors, or a ``.nemo``'s identity)."""
+
+    ck: Checkpoint
+    fam: ModelFamily
+    cfg: dict[str, Any]
+    plan: Plan
+    source: TensorSource
+    kinds: dict[str, Any]
+    hf_cfg: dict[str, Any]
+    tok_files: dict[str, bytes]
+    warnings: list[str]
+
+    def close(self) -> None:
+        self.ck.close()
+
+
 def _trtllm_table(fam: ModelFamily, reg: Registry) -> TrtllmTable:
     """The family's TensorRT-LLM target, or a one-line refusal naming the family."""
     table = fam.trtllm
@@ -126,91 +113,34 @@ def _trtllm_table(fam: ModelFamily, reg: Registry) -> TrtllmTable:
     return table
 
 
-def _model_dtype(hf_cfg: dict[str, Any], infos: Any, want: torch.dtype | None) -> torch.dtype:
-    if want is not None:
-        return want
-    name = hf_dtype_name(hf_cfg)
-    if name in _NAMED_DTYPES:
-        return _NAMED_DTYPES[name]
-    for info in infos.values():
-        if info.dtype in DTYPE_NAME:
-            return info.dtype
-    return torch.float32
-
-
-def trtllm_config(target: TargetPlan, plan: QuantPlan) -> dict[str, Any]:
-    """The checkpoint's ``config.json`` (checkpoint.md "Config"; fields ModelOpt also writes).
-    A model with experts adds ``moe_tp_size`` / ``moe_ep_size`` to ``mapping``
-    (``tensorrt_llm/mapping.py``: ``tp_size = moe_tp_size · moe_ep_size``)."""
-    algo = None if plan.algo == "none" else plan.algo
-    parallel_embedding = any(spec.kind is Parallel.VOCAB and t.stage == "first" for t in target.tasks
-                             for spec in t.specs)
-    mapping = {"world_size": plan.tp * plan.pp, "tp_size": plan.tp, "pp_size": plan.pp}
-    if plan.experts:
-        mapping.update(moe_tp_size=plan.tp // plan.ep, moe_ep_size=plan.ep)
-    return {
-        "producer": {"name": "nemo-convert", "version": __version__},
-        "architecture": target.table.architecture,
-        "dtype": DTYPE_NAME[plan.dtype],
-        "logits_dtype": "float32",
-        **plan.model_config,
-        "use_parallel_embedding": parallel_embedding,
-        "embedding_sharding_dim": 0,
-        "share_embedding_table": False,
-        "mapping": mapping,
-        "quantization": quantization_section(algo, kv_cache_fp8=plan.kv_cache_fp8, group_size=plan.group_size,
-                                             exclude_modules=list(plan.exclude_modules)),
-    }
-
-
-def _write_ranks(sink: MemberSink, plan: QuantPlan, produce: Producer, *, together: bool,
-                 progress: Progress, owned: Callable[[int], bool] = lambda rank: True) -> tuple[int, int]:
-    """Write the rank files ``owned`` accepts, one pipeline stage at a time."""
-    tensors = nbytes = 0
-    for stage in range(plan.pp):
-        ranks = [r for r in plan.ranks if r.pp_rank == stage and owned(r.rank)]
-        groups = ([ranks] if ranks else []) if together else [[r] for r in ranks]
-        for group in groups:
-            with ExitStack() as stack:
-                streams = [RankStream(stack.enter_context(sink.open_member(r.name)), r.infos, r.name)
-                           for r in group]
-                for item in plan.stages[stage]:
-                    full = produce(item)
-                    for rf, stream in zip(group, streams):
-                        for out in item.outputs:
-                            t = rank_slice(full[out.name], out, plan, rf.tp_rank)
-                            n = stream.write(out.rank_name(item.local_layer), t)
-                            tensors += 1
-                            nbytes += n
-                            progress.advance(n, 1)
-                    del full
-                for s in streams:
-                    s.check_done()
-    return tensors, nbytes
-
-
-def _check_options(src: str, out: str, *, algo: str, kv_cache: str, device: str | torch.device,
-                   dtype: str | torch.dtype | None, overwrite: bool,
-                   compress: bool) -> tuple[torch.device, torch.dtype | None]:
-    """The one-line errors of the options alone; ``(device, dtype)``."""
+def _check_options(src: str, out: str, reg: Registry, *, algo: str, kv_cache: str, device: str | torch.device,
+                   dtype: str | torch.dtype | None, overwrite: bool, compress: bool,
+                   workers: Workers) -> tuple[torch.device, torch.dtype | None, OutputTarget]:
+    """The one-line errors of the options alone, and the ``trtllm`` target checked
+    writable at ``out``; ``(device, dtype, target)``."""
     if algo not in ALGOS:
         raise UnsupportedError(f"unknown --algo {algo!r}; expected one of {', '.join(ALGOS)}")
     if kv_cache not in KV_CACHE_CHOICES:
         raise UnsupportedError(f"unknown --kv-cache {kv_cache!r}; expected none or fp8")
     dev = resolve_device(device)
     want_dtype = parse_dtype(dtype)
+    target = choose_target(reg, "trtllm", workers=workers, quantization=QuantSettings(algo))
     refuse_overlap(src, out)
-    check_target(out, overwrite=overwrite, kind="qnemo", is_dir=not compress)
-    return dev, want_dtype
+    check_output(target, out, overwrite=overwrite, packed=compress)
+    return dev, want_dtype, target
 
 
-def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, algo: str, tp: int,
-                   pp: int, dtype: torch.dtype | None, group_size: int, kv_cache: str, ep: int = 1,
-                   rope_scaling: bool = True, ignore_config_keys: tuple[str, ...] = ()) -> Job:
+def _tokenizer_members(section: dict[str, Any] | None, files: dict[str, bytes]) -> dict[str, bytes]:
+    """The ``.qnemo``'s tokenizer members: the files, and ``tokenizer_config.yaml`` of ``section``."""
+    return {**files, **({} if section is None else {TOKENIZER_CONFIG: dump_yaml(section)})}
+
+
+def _open(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, rope_scaling: bool = True,
+          ignore_config_keys: tuple[str, ...] = ()) -> _Opened:
     """Open ``src`` lazily as NeMo logical tensors — an HF folder through the family's
     ``to_nemo`` plan (its config translated as ``import`` translates it), a ``.nemo`` as its
     own tensors (its config completed as export completes it: the true vocabulary, token ids,
-    RoPE scaling) — and plan the TensorRT-LLM target over them; nothing is written."""
+    RoPE scaling); nothing is written."""
     ck = open_checkpoint(src, trust_pickle=trust_pickle, accept=("hf", "nemo", "nemo2"),
                          what="a .nemo or a Hugging Face folder")
     try:
@@ -219,10 +149,10 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             hf_cfg = ck.config
             tok_section, tok_files = tokenizer_from_hf(src, hf_cfg, fam.hf.tokenizer_files)
             warnings: list[str] = []
-            table = _trtllm_table(fam, reg)
-            nemo_cfg, to_nemo = plan_import(fam, hf_cfg, ck.source, ignore_config_keys=ignore_config_keys)
-            source: TensorSource = PlanSource(to_nemo, ck.source)
-            infos = {k: ck.source.info(k) for k in list(ck.source.keys())}
+            _trtllm_table(fam, reg)
+            nemo_cfg, plan = plan_import(fam, hf_cfg, ck.source, ignore_config_keys=ignore_config_keys)
+            source: TensorSource = ck.source
+            kinds = nemo_parallel_kinds(fam.mapping(nemo_cfg), nemo_cfg)
         else:
             if ignore_config_keys:
                 raise UnsupportedError("--ignore-config-key applies to a Hugging Face source; a .nemo's config "
@@ -231,58 +161,40 @@ def _open_and_plan(src: str, reg: Registry, *, family: str | None, trust_pickle:
             prep, hf_cfg, _ = plan_to_hf(ck.handle, fam, rope_scaling=rope_scaling)
             tok_section, tok_files = tokenizer_from_nemo(ck.handle, ck.config)
             warnings = prep.warnings
-            table = _trtllm_table(fam, reg)
+            _trtllm_table(fam, reg)
             nemo_cfg, source = prep.cfg, prep.source
-            infos = {k: source.info(k) for k in list(source.keys())}
-        mapping = fam.mapping(nemo_cfg)
-        model_config = table.config(copy.deepcopy(nemo_cfg))
-        # a family with a TensorRT-LLM table has no sectioned tensors (those are hybrid stacks')
-        kinds = cast(dict[str, Parallel], nemo_parallel_kinds(mapping, nemo_cfg))
-        target = plan_target(table, nemo_cfg, model_config, source, kinds,
-                             [d for part in mapping.parts() for d in part.drop_nemo])
-        kv_parts = {n: len(o.parts) for n, o in nemo_origins(mapping, nemo_cfg).items()}
-        plan = build_plan(target, algo=algo, tp=tp, pp=pp, ep=ep, dtype=_model_dtype(hf_cfg, infos, dtype),
-                          group_size=group_size, kv_cache_fp8=kv_cache == "fp8",
-                          strategies=reg.strategies(), kv_parts=kv_parts)
+            kinds = nemo_parallel_kinds(fam.mapping(nemo_cfg), nemo_cfg)
+            plan = identity_plan(source, kinds)
     except BaseException:
         ck.close()
         raise
-    return Job(ck, fam, target, source, plan, tok_section, tok_files, warnings, tuple(ignore_config_keys),
-               sum(i.numel for i in infos.values()))
+    return _Opened(ck, fam, nemo_cfg, plan, source, kinds, hf_cfg, _tokenizer_members(tok_section, tok_files),
+                   warnings)
 
 
-def _write_head(sink: MemberSink, config: dict[str, Any], job: Job) -> None:
-    """``config.json`` and the tokenizer: the members before the rank files."""
-    sink.add_bytes("config.json", (json.dumps(config, indent=2) + "\n").encode("utf-8"))
-    for name in sorted(job.tok_files):
-        sink.add_bytes(name, job.tok_files[name])
-    if job.tok_section is not None:
-        sink.add_bytes(TOKENIZER_CONFIG, dump_yaml(job.tok_section))
+def _runnable(src: str, opened: _Opened, reg: Registry, *, trust_pickle: bool, rope_scaling: bool,
+              ignore_config_keys: tuple[str, ...]) -> RunnableModel:
+    """The model as transformers loads it, for calibration: an HF source's own folder, or
+    a ``.nemo`` exported to a scratch folder (removed afterwards)."""
+    is_hf = opened.ck.format == "hf"
+    family = opened.fam.name
 
+    @contextmanager
+    def folder(dtype: torch.dtype, scratch: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        if is_hf:
+            yield src, opened.hf_cfg
+            return
+        os.makedirs(scratch, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".nemo-convert-calib-", dir=scratch)
+        try:
+            hf = os.path.join(tmp, "hf")
+            export_hf(src, hf, dtype=dtype, registry=reg, family=family, trust_pickle=trust_pickle,
+                      rope_scaling=rope_scaling)
+            yield hf, read_json_object(os.path.join(hf, "config.json"))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
-def _write_output(out: str, config: dict[str, Any], job: Job, producer: Producer, *, compress: bool,
-                  overwrite: bool, progress: Progress, workers: Workers) -> tuple[int, int]:
-    """Stage, write and install the output; ``(tensors, bytes)`` of the rank files."""
-    plan = job.plan
-    mine = [r for r in plan.ranks if workers.owns(r.rank)]
-    progress.start("quantize" if plan.algo != "none" else "convert", sum(r.nbytes for r in mine),
-                   sum(len(r.infos) for r in mine))
-    try:
-        if workers.world == 1:
-            with staged_output(out, overwrite=overwrite, is_dir=not compress, kind="qnemo") as stage, \
-                    (TarWriter(stage) if compress else dir_sink(stage)) as sink:
-                _write_head(sink, config, job)
-                return _write_ranks(sink, plan, producer, together=not compress, progress=progress)
-        # Each process writes its rank files as files (so its TP ranks of a stage together);
-        # process 0 adds config and tokenizer and, for a tar, the rank files in order.
-        counts = write_together(
-            out, [r.name for r in plan.ranks],
-            lambda sink: _write_ranks(sink, plan, producer, together=True, progress=progress, owned=workers.owns),
-            workers=workers, overwrite=overwrite, packed=compress, kind="qnemo",
-            head=lambda sink: _write_head(sink, config, job))
-        return sum(t for t, _ in counts), sum(n for _, n in counts)
-    finally:
-        progress.finish()
+    return RunnableModel(opened.hf_cfg, folder, ignore_config_keys)
 
 
 def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: str, tp: int = 1, pp: int = 1,
@@ -295,7 +207,8 @@ def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: 
              registry: Registry | None = None, trust_pickle: bool = False,
              workers: Workers = SINGLE, rope_scaling: bool = True,
              ignore_config_keys: tuple[str, ...] = (), ep: int = 1) -> QuantizeReport:
-    """Write a TensorRT-LLM checkpoint (``.qnemo``) of ``src`` (a ``.nemo`` or an HF folder).
+    """Write a TensorRT-LLM checkpoint (``.qnemo``) of ``src`` (a ``.nemo`` or an HF folder)
+    through the ``trtllm`` output target.
 
     :param algo: ``none`` (plain checkpoint in the model dtype), ``int8_wo``, ``int4_wo``,
         ``fp8`` or ``int4_awq``.
@@ -328,36 +241,32 @@ def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: 
     calib_data = None if calib_data is None else os.fspath(calib_data)
     progress = progress or NoProgress()
     reg = registry if registry is not None else get_registry()
+    keys = tuple(ignore_config_keys)
 
-    def prepare() -> tuple[Job, torch.device]:
-        dev, want_dtype = _check_options(src, out, algo=algo, kv_cache=kv_cache, device=device, dtype=dtype,
-                                         overwrite=overwrite, compress=compress)
-        return _open_and_plan(src, reg, family=family, trust_pickle=trust_pickle, algo=algo, tp=tp, pp=pp,
-                              dtype=want_dtype, group_size=group_size, kv_cache=kv_cache, ep=ep,
-                              rope_scaling=rope_scaling, ignore_config_keys=tuple(ignore_config_keys)), dev
+    def prepare() -> tuple[_Opened, torch.device, torch.dtype | None, OutputTarget]:
+        dev, want_dtype, target = _check_options(src, out, reg, algo=algo, kv_cache=kv_cache, device=device,
+                                                 dtype=dtype, overwrite=overwrite, compress=compress,
+                                                 workers=workers)
+        return _open(src, reg, family=family, trust_pickle=trust_pickle, rope_scaling=rope_scaling,
+                     ignore_config_keys=keys), dev, want_dtype, target
 
-    job, dev = workers.run_all(prepare, undo=lambda r: r[0].close())
+    opened, dev, want_dtype, target = workers.run_all(prepare, undo=lambda r: r[0].close())
+    settings = QuantSettings(algo, kv_cache=kv_cache, group_size=group_size, dtype=want_dtype, device=dev,
+                             calib_data=calib_data, calib_size=calib_size, calib_seq_len=calib_seq_len,
+                             calib_batch_size=calib_batch_size, awq_grid=awq_grid)
     try:
-        plan = job.plan
-        plan.quantizer.device, plan.quantizer.awq_grid = dev, awq_grid
-        stats, calib_info = calibrate_once(job, workers, dev, src=src, out=out, calib_data=calib_data,
-                                            calib_size=calib_size, calib_seq_len=calib_seq_len,
-                                            calib_batch_size=calib_batch_size, reg=reg, trust_pickle=trust_pickle,
-                                            progress=progress, rope_scaling=rope_scaling)
-        producer = Producer(plan, job.source)
-        share_awq_search(plan, producer, workers, progress)
-        tensors, nbytes = _write_output(out, trtllm_config(job.target, plan), job, producer, compress=compress,
-                                        overwrite=overwrite, progress=progress, workers=workers)
+        job = OutputJob("quantize", out, opened.cfg, opened.plan, opened.source, opened.fam, opened.kinds,
+                        reg.strategies(), reg.providers(), tp=tp, pp=pp, ep=ep, packed=compress, overwrite=overwrite,
+                        progress=progress, workers=workers, tokenizer=lambda: opened.tok_files,
+                        warnings=list(opened.warnings), rope_scaling=rope_scaling, quantization=settings,
+                        model=_runnable(src, opened, reg, trust_pickle=trust_pickle, rope_scaling=rope_scaling,
+                                        ignore_config_keys=keys))
+        stats, _ = write_output(target, job)
     finally:
-        job.close()
-    warnings = job.warnings + ([] if job.tok_section is not None else
-                               ["the source has no tokenizer files; the .qnemo has no tokenizer_config.yaml"])
-    notes = []
-    if compress and tp > 1 and algo != "none" and workers.world == 1:
-        notes.append(f"--compress with TP {tp}: each tensor was read and quantized once per TP rank")
-    files = ["config.json", *sorted(job.tok_files)] + ([TOKENIZER_CONFIG] if job.tok_section is not None else []) \
-        + [r.name for r in plan.ranks]
-    return QuantizeReport(out, job.fam.name, algo, QUANT_ALGO.get(algo), "FP8" if plan.kv_cache_fp8 else None,
-                          DTYPE_NAME[plan.dtype], tp, pp, files, tensors, nbytes, time.perf_counter() - t0,
-                          compress, None if calib_info is None else calib_info.as_dict(), plan.dropped,
-                          warnings, notes, ep)
+        opened.close()
+    if not isinstance(stats, QuantStats):
+        raise TypeError(f"output target {target.name!r} returned {type(stats).__name__}, not the qnemo writer's "
+                        "QuantStats")
+    return QuantizeReport(out, opened.fam.name, algo, stats.quant_algo, stats.kv_cache_quant_algo, stats.dtype, tp,
+                          pp, stats.files, stats.tensors, stats.bytes, time.perf_counter() - t0, compress,
+                          stats.calibration, job.dropped, job.warnings + stats.warnings, job.notes, ep)

@@ -1,14 +1,14 @@
-"""What every process of a ``quantize`` run knows before writing: the opened source (as NeMo
-logical tensors) and the checked plan. The driver (:mod:`.driver`) builds it; calibration
-(:mod:`.calibrate_once`) reads it."""
+"""What every process of a ``quantize`` run knows before writing: the source as NeMo
+logical tensors, the model as transformers runs it (for calibration) and the checked plan.
+The ``trtllm`` target's writer (:mod:`.target_writer`) builds it from its
+:class:`~nemo_convert.plugins.records.OutputJob`; calibration (:mod:`.calibrate_once`)
+reads it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from nemo_convert.convert.checkpoint import Checkpoint
-from nemo_convert.plugins.records import ModelFamily
+from nemo_convert.plugins.records import ModelFamily, RunnableModel
 from nemo_convert.qnemo.plan import QuantPlan
 from nemo_convert.qnemo.target import TargetPlan
 from nemo_convert.tensors.base import TensorSource
@@ -16,18 +16,17 @@ from nemo_convert.tensors.base import TensorSource
 
 @dataclass
 class Job:
-    """The opened source and the checked plan: what every process knows before writing."""
+    """The planned source and the checked plan: what every process knows before writing."""
 
-    ck: Checkpoint
     fam: ModelFamily
     target: TargetPlan
     source: TensorSource             # NeMo logical tensors (an HF folder through its to_nemo plan)
     plan: QuantPlan
-    tok_section: dict[str, Any] | None
-    tok_files: dict[str, bytes]
-    warnings: list[str] = field(default_factory=list)  # completing a NeMo-native config
-    ignore_config_keys: tuple[str, ...] = ()
+    model: RunnableModel             # the model transformers loads (calibration runs it)
+    tok_files: dict[str, bytes]      # the tokenizer members, tokenizer_config.yaml included
+    warnings: list[str] = field(default_factory=list)
     n_params: int = 0                # the source's parameters (sizes the default calibration)
 
-    def close(self) -> None:
-        self.ck.close()
+    @property
+    def ignore_config_keys(self) -> tuple[str, ...]:
+        return self.model.ignore_config_keys
