@@ -163,6 +163,7 @@ def _cfg(**over: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("over, words", [
     ({"spec": None}, r"is_hybrid_model=True marks a hybrid \(Mamba\) run, but spec=\[\]"),
     ({"spec": ["my.specs", "stack"]}, "is not Megatron-Core's Mamba / hybrid stack spec"),
+    ({"transformer_impl": "inference_optimized"}, "transformer_impl='inference_optimized'"),
     ({"hybrid_override_pattern": "M-*M-M/M*"}, "multi-token-prediction pattern"),
     ({"mtp_hybrid_override_pattern": "M*"}, "multi-token-prediction pattern"),
     ({"hybrid_override_pattern": "M-*G-M"}, r"has 'G'"),

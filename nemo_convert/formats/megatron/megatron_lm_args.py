@@ -20,7 +20,7 @@ refused by name, the NeMo class it declares, the family picked by its own claim)
 Which run is hybrid (:func:`is_hybrid_run`): the builder needs ``--spec`` (core_v0.16.1
 ``mamba_builders.py`` lines 20-23: ``ValueError`` without it), and NVIDIA's recipes name
 Megatron-Core's stack specs (:data:`HYBRID_SPECS`; core_v0.16.1 ``examples/mamba/train.sh``
-line 101, core_v0.19.0 line 104). ``pretrain_gpt.py`` builds a GPT model whatever the hybrid
+line 101, core_v0.19.0 line 99). ``pretrain_gpt.py`` builds a GPT model whatever the hybrid
 arguments say, and ``model_type`` is ``ModelType.encoder_or_decoder`` for both scripts
 (core_v0.16.1 ``pretrain_mamba.py`` line 363, core_v0.19.0 ``pretrain_hybrid.py`` line 472), so
 the spec decides; a hybrid marker (:data:`HYBRID_MARKERS`: ``is_hybrid_model``, a pattern,
@@ -58,7 +58,7 @@ HYBRID_MARKERS: dict[str, Any] = {"is_hybrid_model": False, "hybrid_override_pat
 #: ``use_mamba_mem_eff_path`` picks the fused training kernel (same math);
 #: ``mamba_training_ssm_states_dtype`` the dtype of the training forward's inter-chunk states;
 #: ``mamba_inference_conv_states_dtype`` / ``mamba_inference_ssm_states_dtype`` the inference
-#: caches (core_v0.19.0 ``transformer_config.py`` lines 1192-1200, ``arguments.py`` lines
+#: caches (core_v0.19.0 ``transformer_config.py`` lines 1192-1199, ``arguments.py`` lines
 #: 1052-1054). They are not read.
 HYBRID_HARMLESS = ("use_mamba_mem_eff_path", "mamba_training_ssm_states_dtype", "mamba_inference_conv_states_dtype",
                    "mamba_inference_ssm_states_dtype")
@@ -81,6 +81,9 @@ def is_hybrid_run(args: dict[str, Any], where: str) -> bool:
     is refused by name: which model class trained is then not known."""
     spec = _spec(args)
     if spec in HYBRID_SPECS:
+        if args.get("transformer_impl") == "inference_optimized":  # the builder's other spec (lines 17-19)
+            raise UnsupportedError(f"{where}: transformer_impl='inference_optimized' builds the hybrid model with "
+                                   "Megatron-Core's inference stack spec, whose layers are not known here")
         return True
     marked = {k: args[k] for k, neutral in HYBRID_MARKERS.items() if args.get(k) not in (None, neutral)}
     if marked:
@@ -108,7 +111,7 @@ def _spread(kinds: list[str], symbol: str, step: float) -> None:
 
 def ratio_pattern(layers: int, attention: float, mlp: float) -> str:
     """The layer pattern Megatron-Core allocates without an override pattern (core_v0.16.1
-    ``ssm/mamba_hybrid_layer_allocation.py`` ``_allocate_auto``, lines 36-74; the same in
+    ``ssm/mamba_hybrid_layer_allocation.py`` ``_allocate_auto``, lines 35-69; the same in
     core_v0.19.0 ``models/hybrid/hybrid_layer_allocation.py`` ``pattern_from_ratios``): round(L ×
     attention) attention layers spread over the Mamba layers in ``count + 1`` sections, then
     round(L × mlp) MLP layers among the Mamba layers left. Python's ``round`` and float steps,
@@ -135,7 +138,7 @@ def run_pattern(args: dict[str, Any], where: str) -> str:
     copies the deprecated ``hybrid_override_pattern`` into it, ``arguments.py`` lines 719-731)
     or ``hybrid_override_pattern`` (core_v0.16.1), pipeline-stage bars removed; without one,
     the ratios' allocation (:func:`ratio_pattern`). An override pattern with ratios must
-    allocate as many layers of each kind (``allocate_layers`` raises otherwise, lines 95-104).
+    allocate as many layers of each kind (``allocate_layers`` raises otherwise, line 116).
     A multi-token-prediction part (``/``, or ``mtp_hybrid_override_pattern``) is refused."""
     new, old = args.get("hybrid_layer_pattern"), args.get("hybrid_override_pattern")
     if new is not None and old is not None and new != old:
