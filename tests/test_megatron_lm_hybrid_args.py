@@ -1,7 +1,7 @@
 """Megatron-LM ``args`` of hybrid (Mamba / Nemotron-H) training runs, as real runs write them.
 
 ``tests/data/megatron_lm_args/<tag>+hybrid.common.pt`` and ``+hybrid-moe`` were written by
-Megatron-LM's own ``parse_args`` + ``validate_args`` at core_v0.16.1 and core_v0.19.0 for a tiny
+Megatron-LM's own ``parse_args`` + ``validate_args`` at core_v0.13.1 … core_v0.19.0 (:data:`TAGS`) for a tiny
 Nemotron-H-like ``pretrain_mamba.py`` run (``make_args.py`` there: the sizes of
 ``tests/tiny_hybrid.py``'s ``nemotron_h_8b``, pattern ``M-*M-M``, and ``nemotron_3_nano``,
 ``MEM*EM`` with sigmoid-routed experts). Each reads inertly and translates to that tiny model's
@@ -57,14 +57,23 @@ def _read(name: str) -> dict[str, Any]:
     return _load_pickle_file(os.path.join(DATA, f"{name}.common.pt"), False)["args"]
 
 
-def test_fixtures_are_two_releases_with_the_pattern_flag_of_each() -> None:
-    assert {n.split("+")[0] for n in HYBRID} == {"core_v0.16.1", "core_v0.19.0"}
-    assert len(HYBRID) == 4
+#: The releases with the hybrid fixtures: every tag of tests/test_megatron_lm_args.py whose
+#: Megatron-LM has --mamba-num-heads (from core_v0.13; core_v0.12.3 has no such argument, its
+#: Mamba heads are always 2 x hidden / head size, not the tiny model's). The MoE run only from
+#: core_v0.16: up to core_v0.15.3 validate_args asserts "Model Spec must be None when using MoEs"
+#: (core_v0.15.3 arguments.py line 1027), and a hybrid run needs its --spec.
+TAGS = ("core_v0.13.1", "core_v0.14.0", "core_v0.15.3", "core_v0.16.1", "core_v0.17.1", "core_v0.18.2", "core_v0.19.0")
+MOE_TAGS = ("core_v0.16.1", "core_v0.17.1", "core_v0.18.2", "core_v0.19.0")
+
+
+def test_fixtures_are_every_release_with_the_pattern_flag_of_each() -> None:
+    assert sorted(HYBRID) == sorted([f"{t}+hybrid" for t in TAGS] + [f"{t}+hybrid-moe" for t in MOE_TAGS])
     for n in HYBRID:
         flags = INDEX[n]["flags"]
-        newer = n.startswith("core_v0.19")
+        newer = n.startswith(("core_v0.18", "core_v0.19"))  # megatron/core/models/hybrid/ exists
         assert ("--hybrid-layer-pattern" in flags) == newer and ("--hybrid-override-pattern" in flags) != newer
         assert tuple(flags[flags.index("--spec") + 1:][:2]) == HYBRID_SPECS[1 if newer else 0]
+        assert len(INDEX[n]["commit"]) == 40 and INDEX[n]["commit"] == INDEX[n.split("+")[0]]["commit"]
 
 
 @pytest.mark.parametrize("name", HYBRID)

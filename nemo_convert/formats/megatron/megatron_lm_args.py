@@ -41,10 +41,14 @@ from nemo_convert.formats.megatron.providers import (
 
 #: Megatron-Core's own stack specs of a hybrid model, as ``--spec`` names them (module,
 #: function): core_v0.16.1 ``megatron/core/models/mamba/mamba_layer_specs.py``
-#: ``mamba_stack_spec``; core_v0.19.0 ``megatron/core/models/hybrid/hybrid_layer_specs.py``
-#: ``hybrid_stack_spec`` (its ``examples/mamba/train.sh``; the 0.16.1 name is kept there too).
+#: ``mamba_stack_spec``; core_v0.18.2 and core_v0.19.0 ``megatron/core/models/hybrid/
+#: hybrid_layer_specs.py`` ``hybrid_stack_spec`` (their ``examples/mamba/train.sh`` line 99), which
+#: also names it ``mamba_stack_spec`` (core_v0.18.2 line 308, core_v0.19.0 line 356) and which
+#: core_v0.19.0's ``mamba_layer_specs.py`` re-exports whole (``import *``).
 HYBRID_SPECS = (("megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"),
-                ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"))
+                ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"),
+                ("megatron.core.models.hybrid.hybrid_layer_specs", "mamba_stack_spec"),
+                ("megatron.core.models.mamba.mamba_layer_specs", "hybrid_stack_spec"))
 
 #: Arguments that only a hybrid run sets to other than their default (core_v0.16.1
 #: ``arguments.py`` lines 2822-2836 and ``transformer_config.py`` line 843; core_v0.19.0
@@ -89,7 +93,7 @@ def is_hybrid_run(args: dict[str, Any], where: str) -> bool:
     if marked:
         k, v = next(iter(marked.items()))
         raise UnsupportedError(f"{where}: {k}={v!r} marks a hybrid (Mamba) run, but spec={list(spec or ())!r} is not "
-                               "Megatron-Core's Mamba / hybrid stack spec (" + "; ".join(" ".join(s) for s in HYBRID_SPECS)
+                               "Megatron-Core's Mamba / hybrid stack spec (" + "; ".join(" ".join(s) for s in HYBRID_SPECS[:2])
                                + "): its layers are not known here")
     return False
 

@@ -66,7 +66,9 @@ FLAGS = [
 #: mamba_stack_spec`` and ``--position-embedding-type none``; core_v0.19.0: ``pretrain_hybrid.py``,
 #: ``--hybrid-layer-pattern`` and ``megatron.core.models.hybrid.hybrid_layer_specs hybrid_stack_spec``)
 #: plus Nemotron-H's squared-ReLU MLP and Mamba sizes. ``{pattern}`` and ``{spec}`` are filled
-#: per tag (:func:`_hybrid_flags`).
+#: per tag (:func:`_hybrid_flags`). Written at core_v0.13.1 … core_v0.19.0 (``hybrid``) and from
+#: core_v0.16.1 (``hybrid-moe``: until core_v0.15.3 validate_args asserts "Model Spec must be None
+#: when using MoEs").
 HYBRID_FLAGS = [
     "--use-mcore-models", "--num-layers", "6", "--hidden-size", "64", "--ffn-hidden-size", "96",
     "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "128",
