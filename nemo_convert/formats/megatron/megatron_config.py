@@ -824,9 +824,9 @@ def args_to_nemo(args: dict[str, Any], where: str, providers: ProviderTable | No
         if model_type is not None and model_type != DECODER_MODEL_TYPE:
             raise UnsupportedError(f"{where}: args: model_type={model_type} is not the decoder-only model type "
                                    f"({DECODER_MODEL_TYPE}) pretrain_mamba.py trains")
-        pf = hybrid_family_provider(providers, f"{where}: args")
-        assert providers is not None  # hybrid_family_provider found the declaration in it
-        return provider_to_nemo(hybrid_section(args, f"{where}: args", pf.target), f"{where}: args", providers)
+        table = providers if providers is not None else ProviderTable()  # none: no family declares one
+        pf = hybrid_family_provider(table, f"{where}: args")
+        return provider_to_nemo(hybrid_section(args, f"{where}: args", pf.target), f"{where}: args", table)
     _refuse_non_neutral(args, f"{where}: args")
     model_type = args.get("model_type")
     if model_type is not None and model_type != DECODER_MODEL_TYPE:

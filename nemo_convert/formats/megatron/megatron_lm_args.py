@@ -168,10 +168,9 @@ def run_pattern(args: dict[str, Any], where: str) -> str:
     return pattern
 
 
-def hybrid_family_provider(providers: ProviderTable | None, where: str) -> ProviderFamily:
+def hybrid_family_provider(providers: ProviderTable, where: str) -> ProviderFamily:
     """The one provider declaration of an installed hybrid family (:attr:`ProviderFamily.hybrid`)."""
-    mine = [p for p in (providers.families.values() if providers is not None else ())
-            if isinstance(p, ProviderFamily) and p.hybrid]
+    mine = [p for p in providers.families.values() if isinstance(p, ProviderFamily) and p.hybrid]
     if len(mine) != 1:
         raise UnsupportedError(f"{where}: a hybrid (Mamba) run, and " + (
             "no installed family declares a hybrid stack" if not mine else
