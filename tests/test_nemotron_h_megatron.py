@@ -242,7 +242,24 @@ def _rank(rank: int, nemo: str, hf: str, root: str, tp: int, ep: int, save_to: s
 
     if save_to:  # Megatron-Core writes the model back, as it shards it
         torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
-        dist_checkpointing.save(model.sharded_state_dict(prefix="model."), save_to)
+        args_path = os.environ.get("NEMOTRON_H_MLM_ARGS")
+        if args_path:  # as a Megatron-LM training run saves it: {'model': sharded_state_dict(), 'args': ...}
+            with open(args_path, "rb") as f:  # a real run's args (tests/data/megatron_lm_args/make_args.py)
+                args = torch.load(f, weights_only=False)["args"]
+            # what this run's command line would set otherwise: its parallelism, fp32 parameters
+            args.tensor_model_parallel_size, args.expert_model_parallel_size, args.world_size = tp, ep, tp * ep
+            args.bf16, args.params_dtype = False, torch.float32
+            it = os.path.join(save_to, "iter_0000100")
+            if rank == 0:
+                os.makedirs(it)
+            dist.barrier()
+            dist_checkpointing.save({"model": model.sharded_state_dict(), "args": args, "checkpoint_version": 3.0,
+                                     "iteration": 100}, it)
+            if rank == 0:
+                with open(os.path.join(save_to, "latest_checkpointed_iteration.txt"), "w") as f:
+                    f.write("100")
+        else:
+            dist_checkpointing.save(model.sharded_state_dict(prefix="model."), save_to)
 
     # 3. logits: transformers' on the same ids; then the negative controls
     model.float()

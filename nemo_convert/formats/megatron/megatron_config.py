@@ -116,6 +116,7 @@ from nemo_convert.formats.megatron.providers import (FAST_GELU, HYBRID_PROVIDER,
 from nemo_convert.formats.megatron.provider_flags import (NEMO_HYBRID_PATTERN, SCORE_FIELDS, declared_nemo,
                                                          declared_provider, declared_read, hybrid_nemo,
                                                          hybrid_provider, scores, scores_provider, target_of)
+from nemo_convert.formats.megatron.megatron_lm_args import hybrid_family_provider, hybrid_section, is_hybrid_run
 from nemo_convert.formats.megatron.provider_gpt_oss import (GPT_OSS_FIELDS, QUICK_GELU, gpt_oss_nemo, gpt_oss_provider,
                                                              is_gpt_oss, yarn_nemo, yarn_provider)
 from nemo_convert.mapping.ops import largest_pow2_divisor
@@ -811,11 +812,21 @@ def _activation(gated: bool, fn: str, fused: bool, where: str) -> dict[str, Any]
     return dict(fields) if fields is not None else _refuse(where, "activation_func", f"{fn} (gated={gated})")
 
 
-def args_to_nemo(args: dict[str, Any], where: str) -> dict[str, Any]:
-    """NeMo 1 config fields from a Megatron-LM ``args`` namespace (as a plain dict)."""
+def args_to_nemo(args: dict[str, Any], where: str, providers: ProviderTable | None = None) -> dict[str, Any]:
+    """NeMo 1 config fields from a Megatron-LM ``args`` namespace (as a plain dict). A hybrid
+    run's (:func:`~nemo_convert.formats.megatron.megatron_lm_args.is_hybrid_run`) is read as the
+    provider section of the hybrid family that ``providers`` (the registry's) declares."""
     missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if args.get(k) is None]
     if missing:
         raise ConfigError(f"{where}: args lacks {', '.join(missing)}")
+    if is_hybrid_run(args, f"{where}: args"):
+        model_type = args.get("model_type")
+        if model_type is not None and model_type != DECODER_MODEL_TYPE:
+            raise UnsupportedError(f"{where}: args: model_type={model_type} is not the decoder-only model type "
+                                   f"({DECODER_MODEL_TYPE}) pretrain_mamba.py trains")
+        table = providers if providers is not None else ProviderTable()  # none: no family declares one
+        pf = hybrid_family_provider(table, f"{where}: args")
+        return provider_to_nemo(hybrid_section(args, f"{where}: args", pf.target), f"{where}: args", table)
     _refuse_non_neutral(args, f"{where}: args")
     model_type = args.get("model_type")
     if model_type is not None and model_type != DECODER_MODEL_TYPE:

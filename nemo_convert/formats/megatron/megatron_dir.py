@@ -330,7 +330,7 @@ def open_megatron_dir(path: str, *, strategies: Strategies, providers: ProviderT
                 cfg = provider_to_nemo(values, where, providers)
                 vocab = int(values["vocab_size"]) if values.get("vocab_size") else None
             else:
-                cfg = args_to_nemo(values, folder)
+                cfg = args_to_nemo(values, folder, providers)
                 vocab = _args_vocab(values, folder, warnings)
             tp = int(values.get("tensor_model_parallel_size") or 1)
             pp = int(values.get("pipeline_model_parallel_size") or 1)

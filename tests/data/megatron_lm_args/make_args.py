@@ -60,6 +60,66 @@ FLAGS = [
 ]
 
 
+#: A tiny Nemotron-H-like hybrid run (``hybrid``: the sizes of ``tests/tiny_hybrid.py``'s
+#: ``nemotron_h_8b``, pattern ``M-*M-M``), flags in the style of ``examples/mamba/train.sh``
+#: (core_v0.16.1: ``pretrain_mamba.py`` with ``--spec megatron.core.models.mamba.mamba_layer_specs
+#: mamba_stack_spec`` and ``--position-embedding-type none``; core_v0.19.0: ``pretrain_hybrid.py``,
+#: ``--hybrid-layer-pattern`` and ``megatron.core.models.hybrid.hybrid_layer_specs hybrid_stack_spec``)
+#: plus Nemotron-H's squared-ReLU MLP and Mamba sizes. ``{pattern}`` and ``{spec}`` are filled
+#: per tag (:func:`_hybrid_flags`). Written at core_v0.13.1 … core_v0.19.0 (``hybrid``) and from
+#: core_v0.16.1 (``hybrid-moe``: until core_v0.15.3 validate_args asserts "Model Spec must be None
+#: when using MoEs").
+HYBRID_FLAGS = [
+    "--use-mcore-models", "--num-layers", "6", "--hidden-size", "64", "--ffn-hidden-size", "96",
+    "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "128",
+    "--seq-length", "64", "--max-position-embeddings", "64", "--position-embedding-type", "none",
+    "{pattern}", "M-*M-M", "--spec", "{spec}", "--is-hybrid-model",
+    "--mamba-state-dim", "16", "--mamba-head-dim", "8", "--mamba-num-groups", "2", "--mamba-num-heads", "8",
+    "--squared-relu", "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--init-method-std", "0.02",
+    "--normalization", "RMSNorm", "--norm-epsilon", "1e-5", "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear", "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "100",
+    "--lr", "2.5e-4", "--min-lr", "2.5e-5", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
+    "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--bf16",
+    "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1", "--use-distributed-optimizer",
+    "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "/data/nemotron-h-tokenizer",
+    "--vocab-size", "256", "--make-vocab-size-divisible-by", "128", "--data-path", "/data/corpus_text_document",
+    "--split", "99,1,0", "--log-interval", "1", "--eval-iters", "1", "--eval-interval", "100", "--save", "/ckpt",
+    "--save-interval", "100", "--ckpt-format", "torch_dist", "--no-create-attention-mask-in-dataloader",
+]
+#: ``hybrid-moe``: the sizes of ``tests/tiny_hybrid.py``'s ``nemotron_3_nano`` (pattern ``MEM*EM``,
+#: head size 16) with its router as Nemotron-3 Nano is trained (sigmoid scores, expert bias,
+#: top-2 renormalised and scaled by 2.5, one shared expert).
+HYBRID_MOE_FLAGS = [
+    "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+    "--moe-shared-expert-intermediate-size", "48", "--moe-router-score-function", "sigmoid",
+    "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor", "2.5", "--moe-router-dtype", "fp32",
+    "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-4",
+    "--moe-token-dispatcher-type", "alltoall",
+]
+
+
+def _hybrid_flags(moe: bool) -> list[str]:
+    """:data:`HYBRID_FLAGS` for the tag on ``PYTHONPATH``: ``--hybrid-layer-pattern`` and the
+    hybrid stack spec where the release has them (core_v0.19), else ``--hybrid-override-pattern``
+    and the Mamba stack spec (flags a release does not know would be dropped silently by
+    ``ignore_unknown_args``, hence the choice by the release's own files)."""
+    import importlib.util
+
+    newer = importlib.util.find_spec("megatron.core.models.hybrid") is not None
+    pattern = "--hybrid-layer-pattern" if newer else "--hybrid-override-pattern"
+    spec = (["megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"] if newer else
+            ["megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"])
+    flags: list[str] = []
+    for f in HYBRID_FLAGS:
+        flags += [pattern] if f == "{pattern}" else spec if f == "{spec}" else [f]
+    if moe:
+        i = flags.index("M-*M-M")
+        flags[i] = "MEM*EM"
+        flags[flags.index("--kv-channels") + 1] = "16"
+        flags += HYBRID_MOE_FLAGS
+    return flags
+
+
 def pickle_globals(path: str) -> list[str]:
     """The globals (``module.name``) a ``torch.save`` file's pickle names (protocol 2: GLOBAL)."""
     with zipfile.ZipFile(path) as z:
@@ -68,13 +128,19 @@ def pickle_globals(path: str) -> list[str]:
 
 
 def main(tag: str, out: str, *extra: str) -> None:
-    """``extra``: more flags; the file is then ``<tag>+<first extra flag>.common.pt``."""
+    """``extra``: more flags; the file is then ``<tag>+<first extra flag>.common.pt``. A first
+    extra of ``hybrid`` or ``hybrid-moe`` is no flag: the run is then the hybrid one
+    (:func:`_hybrid_flags`, ``pretrain_mamba.py``'s ``model_type``, the same
+    ``ModelType.encoder_or_decoder``: core_v0.16.1 ``pretrain_mamba.py`` line 363, core_v0.19.0
+    ``pretrain_hybrid.py`` line 472)."""
     if not hasattr(typing, "override"):  # shim: Python 3.12's typing.override (core_v0.19 imports it)
         import typing_extensions
         typing.override = typing_extensions.override  # type: ignore[attr-defined]
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # shim: no GPU here
     os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")  # as the examples set it
-    sys.argv = ["pretrain_gpt.py", *FLAGS, *extra]
+    kind = extra[0] if extra and extra[0] in ("hybrid", "hybrid-moe") else None
+    flags = _hybrid_flags(kind == "hybrid-moe") if kind else FLAGS
+    sys.argv = ["pretrain_mamba.py" if kind else "pretrain_gpt.py", *flags, *extra[1 if kind else 0:]]
     from megatron.training import arguments
 
     args = arguments.parse_args(ignore_unknown_args=True)
@@ -84,7 +150,7 @@ def main(tag: str, out: str, *extra: str) -> None:
     except ImportError:  # older layout
         from megatron.core.models.enums import ModelType  # type: ignore[no-redef]
     args.model_type = ModelType.encoder_or_decoder
-    args.padded_vocab_size = 384  # 320 rounded up to 128 x TP
+    args.padded_vocab_size = 256 if kind else 384  # the vocabulary rounded up to 128 x TP
     args.iteration = 100
     args.num_floating_point_operations_so_far = 0.0
     args.consumed_train_samples = 800
@@ -100,7 +166,7 @@ def main(tag: str, out: str, *extra: str) -> None:
     torch.save(state, path)
     index_path = os.path.join(out, "index.json")
     index = json.load(open(index_path)) if os.path.exists(index_path) else {}
-    index[name] = {"flags": list(extra), "commit": os.environ.get("MEGATRON_LM_COMMIT", ""), "attributes": len(vars(args)),
+    index[name] = {"flags": (flags if kind else []) + list(extra[1 if kind else 0:]), "commit": os.environ.get("MEGATRON_LM_COMMIT", ""), "attributes": len(vars(args)),
                   "globals": pickle_globals(path)}
     with open(index_path, "w") as f:
         json.dump(dict(sorted(index.items())), f, indent=1)
