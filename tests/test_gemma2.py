@@ -112,7 +112,8 @@ def test_provider_fields_both_ways_and_refusals():
     one that sets them is refused on reading."""
     import torch
 
-    from nemo_convert.formats.megatron.megatron_config import nemo_to_provider, provider_to_nemo
+    from nemo_convert.formats.megatron.megatron_config import nemo_to_provider
+    from nemo_convert.formats.megatron.provider_read import provider_to_nemo
     from nemo_convert.plugins.manager import get_registry
 
     providers = get_registry().providers()

@@ -169,7 +169,7 @@ def _provider(cfg: dict, family: str = "gemma3") -> dict:
 
 
 def _read(model: dict) -> dict:
-    from nemo_convert.formats.megatron.megatron_config import provider_to_nemo
+    from nemo_convert.formats.megatron.provider_read import provider_to_nemo
 
     return provider_to_nemo(model, "run_config.yaml", _providers())
 

@@ -19,7 +19,8 @@ import yaml
 
 from nemo_convert import api
 from nemo_convert.errors import InputError, UnsafePickleError, UnsupportedError
-from nemo_convert.formats.megatron.megatron_config import args_to_nemo, nemo_to_provider
+from nemo_convert.formats.megatron.megatron_config import nemo_to_provider
+from nemo_convert.formats.megatron.provider_read import args_to_nemo
 from nemo_convert.plugins.manager import get_registry
 from tiny_models import edit_config, hf_tensors, read_json
 
@@ -675,7 +676,7 @@ def test_llama_provider_classes_read_their_defaults() -> None:
     and CodeLlama: none), from the older releases' NeMo 2 spelling where the section writes it
     (Megatron-Bridge v0.1.0a0-v0.3.0: ``scale_factor`` & co., no ``rope_scaling`` field), refused
     when the two spellings disagree; Llama 4 refused by name, not read as a plain GPT."""
-    from nemo_convert.formats.megatron.megatron_config import provider_to_nemo
+    from nemo_convert.formats.megatron.provider_read import provider_to_nemo
 
     geometry = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 96}
 

@@ -25,7 +25,7 @@ from tiny_models import hf_tensors, read_json
 
 from nemo_convert import api
 from nemo_convert.errors import NemoConvertError, UnsupportedError
-from nemo_convert.formats.megatron.megatron_config import args_to_nemo
+from nemo_convert.formats.megatron.provider_read import args_to_nemo
 from nemo_convert.formats.megatron.megatron_dir import _load_pickle_file
 from nemo_convert.formats.megatron.megatron_lm_args import (
     HYBRID_SPECS,

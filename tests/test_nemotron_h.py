@@ -18,7 +18,7 @@ import yaml
 from test_family_matrix import IDS, assert_same, logits
 from test_megatron_dirs import bridge_round_trip
 from tiny_hybrid import CONFIGS, MCORE_KEYS, make_nemotron_h, published
-from tiny_models import hf_tensors, read_json
+from tiny_models import read_json
 
 from nemo_convert import api
 from nemo_convert.errors import ConfigError, UnsupportedError
@@ -303,7 +303,8 @@ def test_published_configs_through_the_provider(name: str) -> None:
     the provider holds their pattern and sizes, the read-back config is Nemotron-H's again and
     synthesises every key the published config.json has the same (what it leaves out is the
     class's default or harmless)."""
-    from nemo_convert.formats.megatron.megatron_config import nemo_to_provider, provider_to_nemo
+    from nemo_convert.formats.megatron.megatron_config import nemo_to_provider
+    from nemo_convert.formats.megatron.provider_read import provider_to_nemo
 
     hf = published(name)
     providers = get_registry().providers()

@@ -16,8 +16,8 @@ import yaml
 from nemo_convert import hookimpl
 from nemo_convert.api import import_hf, open_checkpoint
 from nemo_convert.errors import UnsupportedError
-from nemo_convert.formats.megatron.megatron_config import (args_to_nemo, nemo_to_provider,
-                                                           provider_to_nemo)
+from nemo_convert.formats.megatron.megatron_config import nemo_to_provider
+from nemo_convert.formats.megatron.provider_read import args_to_nemo, provider_to_nemo
 from nemo_convert.formats.nemo2.nemo2 import nemo2_to_nemo1_config
 from nemo_convert.plugins.manager import get_registry, registry_with
 from nemo_convert.spec import LLAMA3_DEFAULTS, Llama3Scaling, first_difference, spec_of

@@ -91,7 +91,7 @@ def test_megatron_lm_mla_yarn_args() -> None:
     MLATransformerConfig's defaults): YaRN passes through, factor 1 is plain RoPE."""
     from test_megatron_dirs import megatron_lm_args
 
-    from nemo_convert.formats.megatron.megatron_config import args_to_nemo
+    from nemo_convert.formats.megatron.provider_read import args_to_nemo
 
     base = dict(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=48, multi_latent_attention=True,
                 moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, q_lora_rank=32,

@@ -35,7 +35,7 @@ from nemo_convert.errors import ConfigError, InputError, NemoConvertError
 from nemo_convert.formats.dist_checkpoint.distckpt_meta import MetadataIndex
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 from nemo_convert.formats.dist_checkpoint.sections import join_sections
-from nemo_convert.formats.megatron.megatron_config import args_to_nemo, provider_to_nemo
+from nemo_convert.formats.megatron.provider_read import args_to_nemo, provider_to_nemo
 from nemo_convert.formats.megatron.providers import ProviderTable
 from nemo_convert.formats.nemo.nemo import NemoCheckpoint, VocabTrimView
 from nemo_convert.formats.nemo.nemo import _stage_sizes as stage_sizes

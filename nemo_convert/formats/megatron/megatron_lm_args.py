@@ -12,7 +12,7 @@ args with ``core_transformer_config_from_args`` (the GPT runs' function, core_v0
 ``rotary_percent`` and ``rotary_base``. That is the field set of Megatron-Bridge's
 ``HybridModelProvider`` (a ``TransformerConfig`` for the same model), so the run's args are
 renamed into such a section (:func:`hybrid_section`) and read by
-:func:`~nemo_convert.formats.megatron.megatron_config.provider_to_nemo` with the provider the
+:func:`~nemo_convert.formats.megatron.provider_read.provider_to_nemo` with the provider the
 installed hybrid family declares: one translation (its
 :func:`~nemo_convert.formats.megatron.provider_flags.hybrid_nemo`, the family's fixed fields
 refused by name, the NeMo class it declares, the family picked by its own claim).

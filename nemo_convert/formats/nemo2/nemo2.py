@@ -20,7 +20,7 @@ import yaml
 from nemo_convert.errors import ConfigError, InputError, UnsupportedError
 from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource
 from nemo_convert.formats.dist_checkpoint.sections import join_sections
-from nemo_convert.formats.megatron.megatron_config import provider_to_nemo
+from nemo_convert.formats.megatron.provider_read import provider_to_nemo
 from nemo_convert.formats.megatron.providers import ProviderTable
 from nemo_convert.formats.nemo.nemo_checkpoint import KindsFor, NemoCheckpoint, VocabTrimView
 from nemo_convert.formats.io.tar_archive import DirectoryContainer
@@ -140,7 +140,7 @@ def _provider_values(c: dict[str, Any], declared: dict[str, Any]) -> dict[str, A
 
 def nemo2_to_nemo1_config(model: dict[str, Any], providers: ProviderTable) -> dict[str, Any]:
     """NeMo 2 ``model.yaml`` (the GPT family of configs) → NeMo 1 ``model_config`` fields,
-    through the one provider table (:func:`~nemo_convert.formats.megatron.megatron_config.provider_to_nemo`)."""
+    through the one provider table (:func:`~nemo_convert.formats.megatron.provider_read.provider_to_nemo`)."""
     c = model.get("config")
     if not isinstance(c, dict):
         raise InputError("context/model.yaml: config is not a mapping (num_layers, hidden_size, … under it)")
