@@ -43,6 +43,7 @@ from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
 from nemo_convert.formats.nemo2.nemo2 import nemo2_to_nemo1_config
 from nemo_convert.plugins.manager import get_registry
+from nemo_convert.verify import verify
 
 _G3 = "gemma3."
 _SSM = "ssm."
@@ -194,7 +195,15 @@ def test_gemma3_vision_language_classes_read_as_causal(size: str, hf: dict[str, 
     without its own RoPE factor (4B) or score scale (27B) changes the logits."""
     config = {**_G3_1B_RECIPE, "_target_": _M + _G3 + "Gemma3Config" + size}
     src, folder = write_nemo2(str(tmp_path), "gemma3", "gemma3.Gemma3Model", config, **hf)
-    assert_exports_as(src, folder, str(tmp_path / "back"))
+    back = str(tmp_path / "back")
+    assert_exports_as(src, folder, back)
+    # the source spells its RoPEs per layer kind (transformers 5), the export as transformers 4 did
+    # (rope_theta, rope_local_base_freq, rope_scaling): verify reads both as the same RoPEs
+    with open(os.path.join(back, "config.json"), encoding="utf-8") as f:
+        assert {"rope_theta", "rope_local_base_freq", "rope_scaling"} <= set(json.load(f))
+    report = verify(src, back)
+    assert [d.path for d in report.config if "rope" in d.path] == [], report.config
+    assert verify(src, folder).config == []  # the NeMo 2 folder itself (its config completed by the family)
     declared = get_registry().families["gemma3"].record.nemo.nemo2_configs[config["_target_"]]
     assert isinstance(declared, dict) and declared["is_vision_language"] is True
     monkeypatch.setitem(declared, *wrong)
