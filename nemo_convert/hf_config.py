@@ -77,15 +77,21 @@ def read_layer_ropes(cfg: dict[str, Any]) -> dict[str, Rope] | None:
     * transformers 5's ``rope_parameters`` with one block per layer kind
       (``{"full_attention": {...}, "sliding_attention": {...}}``: every value a mapping,
       where a single block's values are numbers and names), each block read as :func:`read_rope`
-      reads one;
+      reads one; a block without a base takes the older keys' (as the conversion's
+      ``setdefault`` does): ``rope_local_base_freq`` for ``sliding_attention``, else ``rope_theta``;
     * the older ``rope_local_base_freq`` (Gemma 3 / 3n and T5Gemma 2 configs of transformers 4):
       ``sliding_attention`` rotates on that base unscaled, ``full_attention`` with ``rope_theta``
       and ``rope_scaling`` (:func:`read_rope` of the rest).
     """
     params = cfg.get("rope_parameters")
+    theta, local = cfg.get("rope_theta"), cfg.get("rope_local_base_freq")
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
-        return {str(kind): read_rope({"rope_parameters": block}) for kind, block in params.items()}
-    local = cfg.get("rope_local_base_freq")
+        out = {}
+        for kind, block in params.items():
+            base = local if kind == "sliding_attention" and local is not None else theta
+            out[str(kind)] = read_rope({"rope_parameters": {**({"rope_theta": base} if base is not None else {}),
+                                                            **block}})
+        return out
     if local is None:
         return None
     rest = {k: v for k, v in cfg.items() if k != "rope_local_base_freq"}

@@ -309,6 +309,13 @@ def test_rope_per_layer_kind_compared_by_meaning() -> None:
     for a, b, path, va, vb in changed:
         diffs, _ = compare_hf_configs(a, b)
         assert [(d.path, d.a, d.b) for d in diffs] == [(path, va, vb)], diffs
+    # per-kind blocks without their bases, the bases in the older keys (what the conversion's
+    # setdefault fills; a spelling seen in configs written between the two)
+    between = {**new, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0}, "sliding_attention": {"rope_type": "default"}}}
+    assert compare_hf_configs(old, between) == ([], []) and compare_hf_configs(between, new) == ([], [])
+    diffs, _ = compare_hf_configs(old, {**between, "rope_local_base_freq": 1e5})
+    assert [(d.path, d.a, d.b) for d in diffs] == [("rope_theta[sliding_attention]", 1e4, 1e5)]
     # one RoPE for every layer is that RoPE on each layer kind of the other side
     one = {k: v for k, v in new.items() if k != "rope_parameters"}
     same = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
