@@ -40,8 +40,9 @@ does differently:
   own exporter writes these classes as a causal ``Gemma3ForCausalLM`` (``HFGemma3Exporter.config``,
   lines 606-633). So a ``Gemma3Model`` folder is read as that causal model whatever the flag says
   (:func:`read`). (A run fed no mask at all, the pre-training and mock data modules' default with
-  Transformer Engine, ``data/pre_training.py`` lines 182, 242, ``data/mock.py`` lines 67, 81, leaves
-  the arbitrary-mask attention unmasked: that run did not train the causal model its exporter
+  Transformer Engine, ``data/pre_training.py`` lines 182, 242, ``data/mock.py`` lines 67, 81, gives
+  the arbitrary-mask attention no mask to apply, so it likely ran unmasked — Transformer Engine's
+  handling of that was read, not run here; such a run did not train the causal model its exporter
   writes, which the folder cannot show.) NeMo 2's VLM folders (``Gemma3VLModel`` with
   ``Gemma3VLConfig`` / ``Gemma3VLConfig4B``, ``12B``, ``27B``) hold a vision tower we do not build:
   refused by name (:data:`NEMO2_CONFIGS`).
