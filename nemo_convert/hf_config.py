@@ -16,7 +16,7 @@ from nemo_convert.errors import ConfigError, InputError
 from nemo_convert.spec.precision import dtype_name_of_precision, precision_of_dtype_name
 
 __all__ = ["Rope", "dtype_name_of_precision", "hf_dtype_name", "precision_of", "read_config_json",
-           "read_json_object", "read_rope", "require", "set_dtype_name"]
+           "read_json_object", "read_layer_ropes", "read_rope", "require", "set_dtype_name"]
 
 
 
@@ -65,6 +65,37 @@ def read_rope(cfg: dict[str, Any]) -> Rope:
     kind = block.get("rope_type") or block.get("type") or "default"
     params = {k: v for k, v in block.items() if k not in ("rope_type", "type", "rope_theta")}
     return Rope(float(theta if theta is not None else 10000.0), str(kind), params)
+
+
+def read_layer_ropes(cfg: dict[str, Any]) -> dict[str, Rope] | None:
+    """The RoPE of each layer kind (``layer_types``' names), where a config gives its layer
+    kinds RoPEs of their own; None where one RoPE rotates every layer (:func:`read_rope`).
+
+    Two spellings, one fact (transformers 5.25 ``models/gemma3/configuration_gemma3.py``
+    ``convert_rope_params_to_dict``, lines 132-159, which turns the older one into the newer):
+
+    * transformers 5's ``rope_parameters`` with one block per layer kind
+      (``{"full_attention": {...}, "sliding_attention": {...}}``: every value a mapping,
+      where a single block's values are numbers and names), each block read as :func:`read_rope`
+      reads one; a block without a base takes the older keys' (as the conversion's
+      ``setdefault`` does): ``rope_local_base_freq`` for ``sliding_attention``, else ``rope_theta``;
+    * the older ``rope_local_base_freq`` (Gemma 3 / 3n and T5Gemma 2 configs of transformers 4):
+      ``sliding_attention`` rotates on that base unscaled, ``full_attention`` with ``rope_theta``
+      and ``rope_scaling`` (:func:`read_rope` of the rest).
+    """
+    params = cfg.get("rope_parameters")
+    theta, local = cfg.get("rope_theta"), cfg.get("rope_local_base_freq")
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        out = {}
+        for kind, block in params.items():
+            base = local if kind == "sliding_attention" and local is not None else theta
+            out[str(kind)] = read_rope({"rope_parameters": {**({"rope_theta": base} if base is not None else {}),
+                                                            **block}})
+        return out
+    if local is None:
+        return None
+    rest = {k: v for k, v in cfg.items() if k != "rope_local_base_freq"}
+    return {"full_attention": read_rope(rest), "sliding_attention": Rope(float(local), "default", {})}
 
 
 def hf_dtype_name(cfg: dict[str, Any]) -> str | None:

@@ -11,7 +11,10 @@ lines 515-547), ``weights/`` a dist checkpoint under ``module.``.
   model exports bit-exact with the source's transformers logits; a wrong declared default
   (the negative control) changes the logits.
 * A class no family declares is refused by name, and so are the declared classes whose model
-  the family's HF class does not compute (is_vision_language, a GeLU MLP).
+  the family's HF class does not compute (a GeLU MLP, NeMo 2's Gemma 3 VLM).
+* ``Gemma3Config4B`` / ``12B`` / ``27B`` set ``is_vision_language`` (an arbitrary mask the run
+  feeds, causal for a text ``Gemma3Model``: ``plugins/nemo_convert_gemma3/nemo2.py``): read as
+  the causal ``Gemma3ForCausalLM``, bit-exact over tiny geometry.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from nemo_convert.formats.io.sink import DirectorySink
 from nemo_convert.formats.nemo.nemo_weights import DistWeightsWriter
 from nemo_convert.formats.nemo2.nemo2 import nemo2_to_nemo1_config
 from nemo_convert.plugins.manager import get_registry
+from nemo_convert.verify import verify
 
 _G3 = "gemma3."
 _SSM = "ssm."
@@ -81,19 +85,49 @@ def test_gemma3_importer_folder_is_the_published_1b() -> None:
                                  else "sliding_attention" for i in range(pub["num_hidden_layers"])]
 
 
+def test_gemma3_importer_folder_is_the_published_4b() -> None:
+    """``HFGemma3Importer`` writes ``Gemma3Config4B`` with no arguments for gemma-3-4b (34 layers,
+    ``gemma3.py`` lines 521-522): read, it is the published checkpoint's language model
+    (``text_config``), key by key, although the class sets ``is_vision_language`` (line 228: the
+    mask a text run feeds is causal, ``nemo2.py``); the flag written either way reads the same."""
+    pub = _published(os.path.join(HUB, "gemma3", "google__gemma-3-4b-it_printed-4.50.3.json"))["text_config"]
+    for written in ({}, {"is_vision_language": True}, {"is_vision_language": False}):
+        hf = _hf_of("gemma3.Gemma3Model", {"_target_": _M + _G3 + "Gemma3Config4B", **written}, 262_208)
+        assert {k: hf.get(k) for k in _GEMMA3_MATH} == {k: pub[k] for k in _GEMMA3_MATH}, written
+        assert hf["layer_types"] == ["full_attention" if (i + 1) % pub["sliding_window_pattern"] == 0
+                                     else "sliding_attention" for i in range(pub["num_hidden_layers"])]
+
+
 def test_gemma3_27b_scales_scores_by_its_own_scalar() -> None:
     """``Gemma3Config27B``'s ``softmax_scale`` 168**-0.5 (``gemma3.py`` line 264) is HF's
     ``query_pre_attn_scalar: 168``; the other sizes scale by the head size (no field)."""
-    written = {"is_vision_language": False}
-    big = _hf_of("gemma3.Gemma3Model", {"_target_": _M + _G3 + "Gemma3Config27B", **written}, 262_208)
+    big = _hf_of("gemma3.Gemma3Model", {"_target_": _M + _G3 + "Gemma3Config27B"}, 262_208)
     assert (big["query_pre_attn_scalar"], big["head_dim"], big["sliding_window"], big["rope_scaling"]) == (
         168, 128, 1024, {"rope_type": "linear", "factor": 8.0})
-    four = _hf_of("gemma3.Gemma3Model", {"_target_": _M + _G3 + "Gemma3Config4B", **written}, 262_208)
-    assert (four["query_pre_attn_scalar"], four["head_dim"]) == (256, 256)
+    assert (big["num_hidden_layers"], big["hidden_size"], big["num_attention_heads"], big["num_key_value_heads"],
+            big["intermediate_size"]) == (62, 5376, 32, 16, 21504)
+    twelve = _hf_of("gemma3.Gemma3Model", {"_target_": _M + _G3 + "Gemma3Config12B"}, 262_208)
+    assert (twelve["query_pre_attn_scalar"], twelve["head_dim"], twelve["num_hidden_layers"]) == (256, 256, 48)
+
+
+_VLM = "nemo.collections.vlm.gemma3vl.model."
+
+
+@pytest.mark.parametrize("config_cls", ["base.Gemma3VLConfig", "gemma3vl.Gemma3VLConfig4B",
+                                        "gemma3vl.Gemma3VLConfig12B", "gemma3vl.Gemma3VLConfig27B"])
+def test_gemma3_vlm_folder_refused_by_name(config_cls: str) -> None:
+    """NeMo 2's Gemma 3 VLM (``Gemma3VLImporter.config`` writes ``Gemma3VLConfig`` with the
+    language, vision and projector configs, ``vlm/gemma3vl/model/gemma3vl.py`` lines 160-190):
+    its vision tower is not built, so the folder is refused by its class's name."""
+    model = {"_target_": _VLM + "base.Gemma3VLModel",
+             "config": {"_target_": _VLM + config_cls,
+                        "language_transformer_config": {"_target_": _M + _G3 + "Gemma3Config4B"}}}
+    with pytest.raises(UnsupportedError, match=f"NeMo 2's {config_cls.rsplit('.', 1)[-1]} is not read: a NeMo 2 "
+                                               "Gemma 3 vision-language model"):
+        nemo2_to_nemo1_config(model, get_registry().providers())
 
 
 @pytest.mark.parametrize("config, words", [
-    ({"_target_": _M + _G3 + "Gemma3Config4B"}, "is_vision_language=True"),
     ({"_target_": _M + _G3 + "Gemma3Config", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4},
      "Gemma3Config without rope_scaling_factor"),
     ({"_target_": _M + _G3 + "Gemma3Config1B", "interleaved_attn_pattern": "5,1"}, "interleaved_attn_pattern='5,1'"),
@@ -134,6 +168,45 @@ def test_gemma3_sized_class_with_geometry_overridden(tmp_path: Any, monkeypatch:
     declared = get_registry().families["gemma3"].record.nemo.nemo2_configs[_M + _G3 + "Gemma3Config1B"]
     assert isinstance(declared, dict)
     monkeypatch.setitem(declared, "rope_scaling_factor", 8.0)
+    api.export_hf(folder, str(tmp_path / "wrong"))
+    assert not torch.allclose(logits(src), logits(str(tmp_path / "wrong")), atol=1e-3)
+
+
+#: Tiny Gemma 3s whose non-geometry keys are ``Gemma3Config4B``'s (bases 1e6 / 1e4, a linear
+#: factor 8 on the global layers, scores by the head size) and ``Gemma3Config27B``'s (the same,
+#: scores by 168**-0.5), one windowed layer and one global.
+_G3_4B_HF: dict[str, Any] = {
+    "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4, "sliding_window_pattern": 2,
+    "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}
+_G3_27B_HF = {**_G3_4B_HF, "query_pre_attn_scalar": 168}
+
+
+@pytest.mark.slow  # converts three times and runs transformers three times
+@pytest.mark.parametrize("size, hf, wrong", [
+    ("4B", _G3_4B_HF, ("rope_scaling_factor", 1.0)),
+    ("27B", _G3_27B_HF, ("softmax_scale", None)),
+])
+def test_gemma3_vision_language_classes_read_as_causal(size: str, hf: dict[str, Any], wrong: tuple[str, Any],
+                                                       tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Gemma3Config4B`` / ``27B`` (``is_vision_language: True``) with a recipe's geometry over a
+    tiny Gemma 3 with the class's other keys: the export is the source bit for bit, with its
+    transformers logits (causal ``Gemma3ForCausalLM``). Negative control: the class declared
+    without its own RoPE factor (4B) or score scale (27B) changes the logits."""
+    config = {**_G3_1B_RECIPE, "_target_": _M + _G3 + "Gemma3Config" + size}
+    src, folder = write_nemo2(str(tmp_path), "gemma3", "gemma3.Gemma3Model", config, **hf)
+    back = str(tmp_path / "back")
+    assert_exports_as(src, folder, back)
+    # the source spells its RoPEs per layer kind (transformers 5), the export as transformers 4 did
+    # (rope_theta, rope_local_base_freq, rope_scaling): verify reads both as the same RoPEs
+    with open(os.path.join(back, "config.json"), encoding="utf-8") as f:
+        assert {"rope_theta", "rope_local_base_freq", "rope_scaling"} <= set(json.load(f))
+    report = verify(src, back)
+    assert [d.path for d in report.config if "rope" in d.path] == [], report.config
+    assert verify(src, folder).config == []  # the NeMo 2 folder itself (its config completed by the family)
+    declared = get_registry().families["gemma3"].record.nemo.nemo2_configs[config["_target_"]]
+    assert isinstance(declared, dict) and declared["is_vision_language"] is True
+    monkeypatch.setitem(declared, *wrong)
     api.export_hf(folder, str(tmp_path / "wrong"))
     assert not torch.allclose(logits(src), logits(str(tmp_path / "wrong")), atol=1e-3)
 

@@ -276,3 +276,67 @@ def test_bad_input_exit_2(llama: dict[str, str], tmp_path: Path, capsys: pytest.
     assert _run(capsys, "verify", str(junk), llama["dist"])[0] == 2
     with pytest.raises(NemoConvertError):
         verify(llama["hf"], llama["dist"], options={"clip_image": str(tmp_path / "missing.png"), "texts": ["x"]})
+
+
+# -- RoPE per layer kind: transformers 4's and 5's spellings ---------------------------------------
+
+_GEMMA3_4B = Path(__file__).parent / "data" / "hub_configs" / "gemma3" / "google__gemma-3-4b-it_printed-4.50.3.json"
+
+
+def _gemma3_both_spellings() -> tuple[dict[str, Any], dict[str, Any]]:
+    """google/gemma-3-4b-it's text config as published (``rope_theta``, ``rope_local_base_freq``,
+    a linear ``rope_scaling``), and the same with the RoPE spelled as transformers 5's
+    ``Gemma3TextConfig`` writes it (one block per layer kind: :func:`test_transformers_writes_per_kind_ropes`)."""
+    old = {**json.loads(_GEMMA3_4B.read_text())["text_config"], "architectures": ["Gemma3ForCausalLM"]}
+    new = {k: v for k, v in old.items() if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling")}
+    new["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                              "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}
+    return old, new
+
+
+def test_rope_per_layer_kind_compared_by_meaning() -> None:
+    from nemo_convert.verify.configs import compare_hf_configs
+
+    old, new = _gemma3_both_spellings()
+    assert compare_hf_configs(old, new) == ([], []) and compare_hf_configs(new, old) == ([], [])
+    # negative controls, a change in either spelling, on either layer kind, is still reported
+    changed = [({**old, "rope_local_base_freq": 20000.0}, new, "rope_theta[sliding_attention]", 20000.0, 10000.0),
+               (old, {**new, "rope_parameters": {**new["rope_parameters"], "sliding_attention": {
+                   "rope_type": "default", "rope_theta": 5000.0}}}, "rope_theta[sliding_attention]", 10000.0, 5000.0),
+               ({**old, "rope_scaling": None}, new, "rope_scaling[full_attention]", None,
+                {"rope_type": "linear", "factor": 8.0}),
+               ({**old, "rope_theta": 5e5}, new, "rope_theta[full_attention]", 5e5, 1e6)]
+    for a, b, path, va, vb in changed:
+        diffs, _ = compare_hf_configs(a, b)
+        assert [(d.path, d.a, d.b) for d in diffs] == [(path, va, vb)], diffs
+    # per-kind blocks without their bases, the bases in the older keys (what the conversion's
+    # setdefault fills; a spelling seen in configs written between the two)
+    between = {**new, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0}, "sliding_attention": {"rope_type": "default"}}}
+    assert compare_hf_configs(old, between) == ([], []) and compare_hf_configs(between, new) == ([], [])
+    diffs, _ = compare_hf_configs(old, {**between, "rope_local_base_freq": 1e5})
+    assert [(d.path, d.a, d.b) for d in diffs] == [("rope_theta[sliding_attention]", 1e4, 1e5)]
+    # one RoPE for every layer is that RoPE on each layer kind of the other side
+    one = {k: v for k, v in new.items() if k != "rope_parameters"}
+    same = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+    kinds = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    assert compare_hf_configs({**one, "rope_theta": 1e4}, {**one, **kinds}) == ([], [])
+    assert compare_hf_configs({**one, **same}, {**one, **kinds}) == ([], [])
+    diffs, _ = compare_hf_configs({**one, "rope_theta": 1e4}, new)
+    assert [d.path for d in diffs] == ["rope_theta[full_attention]", "rope_scaling[full_attention]"]
+
+
+@pytest.mark.slow
+def test_transformers_writes_per_kind_ropes() -> None:
+    """The installed transformers reads the published spelling and writes the per-kind one;
+    the two verify equal (imports transformers: slow)."""
+    from transformers import Gemma3TextConfig
+
+    from nemo_convert.verify.configs import compare_hf_configs
+
+    old, new = _gemma3_both_spellings()
+    written = Gemma3TextConfig(**old).to_dict()
+    assert written["rope_parameters"] == new["rope_parameters"]
+    assert not {"rope_theta", "rope_local_base_freq", "rope_scaling"} & {k for k, v in written.items() if v is not None}
+    assert compare_hf_configs(old, {**new, "rope_parameters": written["rope_parameters"]}) == ([], [])

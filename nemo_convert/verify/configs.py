@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_convert.hf_config import hf_dtype_name, read_rope
+from nemo_convert.hf_config import Rope, hf_dtype_name, read_layer_ropes, read_rope
 from nemo_convert.verify.report import ConfigDiff
 
 #: Keys that spell one fact several ways across transformers versions, by the fact.
 _SPELLINGS: dict[str, tuple[str, ...]] = {
     "dtype": ("torch_dtype", "dtype"),
-    "rope": ("rope_theta", "rope_scaling", "rope_parameters"),
+    "rope": ("rope_theta", "rope_scaling", "rope_parameters", "rope_local_base_freq"),
 }
 #: config.json keys a NeMo config does not record, so that a config completed from a
 #: NeMo-native ``.nemo`` cannot know them: compared only as notes.
@@ -53,27 +53,54 @@ def diff_config(a: Any, b: Any, path: str = "") -> list[ConfigDiff]:
     return out
 
 
-def _rope_facts(cfg: dict[str, Any]) -> dict[str, Any]:
-    rope = read_rope(cfg)
-    scaling = {"rope_type": rope.kind, **rope.params} if rope.kind != "default" or rope.params else None
-    return {"rope_theta": rope.theta, "rope_scaling": scaling}
+def _ropes(cfg: dict[str, Any]) -> dict[str, Rope]:
+    """The RoPE of each layer kind (``""``: one for every layer), however the config spells it."""
+    kinds = read_layer_ropes(cfg)
+    return kinds if kinds is not None else {"": read_rope(cfg)}
+
+
+def _rope_facts(a: dict[str, Any], b: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``rope_theta`` and ``rope_scaling`` (None: no scaling) of each side, per layer kind
+    (``rope_theta[sliding_attention]``) where either side gives its layer kinds RoPEs of their
+    own; a side with one RoPE for every layer has it on each of the other side's kinds."""
+    ra, rb = _ropes(a), _ropes(b)
+    if list(ra) == [""] and list(rb) != [""]:
+        ra = dict.fromkeys(rb, ra[""])
+    elif list(rb) == [""] and list(ra) != [""]:
+        rb = dict.fromkeys(ra, rb[""])
+
+    def facts(ropes: dict[str, Rope]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for kind, rope in sorted(ropes.items()):
+            at = f"[{kind}]" if kind else ""
+            out["rope_theta" + at] = rope.theta
+            out["rope_scaling" + at] = ({"rope_type": rope.kind, **rope.params}
+                                        if rope.kind != "default" or rope.params else None)
+        return out
+
+    fa, fb = facts(ra), facts(rb)
+    return ({k: fa.get(k) for k in list(fa) + [k for k in fb if k not in fa]},
+            {k: fb.get(k) for k in list(fa) + [k for k in fb if k not in fa]})
 
 
 def _by_meaning(a: dict[str, Any], b: dict[str, Any]) -> list[ConfigDiff]:
     """Take the keys that the two configs spell differently (``torch_dtype`` / ``dtype``;
-    ``rope_theta`` + ``rope_scaling`` / ``rope_parameters``) out of ``a`` and ``b`` and
-    compare what they mean instead: ``dtype``, ``rope_theta``, ``rope_scaling`` (None: no
-    scaling). Keys spelled alike stay, for :func:`diff_config`; null is absent."""
+    ``rope_theta`` + ``rope_scaling`` (+ ``rope_local_base_freq``) / ``rope_parameters``, one
+    block or one per layer kind) out of ``a`` and ``b`` and compare what they mean instead:
+    ``dtype``, ``rope_theta``, ``rope_scaling`` (None: no scaling), per layer kind where the
+    layers' RoPEs differ by kind (:func:`_rope_facts`). Keys spelled alike stay, for
+    :func:`diff_config`; null is absent."""
     out: list[ConfigDiff] = []
     for fact, keys in _SPELLINGS.items():
         for k in keys:
             if a.get(k) is None and b.get(k) is None:  # null or absent: not set either way
                 a.pop(k, None)
                 b.pop(k, None)
-        if [k for k in keys if k in a] == [k for k in keys if k in b]:
-            continue
+        if [k for k in keys if k in a] == [k for k in keys if k in b] and (
+                fact != "rope" or (read_layer_ropes(a) is None) == (read_layer_ropes(b) is None)):
+            continue  # spelled alike (one RoPE block, or one per layer kind, on both sides)
         facts_a, facts_b = ({"dtype": hf_dtype_name(a)}, {"dtype": hf_dtype_name(b)}) if fact == "dtype" \
-            else (_rope_facts(a), _rope_facts(b))
+            else _rope_facts(a, b)
         for k in keys:
             a.pop(k, None)
             b.pop(k, None)

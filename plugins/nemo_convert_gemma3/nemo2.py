@@ -28,8 +28,24 @@ does differently:
   keys. NeMo's importer puts HF's ``sliding_window`` there unchanged (``Gemma3Config1B``'s 512
   is gemma-3-1b's); as for Mistral (docs/families/mistral.md) it is read as NeMo meant it, HF
   ``sliding_window = W`` — the window NeMo 2 ran was one key wider.
-* ``is_vision_language`` (true in the 4B, 12B and 27B classes) gives the core attention an
-  arbitrary mask (lines 422-424) instead of a causal one: refused by name unless written false.
+* ``is_vision_language`` (true in the 4B, 12B and 27B classes, lines 228, 243, 258) makes the
+  core attention take its mask from the run (``AttnMaskType.arbitrary``, lines 422-424: "The VL
+  model calculates mask manually") instead of building a causal one. The weights and the per-token
+  math are the same; the mask is a run-time input, and what a text ``Gemma3Model`` is fed is
+  causal: NeMo's fine-tuning data (``GPTSFTDataset``, ``nemo/collections/llm/gpt/data/core.py``
+  lines 599-604, 630-633, 656-657) hands ``gpt_data_step`` / ``gpt_forward_step``
+  (``gpt/model/base.py`` lines 59-112, 115-143) a lower-triangular mask, and the VLM that sets
+  the flag on its language model (``vlm/gemma3vl/model/base.py`` line 141) computes causal
+  attention for text tokens, bidirectional only inside an image's block (lines 539-560). NeMo's
+  own exporter writes these classes as a causal ``Gemma3ForCausalLM`` (``HFGemma3Exporter.config``,
+  lines 606-633). So a ``Gemma3Model`` folder is read as that causal model whatever the flag says
+  (:func:`read`). (A run fed no mask at all, the pre-training and mock data modules' default with
+  Transformer Engine, ``data/pre_training.py`` lines 182, 242, ``data/mock.py`` lines 67, 81, gives
+  the arbitrary-mask attention no mask to apply, so it likely ran unmasked — Transformer Engine's
+  handling of that was read, not run here; such a run did not train the causal model its exporter
+  writes, which the folder cannot show.) NeMo 2's VLM folders (``Gemma3VLModel`` with
+  ``Gemma3VLConfig`` / ``Gemma3VLConfig4B``, ``12B``, ``27B``) hold a vision tower we do not build:
+  refused by name (:data:`NEMO2_CONFIGS`).
 * ``softmax_scale`` is ``TransformerConfig``'s None (``1/sqrt(kv_channels)``) except in the
   27B class (line 264: ``168**-0.5``), read as ``query_pre_attn_scalar`` 168.
 
@@ -65,6 +81,7 @@ def read(values: dict[str, Any]) -> dict[str, Any]:
         raise UnsupportedError(f"interleaved_attn_pattern={pattern!r} is not the (local, global) layer counts NeMo 2's "
                                "Gemma 3 reads")
     out["interleaved_attn_pattern"] = [sum(pattern) - 1, 1]  # only the period counts (_is_local_attn_layer)
+    out["is_vision_language"] = False  # a text Gemma3Model's run-time mask is causal (module docstring)
     return out
 
 
@@ -96,3 +113,13 @@ NEMO2_CONFIGS: dict[str, dict[str, Any] | str] = {
     _GEMMA3 + "Gemma3Config27B": _sized(62, 5376, 32, 16, 128, 21504, 1024, 8.0, is_vision_language=True,
                                         softmax_scale=1.0 / math.sqrt(168)),
 }
+
+_VLM = "nemo.collections.vlm.gemma3vl.model."
+#: NeMo 2's Gemma 3 VLM (``Gemma3VLModel``, ``vlm/gemma3vl/model/base.py`` lines 109-160, 563;
+#: the sized classes in ``gemma3vl.py`` lines 39-69; ``Gemma3VLImporter.config``, lines 160-190,
+#: writes ``Gemma3VLConfig`` with the three sub-configs): its vision tower and projector are not
+#: built here, and there is no text-only reading of a NeMo 2 VLM folder.
+_NOT_A_TEXT_MODEL = ("a NeMo 2 Gemma 3 vision-language model (a SigLIP vision tower and a projector beside the "
+                     "language model, under Gemma3VLModel): not converted (only Gemma3Model's text folders are)")
+NEMO2_CONFIGS.update({_VLM + "base.Gemma3VLConfig": _NOT_A_TEXT_MODEL,
+                      **{f"{_VLM}gemma3vl.Gemma3VLConfig{size}": _NOT_A_TEXT_MODEL for size in ("4B", "12B", "27B")}})
