@@ -290,6 +290,16 @@ def test_provider_refusals_by_name():
                         ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0 changes the model's math")):
         with pytest.raises(UnsupportedError, match=words):
             _read({**model, **over})
+    # Megatron-Bridge's flag is no mask and no window on a text run (gemma3.md): refused, while false
+    # (the class default, line 87) reads as the section without it (control)
+    assert _read({**model, "is_vision_language": False}) == _read({k: v for k, v in model.items()
+                                                                   if k != "is_vision_language"})
+    # the VLM's provider class (a tower, a projector; flag fixed true) and the removed size classes
+    # that set the flag are refused by name, not read as a plain GPT
+    for target in ("megatron.bridge.models.gemma_vl.gemma3_vl_provider.Gemma3VLModelProvider",
+                   "megatron.bridge.models.gemma.gemma3_provider.Gemma3ModelProvider4B"):
+        with pytest.raises(UnsupportedError, match=f"model provider {target} is not supported"):
+            _read({**model, "_target_": target})
 
 
 def _mb(tmp_path, **overrides):

@@ -340,3 +340,109 @@ def test_transformers_writes_per_kind_ropes() -> None:
     assert written["rope_parameters"] == new["rope_parameters"]
     assert not {"rope_theta", "rope_local_base_freq", "rope_scaling"} & {k for k, v in written.items() if v is not None}
     assert compare_hf_configs(old, {**new, "rope_parameters": written["rope_parameters"]}) == ([], [])
+
+
+# -- keys one side writes and transformers reads alike on both -------------------------------------
+
+_HUB = Path(__file__).parent / "data" / "hub_configs"
+
+
+def _published(name: str) -> dict[str, Any]:
+    cfg = json.loads((_HUB / name).read_text())
+    return {**cfg["text_config"], "architectures": ["Gemma3ForCausalLM"]} if "text_config" in cfg else cfg
+
+
+def _resaved(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What the installed transformers (5.x) writes for ``cfg`` (``save_pretrained``'s
+    ``config.json`` is ``to_dict``): its own defaults, derived keys and spellings added."""
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[cfg["model_type"]].from_dict(dict(cfg)).to_dict()
+
+
+def test_one_sided_key_without_a_config_class_is_reported() -> None:
+    """No ``model_type`` (no transformers class to read it): a key on one side only stays a
+    difference (no transformers import: fast)."""
+    from nemo_convert.verify.configs import compare_hf_configs
+
+    diffs, notes = compare_hf_configs({"hidden_size": 8}, {"hidden_size": 8, "use_bidirectional_attention": False})
+    assert [(d.path, d.kind) for d in diffs] == [("use_bidirectional_attention", "missing_a")] and notes == []
+
+
+_RESAVED = ["gemma3/google__gemma-3-4b-it_printed-4.50.3.json", "gemma3/google__gemma-3-1b-it_saved-4.52.4.json",
+            "gemma3/google__gemma-3-270m.json", "llama/meta-llama__Llama-3.1-8B.json",
+            "llama/meta-llama__Llama-2-7b-chat-hf.json", "qwen2/Qwen__Qwen2.5-7B.json"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _RESAVED)
+def test_transformers_5_save_verifies_against_the_published_config(name: str) -> None:
+    """A published ``config.json`` (what ``export`` writes for it: ``test_hub_configs``) against
+    the same config saved by transformers 5 (``to_dict``: ``_sliding_window_pattern``,
+    ``use_bidirectional_attention``, ``layer_types``, the token ids, ``attention_bias`` …): the
+    keys only one side writes are read by transformers alike and are one note; only
+    ``transformers_version`` is left (imports transformers: slow)."""
+    from nemo_convert.verify.configs import compare_hf_configs
+
+    published = _published(name)
+    resaved = _resaved(published)
+    spellings = [published]
+    if "rope_local_base_freq" in published:  # Gemma 3 in transformers 5's RoPE spelling too
+        spellings.append({**{k: v for k, v in published.items()
+                             if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling")},
+                          "rope_parameters": resaved["rope_parameters"]})
+    for cfg in spellings:
+        for a, b in ((cfg, resaved), (resaved, cfg)):
+            diffs, notes = compare_hf_configs(a, b)
+            assert [d.path for d in diffs] == ["transformers_version"], diffs
+            assert len(notes) == 1 and "read alike by transformers'" in notes[0], notes
+            added = set(resaved) - set(cfg) - {"transformers_version", "rope_parameters", "dtype"}
+            assert added and all(f"{k}," in notes[0] or f"{k} written" in notes[0] for k in added), (added, notes)
+
+
+@pytest.mark.slow
+def test_keys_transformers_reads_otherwise_are_still_reported() -> None:
+    """Negative controls: what the class reads differently on the two sides stays a difference
+    (imports transformers: slow)."""
+    from nemo_convert.verify.configs import compare_hf_configs
+
+    def paths(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(d.path, d.kind) for d in compare_hf_configs(a, b)[0] if d.path != "transformers_version"]
+
+    gemma = _published("gemma3/google__gemma-3-4b-it_printed-4.50.3.json")
+    saved = _resaved(gemma)
+    assert paths(gemma, {**saved, "sliding_window": 512}) == [("sliding_window", "changed")]
+    assert paths(gemma, {**saved, "use_bidirectional_attention": True}) == [("use_bidirectional_attention",
+                                                                             "missing_a")]
+    assert paths(gemma, {**saved, "bos_token_id": 7}) == [("bos_token_id", "missing_a")]
+    assert paths(gemma, {**saved, "eos_token_id": [1, 106]}) == [("eos_token_id", "missing_a")]
+    assert paths({k: v for k, v in gemma.items() if k != "final_logit_softcapping"}, saved) == []  # the class's None
+    assert paths(gemma, {**saved, "cache_implementation": None}) == [("cache_implementation", "changed")]  # stored
+    assert paths(gemma, {**saved, "some_new_flag": False}) == [("some_new_flag", "missing_a")]  # stored, not read
+    # an older spelling: sliding_window_pattern 6 is the class's own pattern, 4 is another
+    bare = {k: v for k, v in gemma.items() if k != "sliding_window_pattern"}
+    assert paths(bare, gemma) == [] and paths(gemma, bare) == []
+    assert paths(bare, {**gemma, "sliding_window_pattern": 4}) == [("sliding_window_pattern", "missing_a")]
+    # a private record the class derives and never reads back (transformers 5's beside layer_types):
+    # inert at any value; a private key the class does not derive is a difference
+    assert paths(saved, {**saved, "_sliding_window_pattern": 4}) == []
+    assert paths({k: v for k, v in saved.items() if k != "_sliding_window_pattern"},
+                 {**saved, "_sliding_window_pattern": 2}) == []
+    assert paths(saved, {**saved, "_not_a_config_field": 2}) == [("_not_a_config_field", "missing_a")]
+    # but the public pattern without layer_types is read: a layer_types it implies otherwise is reported
+    assert paths({**bare, "layer_types": saved["layer_types"]}, {**bare, "sliding_window_pattern": 4}) == [
+        ("layer_types", "missing_b"), ("sliding_window_pattern", "missing_a")]
+    # Llama: a token id absent on one side reads as the class's 1, not the published one
+    llama = _published("llama/meta-llama__Llama-3.1-8B.json")
+    lsaved = _resaved(llama)
+    assert paths(llama, {k: v for k, v in lsaved.items() if k != "bos_token_id"}) == [("bos_token_id", "missing_b")]
+    assert paths(llama, {**lsaved, "attention_bias": True}) == [("attention_bias", "changed")]
+    llama2 = _published("llama/meta-llama__Llama-2-7b-chat-hf.json")  # published without attention_bias
+    assert "attention_bias" not in llama2 and paths(llama2, _resaved(llama2)) == []
+    assert paths(llama2, {**_resaved(llama2), "attention_bias": True}) == [("attention_bias", "missing_a")]
+    # Qwen2: a window stated two ways reads as None while use_sliding_window is false; not once it is true
+    qwen = _published("qwen2/Qwen__Qwen2.5-7B.json")
+    assert qwen["use_sliding_window"] is False and qwen["sliding_window"] is not None
+    assert paths(qwen, {**qwen, "sliding_window": 4096}) == []
+    on = {**qwen, "use_sliding_window": True}
+    assert paths(on, {**on, "sliding_window": 4096}) == [("sliding_window", "changed")]

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import inspect
+import logging
+import math
+import warnings
 from typing import Any
 
 from nemo_convert.hf_config import Rope, hf_dtype_name, read_layer_ropes, read_rope
@@ -22,7 +27,7 @@ def _same_scalar(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b or (a != a and b != b)  # 1 == 1.0; NaN == NaN
+        return a == b or (math.isnan(a) and math.isnan(b))  # 1 == 1.0; NaN == NaN
     return type(a) is type(b) and a == b
 
 
@@ -115,6 +120,127 @@ def _by_meaning(a: dict[str, Any], b: dict[str, Any]) -> list[ConfigDiff]:
     return out
 
 
+_ABSENT = object()
+
+
+def _config_class(cfg: dict[str, Any]) -> Any:
+    """The installed transformers' config class for ``cfg``'s ``model_type`` (its local
+    ``CONFIG_MAPPING``: nothing is downloaded), or None."""
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str):
+        return None
+    try:
+        from transformers import CONFIG_MAPPING
+        return CONFIG_MAPPING[model_type]
+    except (ImportError, KeyError, ValueError):
+        return None
+
+
+def _read_as_transformers(cls: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The attributes ``cls`` holds after reading ``cfg`` (``from_dict``: defaults filled in,
+    derived keys derived, older spellings converted), or None where it refuses the config."""
+    log = logging.getLogger("transformers")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return dict(vars(cls.from_dict(copy.deepcopy(cfg))))
+    except Exception:  # noqa: BLE001 - a config the class refuses is compared key by key instead
+        return None
+    finally:
+        log.setLevel(level)
+
+
+def _class_reads(cls: Any, key: str) -> bool:
+    """Whether ``cls`` (or a config base class above it) reads ``key`` or derives it itself:
+    takes it as an argument or a field, or names it in its source, as a string
+    (``kwargs.get("sliding_window_pattern", 6)``) or as an attribute it sets
+    (``self._sliding_window_pattern = ...``); rather than a key it only stores."""
+    for c in cls.__mro__:
+        if c is object:
+            continue
+        if key in getattr(c, "__annotations__", {}) or key in inspect.signature(c.__init__).parameters:
+            return True
+        try:
+            source = inspect.getsource(c)
+        except (OSError, TypeError):
+            continue
+        if f'"{key}"' in source or f"'{key}'" in source or f"self.{key} =" in source:
+            return True
+    return False
+
+
+def _same_read(x: Any, y: Any) -> bool:
+    try:
+        return not diff_config(x, y)
+    except Exception:  # noqa: BLE001 - objects that are not JSON-like: by equality
+        return bool(x == y)
+
+
+def _reads_same_without(cls: Any, cfg: dict[str, Any], read: dict[str, Any], keys: list[str]) -> bool:
+    """Whether ``cls`` reads ``cfg`` without ``keys`` as it reads it with them (``read``), but
+    for those keys."""
+    without = _read_as_transformers(cls, {k: v for k, v in cfg.items() if k not in keys})
+    return without is not None and _same_read({k: v for k, v in read.items() if k not in keys},
+                                              {k: v for k, v in without.items() if k not in keys})
+
+
+def _alike_as_read(diffs: list[ConfigDiff], a: dict[str, Any], b: dict[str, Any]) -> tuple[list[ConfigDiff], list[str]]:
+    """Take out of ``diffs`` the top-level keys that the installed transformers reads alike on
+    both sides (the config class of their common ``model_type``, :func:`_read_as_transformers`):
+
+    * a key both sides state, differently, that the class reads to one value (Qwen2's
+      ``sliding_window`` that ``use_sliding_window: false`` makes None on both), or a private
+      record (below) that each side reads the same without;
+    * a key one side states, where the side without it reads it as the value the other side
+      states (a default of the class or a value it derives from the other keys:
+      ``use_bidirectional_attention: false``, Gemma 3's ``bos_token_id: 2``, transformers 5's
+      ``layer_types``);
+    * a key one side states that the class reads or derives itself (:func:`_class_reads`)
+      and that changes nothing there: that side reads the same without it (and without all
+      such keys together): an older spelling whose value the other keys imply (Gemma 3's
+      ``sliding_window_pattern: 6`` with the default pattern), or a private record (``_``) of
+      a value the class derives and never reads back (transformers 5's
+      ``_sliding_window_pattern`` beside ``layer_types``), which the other side's reading may
+      hold at another value (its default) without consequence. A public key (a token id) the
+      other side reads otherwise is not taken out this way: its readers are outside the class.
+
+    A key the class only stores (one it does not read), or one the two sides read otherwise
+    (a changed window, a token id other than the default, ``use_bidirectional_attention: true``),
+    stays a difference; so does everything where the class is unknown or refuses either side.
+    Returns the diffs kept and the keys taken out."""
+    top = [d for d in diffs if "." not in d.path and "[" not in d.path]
+    cls = _config_class(a) if top else None
+    if cls is None or _config_class(b) is not cls:
+        return diffs, []
+    read_a, read_b = _read_as_transformers(cls, a), _read_as_transformers(cls, b)
+    if read_a is None or read_b is None:
+        return diffs, []
+    alike: list[str] = []
+    implied: dict[str, list[str]] = {"missing_a": [], "missing_b": []}  # alike by reading without them
+    for d in top:
+        key = d.path
+        if d.kind == "changed":
+            same = key in read_a and key in read_b and _same_read(read_a[key], read_b[key])
+            if not same and key.startswith("_") and _class_reads(cls, key):  # a private record both write
+                same = all(_reads_same_without(cls, side, read, [key]) for side, read in ((a, read_a), (b, read_b)))
+        else:
+            has, read_has, read_lacks = (a, read_a, read_b) if d.kind == "missing_b" else (b, read_b, read_a)
+            same = key in read_lacks and key in read_has and _same_read(read_has[key], read_lacks[key])
+            if not same and (key not in read_lacks or key.startswith("_")):
+                same = _class_reads(cls, key) and _reads_same_without(cls, has, read_has, [key])
+                if same:
+                    implied[d.kind].append(key)
+        if same:
+            alike.append(key)
+    for has, read_has, kind in ((a, read_a, "missing_b"), (b, read_b, "missing_a")):
+        keys = implied[kind]
+        if len(keys) > 1 and not _reads_same_without(cls, has, read_has, keys):  # together too
+                alike = [k for k in alike if k not in keys]
+    return [d for d in diffs if d.path not in alike], alike
+
+
 def compare_hf_configs(a: dict[str, Any], b: dict[str, Any], *, native_a: bool = False,
                        native_b: bool = False) -> tuple[list[ConfigDiff], list[str]]:
     """The differences of two ``config.json``s by meaning, and notes.
@@ -126,10 +252,14 @@ def compare_hf_configs(a: dict[str, Any], b: dict[str, Any], *, native_a: bool =
     that both sides have and that differs (sizes, heads, eps, RoPE base or scaling)
     stays a difference.
     """
+    source_a, source_b = a, b
     a, b = dict(a), dict(b)
-    diffs = _by_meaning(a, b) + diff_config(a, b)
+    diffs, alike = _alike_as_read(_by_meaning(a, b) + diff_config(a, b), source_a, source_b)
+    type_name = getattr(_config_class(source_a), "__name__", "") if alike else ""
+    read = [(f"config: {', '.join(alike)} written differently (or on one side only) but read alike by "
+             f"transformers' {type_name} (its defaults, or values the other keys imply)")] if alike else []
     if not (native_a or native_b):
-        return diffs, []
+        return diffs, read
     kept: list[ConfigDiff] = []
     unknown: list[str] = []
     for d in diffs:
@@ -141,6 +271,6 @@ def compare_hf_configs(a: dict[str, Any], b: dict[str, Any], *, native_a: bool =
         else:
             kept.append(d)
     side = "A and B were" if native_a and native_b else ("A was" if native_a else "B was")
-    notes = [f"config: {', '.join(unknown)} not compared ({side} completed from a NeMo config, "
-             "which does not record them)"] if unknown else []
+    notes = read + ([(f"config: {', '.join(unknown)} not compared ({side} completed from a NeMo config, "
+                      "which does not record them)")] if unknown else [])
     return kept, notes

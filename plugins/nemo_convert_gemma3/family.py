@@ -218,7 +218,18 @@ GEMMA3_CONFIG = GPT_CONFIG.extend(
 #: (``linear_proj`` / ``linear_fc2`` as ``TERowParallelLinearLayerNorm``: our dist keys'
 #: ``post_layernorm``), its ``provide()`` scales the embedding by sqrt(hidden) (lines 118-126,
 #: 272-282). It has no soft-caps: a model with ``final_logit_softcapping`` is refused by name, and
-#: ``is_vision_language`` (lines 87, 145, 244-260: no causal mask) is read only when false.
+#: ``is_vision_language`` is read only when false. Unlike NeMo 2's (nemo2.py: an arbitrary mask a
+#: text run feeds causal), at ``067f987d`` the flag makes every layer ``AttnMaskType.no_mask``
+#: (line 145; lines 259-260 in the core attention) and drops the local layers' window (lines
+#: 244-248): the causal and windowed pattern then exists only as the attention bias that
+#: ``Gemma3VLModel`` computes (``gemma_vl/modeling_gemma3_vl.py`` lines 164-201), while a text
+#: ``GPTModel`` run passes none (``training/gpt_step.py`` lines 571-576: tokens, positions, mask,
+#: labels; Megatron-Core 0.16.1 ``extensions/transformer_engine.py`` lines 1380-1406 hands TE the
+#: bias only when given and the mask type by name): bidirectional and unwindowed. Its meaning also
+#: changed twice (b2ebece6a; before it, a8e71e773: an arbitrary mask and a two-sided window),
+#: which a ``run_config.yaml`` does not record. The VLM class
+#: (``gemma_vl/gemma3_vl_provider.py`` ``Gemma3VLModelProvider``, line 33: the flag is fixed
+#: true) is refused by name through ``modules``.
 MEGATRON_BRIDGE = ProviderFamily(
     GEMMA3_PROVIDER, DENSE + NO_LINEAR_BIAS + (("activation_func", FAST_GELU), ("layernorm_zero_centered_gamma", True),
                                                ("qk_layernorm", True)),
@@ -230,7 +241,7 @@ MEGATRON_BRIDGE = ProviderFamily(
                     "softmax_scale": 1.0 / math.sqrt(256), "bf16": True, "fp16": False,
                     "params_dtype": "torch.bfloat16"}.items()),
     post_norms=True, softmax_scale=True, local_rope=True, interleaved_windows=True,
-    neutral=(("is_vision_language", False),))
+    neutral=(("is_vision_language", False),), modules=("megatron.bridge.models.gemma_vl.",))
 
 
 def _claims(cfg: dict[str, Any]) -> bool:
