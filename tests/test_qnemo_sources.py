@@ -80,6 +80,20 @@ def test_megatron_dirs_quantize_as_their_nemo(llama_dirs, tmp_path, kind, algo, 
 
 
 @pytest.mark.slow
+def test_nemo2_folder_quantizes_as_its_nemo(llama_dirs, tmp_path) -> None:
+    """A NeMo 2 folder (quantize read it before): also the bytes of its ``.nemo``'s ``.qnemo``,
+    its SentencePiece model named in ``tokenizer_config.yaml`` as the ``.nemo`` names it."""
+    from test_parallelism import _write_nemo2
+
+    nemo = str(tmp_path / "m.nemo")
+    api.import_hf(llama_dirs["hf"], nemo)
+    folder = str(tmp_path / "nemo2")
+    _write_nemo2(folder, nemo)
+    direct, via = direct_and_via_nemo(folder, str(tmp_path), "int8_wo", 2)
+    assert direct == via and "tokenizer_config.yaml" in direct
+
+
+@pytest.mark.slow
 def test_mb_tokenizer_section_is_the_nemo_one(llama_dirs, tmp_path) -> None:
     """The directory's SentencePiece model is named in ``tokenizer_config.yaml`` as NeMo's
     loader opens it (``model: tokenizer.model``), the file copied beside it."""
