@@ -1,9 +1,11 @@
-"""``nemo-convert quantize``: a ``.nemo`` or HF folder → a ``.qnemo`` (TensorRT-LLM checkpoint)."""
+"""``nemo-convert quantize``: an HF folder, a ``.nemo``, a NeMo 2 folder or a Megatron-Bridge /
+Megatron-LM directory → a ``.qnemo`` (TensorRT-LLM checkpoint)."""
 
 from __future__ import annotations
 
 import argparse
 
+from nemo_convert.cli.cmd_convert import add_iteration_flag
 from nemo_convert.cli.common import common_flags, device_flag, hf_source, human_bytes, print_json, revision_flag, warn
 from nemo_convert.cli.progress import make_progress
 
@@ -12,13 +14,18 @@ ALGOS = ("none", "int8_wo", "int4_wo", "fp8", "int4_awq")
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
-        "quantize", help="write a quantized TensorRT-LLM checkpoint (.qnemo) of a .nemo or HF folder",
-        description="Quantize a .nemo or Hugging Face model folder into a .qnemo: a TensorRT-LLM checkpoint "
+        "quantize", help="write a quantized TensorRT-LLM checkpoint (.qnemo) of a .nemo, HF folder, NeMo 2 folder "
+                         "or Megatron-Bridge / Megatron-LM directory",
+        description="Quantize a .nemo, a Hugging Face model folder, a NeMo 2 folder or a Megatron-Bridge / "
+                    "Megatron-LM checkpoint directory into a .qnemo: a TensorRT-LLM checkpoint "
                     "(config.json + rank{i}.safetensors + tokenizer) for trtllm-build. Runs on CPU; "
-                    "fp8, int4_awq and --kv-cache fp8 calibrate with transformers first.")
-    p.add_argument("src", help=".nemo (file or folder), Hugging Face model folder, or a hub id (org/name) "
-                               "already in the local hub cache")
+                    "fp8, int4_awq and --kv-cache fp8 calibrate with transformers first. A training "
+                    "checkpoint goes through from-ckpt first.")
+    p.add_argument("src", help=".nemo (file or folder), Hugging Face model folder, NeMo 2 folder, Megatron-Bridge / "
+                               "Megatron-LM checkpoint directory (--iteration picks its iter_N), or a hub id "
+                               "(org/name) already in the local hub cache")
     revision_flag(p)
+    add_iteration_flag(p)
     p.add_argument("-o", "--output", required=True, help="the .qnemo to write (a folder; a tar with --compress)")
     p.add_argument("--algo", required=True, choices=ALGOS,
                    help="none: plain checkpoint in the model dtype; int8_wo: W8A16; int4_wo: group-wise int4 "
@@ -76,7 +83,7 @@ def run_quantize(args: argparse.Namespace) -> int:
                    device=args.device, overwrite=args.overwrite, group_size=args.group_size, dtype=args.dtype,
                    family=args.family, progress=make_progress(args), trust_pickle=args.trust_pickle,
                    workers=workers, rope_scaling=args.rope_scaling,
-                   ignore_config_keys=tuple(args.ignore_config_key), ep=args.ep)
+                   ignore_config_keys=tuple(args.ignore_config_key), ep=args.ep, iteration=args.iteration)
     if not workers.is_main:
         return 0  # process 0 reports for all
     for w in rep.warnings:

@@ -7,6 +7,8 @@ output tensor is assembled from just the input slices it needs, one tensor at a 
 from __future__ import annotations
 
 import os
+from typing import Any
+
 from nemo_convert.compute import Compute, DeviceOption
 from nemo_convert.convert.common import (SECTION, ConversionReport, finite_warning, gc_paused, open_nemo_source,
                                          registry_or_default)
@@ -26,10 +28,26 @@ from nemo_convert.workers import SINGLE, Workers
 from nemo_convert.sharding.layout import parse_rank_dir
 
 
+#: The source formats whose tokenizer files (``nemo_convert.tokenizer_files``) a ``.nemo``
+#: written from them carries as ``nemo:`` artifacts (:func:`carried_artifacts`).
+FOLDER_SOURCES = ("nemo2", "megatron-bridge", "megatron-lm")
+
+
+def carried_tokenizer_section(refs: dict[str, str]) -> dict[str, Any] | None:
+    """The ``tokenizer:`` section of a ``.nemo`` written from one of :data:`FOLDER_SOURCES`,
+    whose tokenizer files are ``refs`` ({name in ``tokenizer_files``: reference to the file}):
+    a SentencePiece model is named by its reference; None (the source's section is kept)
+    for any other tokenizer. ``quantize`` of such a source writes the section the ``.nemo``
+    would give (:func:`nemo_convert.qnemo.tokenizer.tokenizer_from_nemo`)."""
+    if "tokenizer.model" not in refs:
+        return None
+    return {"library": "sentencepiece", "type": None, "model": refs["tokenizer.model"]}
+
+
 def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]]:  # type: ignore[type-arg]
     """The non-weight members of a ``.nemo`` (tokenizer files, …) to copy into a new one;
     files a NeMo 2 folder keeps in ``context/`` become ``nemo:`` artifacts."""
-    if (cfg.get(SECTION) or {}).get("source_format") in ("nemo2", "megatron-bridge", "megatron-lm"):
+    if (cfg.get(SECTION) or {}).get("source_format") in FOLDER_SOURCES:
         files = cfg[SECTION].get("tokenizer_files") or {}
         out, refs = [], {}
         for name, ref in files.items():
@@ -38,8 +56,9 @@ def carried_artifacts(ckpt: NemoCheckpoint, cfg: dict) -> list[tuple[str, bytes]
             out.append((member, data))
             refs[name] = "nemo:" + member
         cfg[SECTION]["tokenizer_files"] = refs
-        if "tokenizer.model" in refs:
-            cfg["tokenizer"] = {"library": "sentencepiece", "type": None, "model": refs["tokenizer.model"]}
+        section = carried_tokenizer_section(refs)
+        if section is not None:
+            cfg["tokenizer"] = section
         return out
     skip_dirs = {"model_weights"}
     out = []

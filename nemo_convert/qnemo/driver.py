@@ -1,5 +1,5 @@
-"""``quantize``: a ``.nemo`` or HF folder → a ``.qnemo`` (a TensorRT-LLM checkpoint), a thin
-command over the one output step (:mod:`nemo_convert.convert.output`) with the ``trtllm``
+"""``quantize``: an HF folder, a ``.nemo``, a NeMo 2 folder or a Megatron-Bridge /
+Megatron-LM directory → a ``.qnemo`` (a TensorRT-LLM checkpoint), a thin command over the one output step (:mod:`nemo_convert.convert.output`) with the ``trtllm``
 target (:mod:`nemo_convert.trtllm_target`)::
 
     check the options; choose_target("trtllm") + check_output     (before the source is opened)
@@ -8,7 +8,8 @@ target (:mod:`nemo_convert.trtllm_target`)::
 
 The source is opened as NeMo logical tensors: an HF folder through the family's ``to_nemo``
 plan (with the planner's coverage proof, its config translated as ``import`` translates
-it), a ``.nemo`` as its own tensors (its config completed as export completes it). The
+it); a ``.nemo``, a NeMo 2 folder or a Megatron directory as its own tensors, opened as
+``reshard`` and ``export`` open it (its config completed as export completes it). The
 target's writer (:mod:`.target_writer`) plans the family's TensorRT-LLM target over them
 with the same planner, adds the quantization tasks, calibrates, quantizes and writes.
 
@@ -29,15 +30,17 @@ from typing import Any
 
 import torch
 
-from nemo_convert.compute import resolve_device
+from nemo_convert.compute import CPU, resolve_device
 from nemo_convert.convert.checkpoint import Checkpoint, open_checkpoint
+from nemo_convert.convert.common import open_nemo_source
 from nemo_convert.convert.hf_to_nemo import plan_import
 from nemo_convert.convert.nemo_to_hf import export_hf, plan_to_hf
 from nemo_convert.convert.output import check_output, choose_target, write_output
 from nemo_convert.dtypes import parse_dtype
 from nemo_convert.engine import NoProgress, Progress
-from nemo_convert.errors import UnsupportedError
+from nemo_convert.errors import InputError, UnsupportedError
 from nemo_convert.families.trtllm import TrtllmTable
+from nemo_convert.formats.detect import DESCRIPTIONS, Kind, detect, require_kind
 from nemo_convert.formats.io.staging import refuse_overlap
 from nemo_convert.formats.nemo.nemo import dump_yaml
 from nemo_convert.hf_config import read_json_object
@@ -135,14 +138,41 @@ def _tokenizer_members(section: dict[str, Any] | None, files: dict[str, bytes]) 
     return {**files, **({} if section is None else {TOKENIZER_CONFIG: dump_yaml(section)})}
 
 
+#: What ``quantize`` reads: every kind :func:`~nemo_convert.convert.checkpoint.open_checkpoint`
+#: reads that holds a model (a ``.qnemo`` is quantize's own output: refused by name).
+SOURCES: tuple[Kind, ...] = ("hf", "nemo", "nemo2", "megatron")
+_WHAT = "a Hugging Face folder, a .nemo, a NeMo 2 folder or a Megatron-Bridge / Megatron-LM directory"
+
+
+def _open_source(src: str, reg: Registry, *, family: str | None, trust_pickle: bool,
+                 iteration: int | None) -> Checkpoint:
+    """``src`` opened lazily: an HF folder as :func:`open_checkpoint` opens it, anything else
+    through the opening ``export`` and ``reshard`` use
+    (:func:`~nemo_convert.convert.common.open_nemo_source`, ``iteration`` picking a Megatron
+    directory's ``iter_XXXXXXX/``). A training checkpoint is refused naming ``from-ckpt``:
+    its config and tokenizer are gathered by that command, and calibration runs a Hugging Face
+    export of the source, which a training checkpoint has none of."""
+    kind = detect(src).kind
+    if kind == "training":
+        raise InputError(f"{src}: this is {DESCRIPTIONS['training']}; quantize reads none: run `nemo-convert "
+                         "from-ckpt` on it first, then quantize the .nemo it writes")
+    kind = require_kind(src, SOURCES, _WHAT).kind
+    if kind == "hf":
+        if iteration is not None:
+            raise InputError(f"{src}: --iteration applies to Megatron-Bridge / Megatron-LM checkpoint directories")
+        return open_checkpoint(src, trust_pickle=trust_pickle, accept=("hf",), what=_WHAT)
+    ckpt = open_nemo_source(src, reg, family=family, compute=CPU, trust_pickle=trust_pickle, iteration=iteration)
+    return Checkpoint(src, getattr(ckpt, "kind", "nemo"), ckpt.config, ckpt.source, ckpt.layout, ckpt)
+
+
 def _open(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, rope_scaling: bool = True,
-          ignore_config_keys: tuple[str, ...] = ()) -> _Opened:
+          ignore_config_keys: tuple[str, ...] = (), iteration: int | None = None) -> _Opened:
     """Open ``src`` lazily as NeMo logical tensors — an HF folder through the family's
-    ``to_nemo`` plan (its config translated as ``import`` translates it), a ``.nemo`` as its
-    own tensors (its config completed as export completes it: the true vocabulary, token ids,
-    RoPE scaling); nothing is written."""
-    ck = open_checkpoint(src, trust_pickle=trust_pickle, accept=("hf", "nemo", "nemo2"),
-                         what="a .nemo or a Hugging Face folder")
+    ``to_nemo`` plan (its config translated as ``import`` translates it); a ``.nemo``, a NeMo 2
+    folder or a Megatron-Bridge / Megatron-LM directory as its own tensors (its config
+    completed as export completes it: the true vocabulary, token ids, RoPE scaling); nothing
+    is written."""
+    ck = _open_source(src, reg, family=family, trust_pickle=trust_pickle, iteration=iteration)
     try:
         if ck.format == "hf":
             fam = reg.family(family) if family else reg.family_for_hf_config(ck.config)
@@ -155,8 +185,8 @@ def _open(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, ro
             kinds = nemo_parallel_kinds(fam.mapping(nemo_cfg), nemo_cfg)
         else:
             if ignore_config_keys:
-                raise UnsupportedError("--ignore-config-key applies to a Hugging Face source; a .nemo's config "
-                                       "was translated when it was imported")
+                raise UnsupportedError(f"--ignore-config-key applies to a Hugging Face source; {src} is "
+                                       f"{detect(src).description}, whose config is NeMo's own")
             fam = reg.family(family) if family else reg.family_for_nemo_config(ck.config)
             prep, hf_cfg, _ = plan_to_hf(ck.handle, fam, rope_scaling=rope_scaling)
             tok_section, tok_files = tokenizer_from_nemo(ck.handle, ck.config)
@@ -173,9 +203,10 @@ def _open(src: str, reg: Registry, *, family: str | None, trust_pickle: bool, ro
 
 
 def _runnable(src: str, opened: _Opened, reg: Registry, *, trust_pickle: bool, rope_scaling: bool,
-              ignore_config_keys: tuple[str, ...]) -> RunnableModel:
+              ignore_config_keys: tuple[str, ...], iteration: int | None = None) -> RunnableModel:
     """The model as transformers loads it, for calibration: an HF source's own folder, or
-    a ``.nemo`` exported to a scratch folder (removed afterwards)."""
+    any other source (a ``.nemo``, a NeMo 2 folder, a Megatron directory's ``iteration``)
+    exported to a scratch folder by ``export`` (removed afterwards)."""
     is_hf = opened.ck.format == "hf"
     family = opened.fam.name
 
@@ -189,7 +220,7 @@ def _runnable(src: str, opened: _Opened, reg: Registry, *, trust_pickle: bool, r
         try:
             hf = os.path.join(tmp, "hf")
             export_hf(src, hf, dtype=dtype, registry=reg, family=family, trust_pickle=trust_pickle,
-                      rope_scaling=rope_scaling)
+                      rope_scaling=rope_scaling, iteration=iteration)
             yield hf, read_json_object(os.path.join(hf, "config.json"))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -206,9 +237,12 @@ def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: 
              family: str | None = None, awq_grid: int = 20, progress: Progress | None = None,
              registry: Registry | None = None, trust_pickle: bool = False,
              workers: Workers = SINGLE, rope_scaling: bool = True,
-             ignore_config_keys: tuple[str, ...] = (), ep: int = 1) -> QuantizeReport:
-    """Write a TensorRT-LLM checkpoint (``.qnemo``) of ``src`` (a ``.nemo`` or an HF folder)
-    through the ``trtllm`` output target.
+             ignore_config_keys: tuple[str, ...] = (), ep: int = 1, iteration: int | None = None) -> QuantizeReport:
+    """Write a TensorRT-LLM checkpoint (``.qnemo``) of ``src`` through the ``trtllm`` output
+    target. ``src`` is an HF folder, a ``.nemo``, a NeMo 2 folder or a Megatron-Bridge /
+    Megatron-LM directory (``iteration`` picks its ``iter_XXXXXXX/``, as for ``reshard``); the
+    output is the one ``reshard`` to a ``.nemo`` and ``quantize`` of that would write. A
+    training checkpoint is refused: ``from-ckpt`` first.
 
     :param algo: ``none`` (plain checkpoint in the model dtype), ``int8_wo``, ``int4_wo``,
         ``fp8`` or ``int4_awq``.
@@ -248,7 +282,7 @@ def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: 
                                                  dtype=dtype, overwrite=overwrite, compress=compress,
                                                  workers=workers)
         return _open(src, reg, family=family, trust_pickle=trust_pickle, rope_scaling=rope_scaling,
-                     ignore_config_keys=keys), dev, want_dtype, target
+                     ignore_config_keys=keys, iteration=iteration), dev, want_dtype, target
 
     opened, dev, want_dtype, target = workers.run_all(prepare, undo=lambda r: r[0].close())
     settings = QuantSettings(algo, kv_cache=kv_cache, group_size=group_size, dtype=want_dtype, device=dev,
@@ -260,7 +294,7 @@ def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], *, algo: 
                         progress=progress, workers=workers, tokenizer=lambda: opened.tok_files,
                         warnings=list(opened.warnings), rope_scaling=rope_scaling, quantization=settings,
                         model=_runnable(src, opened, reg, trust_pickle=trust_pickle, rope_scaling=rope_scaling,
-                                        ignore_config_keys=keys))
+                                        ignore_config_keys=keys, iteration=iteration))
         stats, _ = write_output(target, job)
     finally:
         opened.close()

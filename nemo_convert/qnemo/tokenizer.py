@@ -19,6 +19,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from nemo_convert.convert.reshard import FOLDER_SOURCES, carried_tokenizer_section
 from nemo_convert.spec import provenance_of
 
 TOKENIZER_CONFIG = "tokenizer_config.yaml"
@@ -51,10 +52,17 @@ def tokenizer_from_hf(folder: str, hf_cfg: dict[str, Any],
 
 def tokenizer_from_nemo(ckpt: Any, cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, bytes]]:
     """``(tokenizer section, {file name: bytes})`` of a ``.nemo`` (``ckpt``: a
-    :class:`~nemo_convert.formats.nemo.nemo.NemoCheckpoint`)."""
+    :class:`~nemo_convert.formats.nemo.nemo.NemoCheckpoint`), a NeMo 2 folder or a Megatron
+    directory: for those two, the section of the ``.nemo`` that ``reshard`` writes of them
+    (:func:`~nemo_convert.convert.reshard.carried_tokenizer_section`), so that quantizing
+    either gives the same ``.qnemo``."""
     files: dict[str, bytes] = {}
     section = copy.deepcopy(cfg.get("tokenizer")) if isinstance(cfg.get("tokenizer"), dict) else None
-    ours = provenance_of(cfg).tokenizer_files
+    prov = provenance_of(cfg)
+    ours = prov.tokenizer_files
+    if prov.source_format in FOLDER_SOURCES:  # the section the .nemo that reshard writes of it holds
+        carried = carried_tokenizer_section({name: os.path.basename(name) for name in ours})
+        section = carried if carried is not None else section
     for name, ref in ours.items():
         files[os.path.basename(name)] = ckpt.artifact(ref)
     if section is not None:
