@@ -760,35 +760,35 @@ def test_metadata_stream_equals_the_c_pickler(args: tuple[Any, ...]) -> None:
     above): frames of 64 KiB split at the same opcode, dict and list batches of 1000 (a dict
     of exactly 1000 items ends with an empty batch), one-item containers, memo indices past
     255, ints past 8/16/32 bits, keys past 255 bytes, equal paths as one or many objects."""
-    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+    from nemo_convert.formats.dist_checkpoint import dcp_emit, dcp_pickle
 
     tensors, objects = _random_entries(*args)
-    assert dcp_pickle._streamable(tensors, objects, "0.16")
-    got = dcp_pickle._metadata_stream(tensors, objects, "0.16")
+    assert dcp_emit.streamable(tensors, objects, "0.16")
+    got = dcp_emit.metadata_stream(tensors, objects, "0.16")
     assert got == dcp_pickle._metadata_pickled(tensors, objects, "0.16")
     assert dcp_pickle.metadata_bytes(tensors, objects, "0.16") == got
 
 
 def test_metadata_stream_negative_control() -> None:
     """The comparison above can fail: one offset changed gives other bytes."""
-    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+    from nemo_convert.formats.dist_checkpoint import dcp_emit, dcp_pickle
 
     tensors, objects = _random_entries(50, 1, 0)
     key, shape, dtype, chunks = tensors[7]
     other = [*tensors[:7], (key, shape, dtype, [(*chunks[0][:3], chunks[0][3] + 1, chunks[0][4]), *chunks[1:]]),
              *tensors[8:]]
-    assert dcp_pickle._metadata_stream(other, objects, "0.16") != dcp_pickle._metadata_pickled(tensors, objects, "0.16")
+    assert dcp_emit.metadata_stream(other, objects, "0.16") != dcp_pickle._metadata_pickled(tensors, objects, "0.16")
 
 
 @pytest.mark.parametrize("odd", ["size", "Metadata", "torch", "bfloat16", "__0_0.distcp", "0.16"])
 def test_metadata_stream_declines_strings_that_could_share_a_memo_entry(odd: str) -> None:
     """A key equal to a fixed string, a path or the version could be the same object and
     share its memo entry: the C pickler writes those, the same bytes."""
-    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+    from nemo_convert.formats.dist_checkpoint import dcp_emit, dcp_pickle
 
     tensors, objects = _random_entries(3, 0, 0)
     tensors[1] = (odd, *tensors[1][1:])
-    assert not dcp_pickle._streamable(tensors, objects, "0.16")
+    assert not dcp_emit.streamable(tensors, objects, "0.16")
     assert dcp_pickle.metadata_bytes(tensors, objects, "0.16") == dcp_pickle._metadata_pickled(tensors, objects, "0.16")
 
 
