@@ -113,9 +113,13 @@ class FileMap:
         self._mmap: mmap.mmap | None = (
             mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
         )
-        self._checksums: dict[tuple[int, int], int] = {}  # exact ranges: stored or computed
-        self._records: dict[int, tuple[int, int]] = {}  # end -> (start, CRC) of stored records
-        self._from: dict[int, list[tuple[int, int]]] = {}  # start -> [(end, CRC)] of known ranges
+        # Stored records (one per chunk read: a tensor-count cost) as one int each, end ->
+        # ``start << 32 | CRC``; not also in the two tables of computed ranges, which their
+        # lookups would not need: a record's own range is found here, and records never
+        # overlap, so none is a step of another's chain (:meth:`_chain`).
+        self._records: dict[int, int] = {}
+        self._checksums: dict[tuple[int, int], int] = {}  # exact computed ranges
+        self._from: dict[int, list[tuple[int, int]]] = {}  # start -> [(end, CRC)] of computed ranges
         self.address = 0
         if self._mmap is not None:
             probe = torch.frombuffer(self._mmap, dtype=torch.uint8, count=1)
@@ -145,8 +149,7 @@ class FileMap:
 
     def note_checksum(self, offset: int, length: int, crc32: int) -> None:
         """Record the stored CRC-32 of bytes ``[offset, offset + length)`` (a zip record)."""
-        self._records[offset + length] = (offset, crc32 & 0xFFFFFFFF)
-        self.remember(offset, length, crc32)
+        self._records[offset + length] = offset << 32 | (crc32 & 0xFFFFFFFF)
 
     def remember(self, offset: int, length: int, crc32: int) -> None:
         """Record a CRC-32 computed for bytes ``[offset, offset + length)``."""
@@ -159,14 +162,16 @@ class FileMap:
         known as such, or the tail of a stored record whose head is covered by known
         ranges — CRCs are linear, so ``crc(tail) = crc(record) ^ shift(crc(head), len(tail))``.
         (Slices of a tensor-parallel split: every rank's CRC but the first is derived.)"""
+        record = self._records.get(offset + length)
+        if record is not None and record >> 32 == offset:
+            return record & 0xFFFFFFFF
         known = self._checksums.get((offset, length))
         if known is not None or crc32_combine is None:
             return known
-        record = self._records.get(offset + length)
-        if record is None or record[0] >= offset:
+        if record is None or record >> 32 >= offset:
             return None
-        head = self._chain(record[0], offset)
-        return None if head is None else record[1] ^ crc32_combine(head, 0, length)
+        head = self._chain(record >> 32, offset)
+        return None if head is None else (record & 0xFFFFFFFF) ^ crc32_combine(head, 0, length)
 
     def _chain(self, start: int, end: int) -> int | None:
         """CRC-32 of ``[start, end)`` combined from known ranges that tile it, if they do."""
