@@ -202,20 +202,29 @@ class DistCheckpointSource:
         # (:attr:`metadata` reads it again for the callers that ask).
         md = load_metadata(self._region(DCP_METADATA).read(), self._where)
         # Looked up by (fqn, offset), what a MetadataIndex is equal and hashed on, without
-        # building one per chunk (a tensor-count cost: DeepSeek-V3 has ~90k chunks).
-        storage = {index._key(): info for index, info in md.storage_data.items()}
-        for key, item in md.state_dict_metadata.items():
+        # building one per chunk (a tensor-count cost: DeepSeek-V3 has ~90k chunks). The
+        # graph is taken apart as it is indexed (each record freed once read), so that it
+        # and the index are never both whole: the set-up's peak was their sum.
+        records, entries, storage = md.storage_data, md.state_dict_metadata, {}
+        del md
+        while records:
+            index, info = records.popitem()
+            storage[index._key()] = info
+        for key in list(entries):
+            item = entries.pop(key)
             if isinstance(item, BytesStorageMetadata):
-                info = storage.get((key, None))
+                info = storage.pop((key, None), None)
                 if info is None:
                     raise InputError(f"{self._where}: .metadata has no storage record for object {key}")
                 self._objects[key] = _Chunk((), (), self._check_path(info.relative_path), info.offset, info.length)
                 continue
             shape = tuple(int(s) for s in item.size)
             chunks = []
+            seen: dict[tuple[int, ...], Any] = {}  # this tensor's records taken (two chunks may name one)
             for c in item.chunks:
                 offs, sizes = tuple(int(x) for x in c.offsets), tuple(int(x) for x in c.sizes)
-                info = storage.get((key, offs))
+                info = storage.pop((key, offs), None) or seen.get(offs)
+                seen[offs] = info
                 if info is None:
                     raise InputError(f"{self._where}: .metadata has no storage record for {key} chunk {list(offs)}")
                 if len(offs) != len(shape) or any(o < 0 or o + s > g for o, s, g in zip(offs, sizes, shape)):
