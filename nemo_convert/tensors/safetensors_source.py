@@ -32,7 +32,10 @@ class SafetensorsFile:
         self._offsets: dict[str, int] = {}
         self._map: FileMap | None = None
         self._keys: list[str] | None = None
+        # One tuple per distinct shape (every expert's tensors share a few), not per tensor.
+        self._shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._parse()
+        del self._shapes
 
     def _parse(self) -> None:
         try:
@@ -103,7 +106,8 @@ class SafetensorsFile:
             raise InputError(f"{self._bad(name)}: {end - begin} bytes do not hold shape {shape} of {entry['dtype']}")
         if end > data_len:
             raise InputError(f"{self.path}: file is truncated ({name!r} ends at byte {end} of {data_len})")
-        return TensorInfo(name, tuple(shape), dtype), begin, end
+        dims = tuple(shape)
+        return TensorInfo(name, self._shapes.setdefault(dims, dims), dtype), begin, end
 
     def _bad(self, name: str) -> str:
         return f"{self.path}: corrupted safetensors header entry {name!r}"

@@ -154,6 +154,9 @@ class DistCheckpointWriter:
         self._data_file = data_file
         self._align = max(1, align)
         self._tensors: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        # The records share the declared key strings and the chunk shapes (a stacked key
+        # has a chunk per layer and expert, all of one shape): not one copy per chunk.
+        self._one: dict[Any, Any] = {}
         self._chunks: list[ChunkRecord] = []
         self._objects: dict[str, bytes] = {}
         self._object_records: list[ObjectRecord] = []
@@ -171,6 +174,7 @@ class DistCheckpointWriter:
             raise ShapeError(f"{key}: negative size in {list(shape)}")
         if key in self._objects:
             raise ShapeError(f"{key} is already an object item")
+        key = self._one.setdefault(key, key)
         prev = self._tensors.setdefault(key, (shape, dtype))
         if prev != (shape, dtype):
             raise ShapeError(f"{key}: declared as {list(prev[0])} {prev[1]}, now as {list(shape)} {dtype}")
@@ -183,8 +187,10 @@ class DistCheckpointWriter:
         if key not in self._tensors:
             raise ShapeError(f"{key}: write_chunk before declare")
         shape, dtype = self._tensors[key]
+        key = self._one[key]
         offs = tuple(int(o) for o in offsets)
         sizes = tuple(tensor.shape)
+        sizes = self._one.setdefault(sizes, sizes)
         if tensor.dtype != dtype:
             raise ShapeError(f"{key}: chunk dtype {tensor.dtype} differs from the declared {dtype}")
         if len(offs) != len(shape) or len(sizes) != len(shape):

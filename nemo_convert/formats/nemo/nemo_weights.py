@@ -100,16 +100,20 @@ def dist_places(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) ->
             per_layer.setdefault(parts[0], {}).setdefault(parts[1], set()).add(parts[2])
     mixed = {stack for stack, layers in per_layer.items() if len({frozenset(r) for r in layers.values()}) > 1}
     places: dict[str, DistPlace] = {}
+    # A key (and an index) is shared by many tensors (every layer and expert of a stack):
+    # one object each, not one per tensor (the places live as long as the writer).
+    one: dict[Any, Any] = {}
+    index: tuple[int, ...]
     for info in infos:
         parts = None if info.name.startswith(unstacked) else split_layer_name(info.name)
         if parts and parts[0] not in mixed:
             stack, i, rest = parts
             expert = split_expert_name(rest)
-            places[info.name] = (DistPlace(f"{stack}.{expert[0]}", (i, expert[1])) if expert
-                                 else DistPlace(f"{stack}.{rest}", (i,)))
+            key, index = (f"{stack}.{expert[0]}", (i, expert[1])) if expert else (f"{stack}.{rest}", (i,))
         else:
             expert = split_expert_name(info.name)
-            places[info.name] = DistPlace(expert[0], (expert[1],)) if expert else DistPlace(info.name, ())
+            key, index = (expert[0], (expert[1],)) if expert else (info.name, ())
+        places[info.name] = DistPlace(one.setdefault(key, key), one.setdefault(index, index))
     return places
 
 
