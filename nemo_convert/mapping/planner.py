@@ -159,8 +159,13 @@ def nemo_origins(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Origin]:
 
 
 def _copy_tasks(source: TensorSource, kinds: dict[str, Kind]) -> list[Task]:
-    tasks = [Task((k,), (k,), same, (kinds.get(k, Parallel.REPLICATED),), (source.info(k),),
-                  label="copy", lazy_fn=same) for k in source.keys()]
+    # One tuple for a task's input and output names, one per kind (a task per tensor).
+    one: dict[Any, Any] = {}
+    tasks = []
+    for k in source.keys():
+        names, kind = (k,), (kinds.get(k, Parallel.REPLICATED),)
+        tasks.append(Task(names, names, same, one.setdefault(kind, kind), (source.info(k),), label="copy",
+                          lazy_fn=same))
     groups = {k: source.group(k) for k in source.keys()}
     order = {k: i for i, k in enumerate(source.keys())}
     tasks.sort(key=lambda t: (groups[t.inputs[0]], order[t.inputs[0]]))

@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -88,8 +89,10 @@ class DistCheckpointSource:
         self._mmap = mmap
         self._regions: dict[str, ByteRegion] = {}
         self._maps: dict[str, FileMap] = {}
-        self._layouts: dict[_Chunk, ChunkLayout | None] = {}
-        self._by_start: dict[str, tuple[list[int], list[tuple[int, _Chunk]], int]] = {}
+        # Caches of the chunks read lately (least recently used dropped first): every chunk
+        # and key of a checkpoint cached to the end was a tensor-count cost (~0.2 KiB a chunk).
+        self._layouts: OrderedDict[_Chunk, ChunkLayout | None] = OrderedDict()
+        self._by_start: OrderedDict[str, tuple[list[int], list[tuple[int, _Chunk]], int]] = OrderedDict()
         self.config = self._read_config()
         self._raw: dict[str, tuple[tuple[int, ...], str, list[_Chunk]]] = {}  # dtype by name
         self._objects: dict[str, _Chunk] = {}
@@ -323,9 +326,15 @@ class DistCheckpointSource:
         offsets, and the longest dim-0 size (cached)."""
         got = self._by_start.get(raw)
         if got is None:
-            ordered = sorted(enumerate(self._raw[raw][2]), key=lambda ic: ic[1].offsets[0])
-            got = self._by_start[raw] = ([c.offsets[0] for _, c in ordered], ordered,
-                                         max((c.sizes[0] for _, c in ordered), default=0))
+            chunks = self._raw[raw][2]
+            ordered = sorted(enumerate(chunks), key=lambda ic: ic[1].offsets[0])
+            got = ([c.offsets[0] for _, c in ordered], ordered, max((c.sizes[0] for _, c in ordered), default=0))
+            if len(chunks) > _SORT_AGAIN:  # a few chunks are sorted again when asked
+                self._by_start[raw] = got
+                if len(self._by_start) > _KEYS_KEPT:
+                    self._by_start.popitem(last=False)
+        else:
+            self._by_start.move_to_end(raw)
         return got
 
     def _lazy_part(self, part: _Part) -> Lazy:
@@ -424,15 +433,27 @@ class DistCheckpointSource:
 
     def _layout(self, raw: str, c: _Chunk, region: ByteRegion) -> ChunkLayout | None:
         """The storage layout of a chunk (cached), or None to fall back to a plain load."""
-        if c not in self._layouts:
-            try:
-                fmap = self._maps.get(region.path)
-                if fmap is None:  # the chunk's storage is viewed on this map too (layout_tensor)
-                    fmap = self._maps[region.path] = FileMap(region.path)
-                self._layouts[c] = read_layout(region, fmap.view(region.offset, region.length))
-            except OSError as exc:
-                raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
-        return self._layouts[c]
+        if c in self._layouts:
+            self._layouts.move_to_end(c)
+            return self._layouts[c]
+        try:
+            fmap = self._maps.get(region.path)
+            if fmap is None:  # the chunk's storage is viewed on this map too (layout_tensor)
+                fmap = self._maps[region.path] = FileMap(region.path)
+            layout = self._layouts[c] = read_layout(region, fmap.view(region.offset, region.length))
+        except OSError as exc:
+            raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
+        if len(self._layouts) > _CHUNKS_KEPT:
+            self._layouts.popitem(last=False)
+        return layout
+
+
+#: The chunk layouts kept (a chunk holding several tensors' rows is read once for each,
+#: one after another in plan order), the keys whose sorted chunks are kept, and the
+#: chunk count up to which a key's chunks are sorted again rather than kept.
+_CHUNKS_KEPT = 1024
+_KEYS_KEPT = 64
+_SORT_AGAIN = 8
 
 
 def _covers(c: _Chunk, starts: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
