@@ -39,8 +39,9 @@ _S_MEMO = bytes((pickle.MEMOIZE[0],))
 class _Emitter:
     """Pickle opcodes into one buffer, with the C pickler's framing and memo numbering."""
 
-    def __init__(self) -> None:
+    def __init__(self, write: Callable[[bytearray], Any] | None = None) -> None:
         self.out = bytearray(pickle.PROTO + bytes((pickle.DEFAULT_PROTOCOL,)))
+        self.write = write  # given: each committed frame goes there, not kept
         self.n = 0  # the next memo index
         self.fixed: dict[Any, int] = {}  # memo indices of the fixed strings and objects
         self.open()
@@ -66,6 +67,9 @@ class _Emitter:
         """A ``save`` starts: a frame of 64 KiB or more is committed (and the next opened)."""
         if len(self.out) >= self.limit:
             self.commit()
+            if self.write is not None:
+                self.write(self.out)
+                self.out = bytearray()
             self.open()
 
     def memo(self) -> int:
@@ -213,9 +217,13 @@ def streamable(tensors: Any, objects: Any, version: str) -> bool:
 
 def metadata_stream(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[tuple[tuple[int, ...],
                      tuple[int, ...], str, int, int]]]],
-                     objects: list[tuple[str, str, int, int]], version: str) -> bytearray:
-    """:func:`~nemo_convert.formats.dist_checkpoint.dcp_pickle.metadata_bytes`'s bytes, written record by record (see :class:`_Emitter`)."""
-    e = _Emitter()
+                     objects: list[tuple[str, str, int, int]], version: str,
+                     write: Callable[[bytearray], Any] | None = None) -> bytearray:
+    """:func:`~nemo_convert.formats.dist_checkpoint.dcp_pickle.metadata_bytes`'s bytes,
+    written record by record (see :class:`_Emitter`). With ``write``, every frame but the
+    last is passed to it as it is done (64 KiB at a time, not the whole pickle in memory:
+    ~0.2 KiB per tensor) and the rest is returned."""
+    e = _Emitter(write)
     md, fs = _MODULES["md"], _MODULES["fs"]
     key_memo = array.array("q")
     path_memo: dict[int, int] = {}

@@ -14,6 +14,7 @@ import io
 import pickle
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -244,6 +245,18 @@ def metadata_bytes(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[t
     if streamable(tensors, objects, version):
         return metadata_stream(tensors, objects, version)  # not copied: bytes-like, the peak's half
     return _metadata_pickled(tensors, objects, version)
+
+
+def write_metadata(write: Callable[[bytes | bytearray], Any],
+                   tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[tuple[tuple[int, ...],
+                   tuple[int, ...], str, int, int]]]],
+                   objects: list[tuple[str, str, int, int]], version: str) -> None:
+    """:func:`metadata_bytes`, passed to ``write`` a frame at a time where the record-by-record
+    writer applies (else at once)."""
+    if streamable(tensors, objects, version):
+        write(metadata_stream(tensors, objects, version, write))
+    else:
+        write(_metadata_pickled(tensors, objects, version))
 
 
 def _metadata_pickled(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[tuple[tuple[int, ...],

@@ -38,7 +38,7 @@ from nemo_convert.formats.dist_checkpoint.distckpt import (
     format_box,
     merge_records,
 )
-from nemo_convert.formats.dist_checkpoint.dcp_pickle import metadata_bytes
+from nemo_convert.formats.dist_checkpoint.dcp_pickle import write_metadata
 from nemo_convert.formats.io.sink import MemberSink
 from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
 
@@ -333,6 +333,7 @@ def write_dist_metadata(sink: MemberSink, folder: str, records_list: Sequence[Di
     """
     merged = merge_records(records_list, ShapeError)
     tensors, objects = metadata_entries(merged, ShapeError)
-    sink.add_bytes(_member(folder, DCP_METADATA), metadata_bytes(tensors, objects, DCP_VERSION))
+    with sink.open_member(_member(folder, DCP_METADATA)) as f:  # streamed: not whole in memory
+        write_metadata(f.write, tensors, objects, DCP_VERSION)
     sink.add_bytes(_member(folder, COMMON_PT), _save_bytes({} if common is None else common))
     sink.add_bytes(_member(folder, METADATA_JSON), json.dumps(config or TORCH_DIST_CONFIG).encode())
