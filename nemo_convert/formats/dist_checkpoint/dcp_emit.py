@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import array
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+#: ``(key, global shape, dtype, chunks)`` per tensor; a chunk ``(offsets, sizes, relative
+#: path, byte offset, byte length)``, in ``offsets`` order
+Tensors = Sequence[tuple[str, tuple[int, ...], Any, Sequence[tuple[Any, ...]]]]
 
 MD = "torch.distributed.checkpoint.metadata"
 FS = "torch.distributed.checkpoint.filesystem"
@@ -215,10 +219,8 @@ def streamable(tensors: Any, objects: Any, version: str) -> bool:
     return True
 
 
-def metadata_stream(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[tuple[tuple[int, ...],
-                     tuple[int, ...], str, int, int]]]],
-                     objects: list[tuple[str, str, int, int]], version: str,
-                     write: Callable[[bytearray], Any] | None = None) -> bytearray:
+def metadata_stream(tensors: Tensors, objects: Sequence[tuple[str, str, int, int]], version: str,
+                    write: Callable[[bytearray], Any] | None = None) -> bytearray:
     """:func:`~nemo_convert.formats.dist_checkpoint.dcp_pickle.metadata_bytes`'s bytes,
     written record by record (see :class:`_Emitter`). With ``write``, every frame but the
     last is passed to it as it is done (64 KiB at a time, not the whole pickle in memory:
@@ -273,7 +275,7 @@ def metadata_stream(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[
         return lambda: e.obj("ChunkStorageMetadata", md, lambda: e.dict_items(2, iter((
             kv("offsets", lambda: e.size(off)), kv("sizes", lambda: e.size(siz))))))
 
-    def chunk_list(chunks: list[Any]) -> None:
+    def chunk_list(chunks: Sequence[Any]) -> None:
         e.save()
         e.w(pickle.EMPTY_LIST)
         e.memo()
@@ -288,7 +290,7 @@ def metadata_stream(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[
                     chunk(c[0], c[1])()
                 e.w(pickle.APPENDS)
 
-    def tensor_md(key: str, shape: tuple[int, ...], dtype: torch.dtype, chunks: list[Any]) -> Any:
+    def tensor_md(key: str, shape: tuple[int, ...], dtype: torch.dtype, chunks: Sequence[Any]) -> Any:
         def run() -> None:
             key_memo.append(e.new_str(key))
             e.obj("TensorStorageMetadata", md, lambda: e.dict_items(3, iter((

@@ -14,13 +14,14 @@ import io
 import pickle
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from nemo_convert.formats.dist_checkpoint.dcp_emit import FS as _FS
 from nemo_convert.formats.dist_checkpoint.dcp_emit import MD as _MD
+from nemo_convert.formats.dist_checkpoint.dcp_emit import Tensors
 from nemo_convert.formats.dist_checkpoint.dcp_emit import metadata_stream, streamable
 
 
@@ -117,9 +118,7 @@ def _tensor_properties(dtype: torch.dtype, shared: dict[str, _Call]) -> _Instanc
     return _Instance(_cls(_MD, "TensorProperties"), (dtype, shared["layout"], False, shared["contiguous"], False))
 
 
-def _metadata_stub(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[tuple[tuple[int, ...],
-                   tuple[int, ...], str, int, int]]]],
-                   objects: list[tuple[str, str, int, int]], version: str) -> bytes:
+def _metadata_stub(tensors: Tensors, objects: Sequence[tuple[str, str, int, int]], version: str) -> bytes:
     """:func:`metadata_bytes` by the pure-Python pickler over stand-ins (the fallback, and
     the reference the fast path is tested against)."""
     sd_md: dict[str, Any] = {}
@@ -235,9 +234,8 @@ _MODULE_SWAPS = [(bytes((pickle.SHORT_BINUNICODE[0], len(fast.__name__))) + fast
 _FAST_NAMES = frozenset((_MD_FAST.__name__, _FS_FAST.__name__))
 
 
-def metadata_bytes(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[tuple[tuple[int, ...],
-                   tuple[int, ...], str, int, int]]]],
-                   objects: list[tuple[str, str, int, int]], version: str) -> bytes | bytearray:
+def metadata_bytes(tensors: Tensors, objects: Sequence[tuple[str, str, int, int]],
+                   version: str) -> bytes | bytearray:
     """``pickle.dumps(Metadata(...))`` for tensors ``(key, shape, dtype, [(offsets, sizes,
     path, offset, length), …])`` (chunks sorted) and BYTE_IO objects ``(key, path, offset,
     length)``, in that order. Written by :func:`~nemo_convert.formats.dist_checkpoint.dcp_emit.metadata_stream` where it applies (it
@@ -247,10 +245,8 @@ def metadata_bytes(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[t
     return _metadata_pickled(tensors, objects, version)
 
 
-def write_metadata(write: Callable[[bytes | bytearray], Any],
-                   tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[tuple[tuple[int, ...],
-                   tuple[int, ...], str, int, int]]]],
-                   objects: list[tuple[str, str, int, int]], version: str) -> None:
+def write_metadata(write: Callable[[bytes | bytearray], Any], tensors: Tensors,
+                   objects: Sequence[tuple[str, str, int, int]], version: str) -> None:
     """:func:`metadata_bytes`, passed to ``write`` a frame at a time where the record-by-record
     writer applies (else at once)."""
     if streamable(tensors, objects, version):
@@ -259,9 +255,7 @@ def write_metadata(write: Callable[[bytes | bytearray], Any],
         write(_metadata_pickled(tensors, objects, version))
 
 
-def _metadata_pickled(tensors: list[tuple[str, tuple[int, ...], torch.dtype, list[tuple[tuple[int, ...],
-                      tuple[int, ...], str, int, int]]]],
-                      objects: list[tuple[str, str, int, int]], version: str) -> bytes:
+def _metadata_pickled(tensors: Tensors, objects: Sequence[tuple[str, str, int, int]], version: str) -> bytes:
     """:func:`metadata_bytes` by the C pickler over the look-alike classes."""
     Size = torch.Size
     sd_md: dict[str, Any] = {}
