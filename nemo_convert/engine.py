@@ -91,9 +91,8 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 #: Output bytes streamed between two :func:`~nemo_convert.tensors.file_map.release_pages`:
 #: the mapped inputs' pages read since the last call stop counting in the resident set.
 #: Each call advises only the ranges read since the one before (cheap), so it can be
-#: frequent: at 32 MiB a many-tensor model's resident set carried up to 32 MiB of read
-#: input pages that a small one never reached — ~0.7 KiB per tensor of DeepSeek-V3's
-#: 16 → 256 expert growth (docs/performance.md, "Memory, third round").
+#: frequent: at 32 MiB a large model's resident set carried up to 32 MiB of read input
+#: pages that a small one never reached (docs/performance.md, "Memory, third round").
 RELEASE_BYTES = 4 << 20
 
 #: Tensors queued between the transforming thread and the writing thread.
