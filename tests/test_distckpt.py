@@ -813,6 +813,41 @@ def test_metadata_stream_declines_strings_that_could_share_a_memo_entry(odd: str
     assert frames == [dcp_pickle._metadata_pickled(tensors, objects, "0.16")]  # at once
 
 
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_metadata_read_from_a_region_of_a_file(tmp_path: Any, protocol: int) -> None:
+    """``.metadata`` is unpickled from a file object over its region (a frame at a time,
+    never whole in memory): the same records as from its bytes, for protocol 2 too
+    (protocol 2 names classes by ``GLOBAL``, which ends in newlines: ``RegionReader.readline``),
+    bytes around it untouched."""
+    from nemo_convert.formats.dist_checkpoint.distckpt_meta import load_metadata
+
+    rec = moe_like_records(experts=4, layers=2, ranks=2)
+    data = pickle.dumps(torch_metadata(rec), protocol=protocol)
+    path = tmp_path / "member"
+    path.write_bytes(b"x\n" * 50 + data + b"\ntrailing\n")
+    with ByteRegion(str(path), 100, len(data)).open() as f:
+        got = load_metadata(f, "f")
+        assert f.tell() == len(data)  # read to the STOP opcode, not past the region
+    want = load_metadata(data, "b")
+    assert got.state_dict_metadata.keys() == want.state_dict_metadata.keys()
+    assert {k._key(): (v.relative_path, v.offset, v.length) for k, v in got.storage_data.items()} == {
+        k._key(): (v.relative_path, v.offset, v.length) for k, v in want.storage_data.items()}
+    assert len(got.storage_data) == len(rec.chunks) + len(rec.objects)
+    assert got.version == want.version
+
+
+def test_region_reader_readline(tmp_path: Any) -> None:
+    path = tmp_path / "lines"
+    path.write_bytes(b"ab\n" + b"c" * 600 + b"\nd\nlast")
+    with ByteRegion(str(path), 1, len(b"ab\n" + b"c" * 600 + b"\nd\nlast") - 1).open() as f:
+        assert f.readline() == b"b\n"
+        assert f.readline(5) == b"ccccc"
+        assert f.readline() == b"c" * 595 + b"\n"
+        assert f.readline() == b"d\n"
+        assert f.readline() == b"last"
+        assert f.readline() == b""
+
+
 def test_metadata_pickle_falls_back_when_a_key_looks_like_a_module() -> None:
     """A key spelled like the look-alike module name cannot corrupt the pickle: the fast
     writer sees the name twice and falls back to the stand-in pickler."""

@@ -108,6 +108,7 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
                            unconsumed=unconsumed, unproduced=unproduced)
 
     produced: set[str] = set()
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per distinct output shape
     for t in tasks:
         ins = [source.info(k) for k in t.inputs]
         rule, ctx = rule_of[id(t)]
@@ -118,7 +119,8 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
             raise ShapeError(f"{', '.join(t.inputs)} → {', '.join(t.outputs)}: {exc}") from None
         if len(outs) != len(t.outputs):
             raise MappingError(f"a {t.label} op returned {len(outs)} tensors for {len(t.outputs)} outputs")
-        t.infos = tuple(TensorInfo(n, tuple(o.shape), o.dtype) for n, o in zip(t.outputs, outs))
+        t.infos = tuple(TensorInfo(n, shapes.setdefault(tuple(o.shape), tuple(o.shape)), o.dtype)
+                        for n, o in zip(t.outputs, outs))
         rule.check(ins, t.infos, ctx, direction)
         dup = produced.intersection(t.outputs)
         if dup:

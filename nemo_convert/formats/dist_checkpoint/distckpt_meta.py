@@ -13,7 +13,7 @@ import collections
 import io
 import pickle
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from nemo_convert.errors import InputError, UnsafePickleError
 from nemo_convert.tensors.base import is_dtype_name, torch_dtype
@@ -244,10 +244,11 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise UnsafePickleError("the .metadata pickle holds a persistent id, which is not allowed")
 
 
-def load_metadata(data: bytes, where: str) -> Metadata:
-    """Unpickle and sanity-check a DCP ``.metadata`` without running arbitrary code."""
+def load_metadata(data: bytes | IO[bytes], where: str) -> Metadata:
+    """Unpickle and sanity-check a DCP ``.metadata`` (its bytes, or a binary file object
+    positioned at its start) without running arbitrary code."""
     try:
-        md = _MetadataUnpickler(io.BytesIO(data)).load()
+        md = _MetadataUnpickler(io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data).load()
     except UnsafePickleError:
         raise
     except Exception as exc:  # truncated / corrupted pickle

@@ -24,7 +24,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.dist_checkpoint.distckpt import DCP_METADATA, METADATA_JSON
@@ -203,7 +203,8 @@ class DistCheckpointSource:
         # Not kept: the unpickled graph is ~10 objects per chunk (50-60 MiB for DeepSeek-V3's
         # 92k), and once indexed the reader needs only ``_raw`` and ``_objects``
         # (:attr:`metadata` reads it again for the callers that ask).
-        md = load_metadata(self._region(DCP_METADATA).read(), self._where)
+        with self._region(DCP_METADATA).open() as f:  # read a frame at a time, not whole (~0.2 KiB a chunk)
+            md = load_metadata(cast(IO[bytes], f), self._where)
         # Looked up by (fqn, offset), what a MetadataIndex is equal and hashed on, without
         # building one per chunk (a tensor-count cost: DeepSeek-V3 has ~90k chunks). The
         # graph is taken apart as it is indexed (each record freed once read), so that it
