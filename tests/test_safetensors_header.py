@@ -59,3 +59,21 @@ def test_header_negative_control() -> None:
     """The comparison can fail: another order of the same tensors gives other bytes."""
     infos = random_infos(random.Random(3), 20)
     assert bytes(build_header(infos[::-1])) != reference(infos, None)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 1500])
+def test_index_is_json_dump_of_the_sorted_map(tmp_path, n: int) -> None:
+    """``model.safetensors.index.json``, written entry by entry, is the bytes of
+    ``json.dump(..., indent=2)`` over the map sorted by name (names of any characters)."""
+    from nemo_convert.formats.hf.hf import _write_index
+
+    rng = random.Random(n)
+    alphabet = "ab.\"\\/\t\n\u00e9\u4e2d\U0001f600 "
+    weight_map = {f"t{i}" + "".join(rng.choice(alphabet) for _ in range(rng.randrange(6))):
+                  f"model-{rng.randrange(3) + 1:05d}-of-00003.safetensors" for i in range(n)}
+    total = rng.randrange(1 << 50)
+    _write_index(str(tmp_path / "got.json"), total, weight_map)
+    with open(tmp_path / "want.json", "w", encoding="utf-8") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+        f.write("\n")
+    assert (tmp_path / "got.json").read_bytes() == (tmp_path / "want.json").read_bytes()
