@@ -267,6 +267,13 @@ class DistCheckpointSource:
                 raise InputError(f"{self._where}: two tensors are both presented as {name}")
             views[name] = view
 
+        # An entry's shape and index tuples are shared by the views of every stacked key
+        # (each layer's and expert's view): one object each, not one per view.
+        one: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+        def tup(t: tuple[int, ...]) -> tuple[int, ...]:
+            return one.setdefault(t, t)
+
         for raw, (shape, dtype, _) in self._raw.items():
             name = raw[len(strip_prefix):] if strip_prefix and raw.startswith(strip_prefix) else raw
             m = _STACKED.search(name)
@@ -278,9 +285,9 @@ class DistCheckpointSource:
                 if unstack and x is not None and len(shape) > k:
                     for e in range(shape[k]):
                         put(f"{lname[:x.start()]}{x[1]}experts.local_experts.{e}.{lname[x.end():]}",
-                            _View((_Part(raw, index + (e,)),), shape[k + 1:], dtype))
+                            _View((_Part(raw, tup(index + (e,))),), tup(shape[k + 1:]), dtype))
                 else:
-                    put(lname, _View((_Part(raw, index),), shape[k:], dtype))
+                    put(lname, _View((_Part(raw, tup(index)),), tup(shape[k:]), dtype))
         return self._fuse_gated(views)
 
     def _fuse_gated(self, views: dict[str, _View]) -> dict[str, _View]:
