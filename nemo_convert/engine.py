@@ -90,7 +90,10 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 #: Output bytes streamed between two :func:`~nemo_convert.tensors.file_map.release_pages`:
 #: the mapped inputs' pages read since the last call stop counting in the resident set.
-RELEASE_BYTES = 32 << 20
+#: Each call advises only the ranges read since the one before (cheap), so it can be
+#: frequent: at 32 MiB a large model's resident set carried up to 32 MiB of read input
+#: pages that a small one never reached (docs/performance.md, "Memory, third round").
+RELEASE_BYTES = 4 << 20
 
 #: Tensors queued between the transforming thread and the writing thread.
 QUEUE_DEPTH = 2
@@ -189,11 +192,12 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
             del inputs, outputs
             streamed += task.out_bytes
             if streamed >= RELEASE_BYTES:
-                release_pages()
+                release_pages(touched_only=True)
                 streamed = 0
         if writer is not None:
             writer.finish()
             writer = None
+        release_pages(touched_only=True)  # what the writers do next (metadata, closing) reads no input
     finally:
         if writer is not None:  # failing: stop the writer without waiting for the queue
             writer.error = writer.error or InputError("conversion stopped")

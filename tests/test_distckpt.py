@@ -491,7 +491,14 @@ def test_row_chunks_load_as_pieces_of_the_mapped_file(tmp_path: Any) -> None:
     assert isinstance(lazy, Pieces) and torch.equal(materialize(lazy), emb)
 
 
-def test_chunks_spanning_several_layers(tmp_path: Any) -> None:
+@pytest.mark.parametrize("kept", [None, 1])
+def test_chunks_spanning_several_layers(tmp_path: Any, monkeypatch: Any, kept: int | None) -> None:
+    """Each layer reads its rows of chunks that hold several layers; also when the reader
+    keeps one chunk layout only (read again after another chunk's)."""
+    from nemo_convert.formats.dist_checkpoint import distckpt_read
+
+    if kept is not None:
+        monkeypatch.setattr(distckpt_read, "_CHUNKS_KEPT", kept)
     t = torch.randn(4, 6, 2)
     w = DistCheckpointWriter(DirectorySink(str(tmp_path)), "")
     w.declare("decoder.layers.w", (4, 6, 2), torch.float32)
@@ -502,6 +509,9 @@ def test_chunks_spanning_several_layers(tmp_path: Any) -> None:
     src = DistCheckpointSource.from_dir(tmp_path)
     for l in range(4):
         assert torch.equal(src.load(f"decoder.layers.{l}.w"), t[l])
+    if kept is not None:
+        assert len(src._layouts) == 1
+        assert torch.equal(src.load("decoder.layers.0.w"), t[0])
 
 
 def test_per_layer_layout_with_split_fc1(tmp_path: Any) -> None:
@@ -760,36 +770,82 @@ def test_metadata_stream_equals_the_c_pickler(args: tuple[Any, ...]) -> None:
     above): frames of 64 KiB split at the same opcode, dict and list batches of 1000 (a dict
     of exactly 1000 items ends with an empty batch), one-item containers, memo indices past
     255, ints past 8/16/32 bits, keys past 255 bytes, equal paths as one or many objects."""
-    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+    from nemo_convert.formats.dist_checkpoint import dcp_emit, dcp_pickle
 
     tensors, objects = _random_entries(*args)
-    assert dcp_pickle._streamable(tensors, objects, "0.16")
-    got = dcp_pickle._metadata_stream(tensors, objects, "0.16")
+    assert dcp_emit.streamable(tensors, objects, "0.16")
+    got = dcp_emit.metadata_stream(tensors, objects, "0.16")
     assert got == dcp_pickle._metadata_pickled(tensors, objects, "0.16")
     assert dcp_pickle.metadata_bytes(tensors, objects, "0.16") == got
+    # handed on a frame at a time (what write_dist_metadata streams into its member): the same bytes
+    frames: list[bytes | bytearray] = []
+    rest = dcp_emit.metadata_stream(tensors, objects, "0.16", frames.append)
+    assert b"".join(frames) + rest == got
+    assert bool(frames) == (len(got) > 70_000)  # frames of 64 KiB: a small pickle is all "rest"
+    frames.clear()
+    dcp_pickle.write_metadata(frames.append, tensors, objects, "0.16")
+    assert b"".join(frames) == got
 
 
 def test_metadata_stream_negative_control() -> None:
     """The comparison above can fail: one offset changed gives other bytes."""
-    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+    from nemo_convert.formats.dist_checkpoint import dcp_emit, dcp_pickle
 
     tensors, objects = _random_entries(50, 1, 0)
     key, shape, dtype, chunks = tensors[7]
     other = [*tensors[:7], (key, shape, dtype, [(*chunks[0][:3], chunks[0][3] + 1, chunks[0][4]), *chunks[1:]]),
              *tensors[8:]]
-    assert dcp_pickle._metadata_stream(other, objects, "0.16") != dcp_pickle._metadata_pickled(tensors, objects, "0.16")
+    assert dcp_emit.metadata_stream(other, objects, "0.16") != dcp_pickle._metadata_pickled(tensors, objects, "0.16")
 
 
 @pytest.mark.parametrize("odd", ["size", "Metadata", "torch", "bfloat16", "__0_0.distcp", "0.16"])
 def test_metadata_stream_declines_strings_that_could_share_a_memo_entry(odd: str) -> None:
     """A key equal to a fixed string, a path or the version could be the same object and
     share its memo entry: the C pickler writes those, the same bytes."""
-    from nemo_convert.formats.dist_checkpoint import dcp_pickle
+    from nemo_convert.formats.dist_checkpoint import dcp_emit, dcp_pickle
 
     tensors, objects = _random_entries(3, 0, 0)
     tensors[1] = (odd, *tensors[1][1:])
-    assert not dcp_pickle._streamable(tensors, objects, "0.16")
+    assert not dcp_emit.streamable(tensors, objects, "0.16")
     assert dcp_pickle.metadata_bytes(tensors, objects, "0.16") == dcp_pickle._metadata_pickled(tensors, objects, "0.16")
+    frames: list[bytes | bytearray] = []
+    dcp_pickle.write_metadata(frames.append, tensors, objects, "0.16")
+    assert frames == [dcp_pickle._metadata_pickled(tensors, objects, "0.16")]  # at once
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_metadata_read_from_a_region_of_a_file(tmp_path: Any, protocol: int) -> None:
+    """``.metadata`` is unpickled from a file object over its region (a frame at a time,
+    never whole in memory): the same records as from its bytes, for protocol 2 too
+    (protocol 2 names classes by ``GLOBAL``, which ends in newlines: ``RegionReader.readline``),
+    bytes around it untouched."""
+    from nemo_convert.formats.dist_checkpoint.distckpt_meta import load_metadata
+
+    rec = moe_like_records(experts=4, layers=2, ranks=2)
+    data = pickle.dumps(torch_metadata(rec), protocol=protocol)
+    path = tmp_path / "member"
+    path.write_bytes(b"x\n" * 50 + data + b"\ntrailing\n")
+    with ByteRegion(str(path), 100, len(data)).open() as f:
+        got = load_metadata(f, "f")
+        assert f.tell() == len(data)  # read to the STOP opcode, not past the region
+    want = load_metadata(data, "b")
+    assert got.state_dict_metadata.keys() == want.state_dict_metadata.keys()
+    assert {k._key(): (v.relative_path, v.offset, v.length) for k, v in got.storage_data.items()} == {
+        k._key(): (v.relative_path, v.offset, v.length) for k, v in want.storage_data.items()}
+    assert len(got.storage_data) == len(rec.chunks) + len(rec.objects)
+    assert got.version == want.version
+
+
+def test_region_reader_readline(tmp_path: Any) -> None:
+    path = tmp_path / "lines"
+    path.write_bytes(b"ab\n" + b"c" * 600 + b"\nd\nlast")
+    with ByteRegion(str(path), 1, len(b"ab\n" + b"c" * 600 + b"\nd\nlast") - 1).open() as f:
+        assert f.readline() == b"b\n"
+        assert f.readline(5) == b"ccccc"
+        assert f.readline() == b"c" * 595 + b"\n"
+        assert f.readline() == b"d\n"
+        assert f.readline() == b"last"
+        assert f.readline() == b""
 
 
 def test_metadata_pickle_falls_back_when_a_key_looks_like_a_module() -> None:
@@ -877,12 +933,17 @@ def test_metadata_stand_ins_read_torchs_own_pickle() -> None:
     assert got.storage_meta.checkpoint_id == "/ckpt"
 
 
-def test_overlapping_chunks_are_found_by_dim0_offset_exactly_as_by_scanning():
+@pytest.mark.parametrize("kept", [None, (1, 0)])
+def test_overlapping_chunks_are_found_by_dim0_offset_exactly_as_by_scanning(kept, monkeypatch):
     """``_overlapping`` searches the chunks sorted by their dim-0 offset (one key stacks a
     chunk per layer and expert, and every entry asks): it returns exactly the chunks a
     scan of every chunk finds, in ``.metadata`` order — for regular per-entry chunks,
-    irregular grids (columns with different row cuts), empty chunks and 0-d tensors."""
+    irregular grids (columns with different row cuts), empty chunks and 0-d tensors; also
+    when the cache keeps one key only (sorted again each time another key was asked)."""
     import random
+    from collections import OrderedDict
+
+    from nemo_convert.formats.dist_checkpoint import distckpt_read
 
     from nemo_convert.formats.dist_checkpoint.distckpt_read import DistCheckpointSource, _Chunk, _Part
 
@@ -893,7 +954,10 @@ def test_overlapping_chunks_are_found_by_dim0_offset_exactly_as_by_scanning():
 
     rnd = random.Random(0)
     src = DistCheckpointSource.__new__(DistCheckpointSource)
-    src._by_start = {}
+    if kept is not None:
+        monkeypatch.setattr(distckpt_read, "_KEYS_KEPT", kept[0])
+        monkeypatch.setattr(distckpt_read, "_SORT_AGAIN", kept[1])
+    src._by_start = OrderedDict()
     src._raw = {}
 
     def cuts(n):
@@ -914,6 +978,8 @@ def test_overlapping_chunks_are_found_by_dim0_offset_exactly_as_by_scanning():
     parts += [_Part("stacked", (i, e)) for i in range(6) for e in range(4)]
     for part in parts:
         assert src._overlapping(part) == scan(src, part), part
+    if kept is not None:
+        assert list(src._by_start) == ["stacked"]
 
 
 def test_the_one_dim_tiling_shortcut_agrees_with_the_grid(monkeypatch):

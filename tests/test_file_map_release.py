@@ -58,19 +58,47 @@ def test_the_engine_releases_pages_as_it_streams(tmp_path, monkeypatch):
     src = SafetensorsFile(str(tmp_path / "m.safetensors"))
     plan = identity_plan(src, {})
     calls: list[int] = []
-    monkeypatch.setattr(engine, "release_pages", lambda: calls.append(1) or 0)
+    monkeypatch.setattr(engine, "release_pages", lambda **kw: calls.append(kw["touched_only"]) or 0)
     monkeypatch.setattr(engine, "RELEASE_BYTES", 1)
     got = {}
     engine.run_plan(plan, src, lambda n, t: got.__setitem__(n, t.clone()))
-    assert len(calls) == len(plan.tasks)  # every task crosses the (tiny) threshold
+    assert calls == [True] * (len(plan.tasks) + 1)  # every task crosses the (tiny) threshold; and the end
     assert len(got) == 5
     for k, t in got.items():
         assert torch.equal(t, src.load(k))
     calls.clear()
     monkeypatch.setattr(engine, "RELEASE_BYTES", 1 << 40)
     engine.run_plan(plan, src, lambda n, t: None)
-    assert not calls  # the negative control: below the threshold nothing is released
+    assert calls == [True]  # the negative control: below the threshold only the plan's end releases
     src.close()
+
+
+@needs_madvise
+def test_release_of_the_touched_range_only(tmp_path):
+    """``touched_only`` advises the range handed out since the last release (nothing when
+    none was): the pages read before stay released, the ones read since are dropped, and
+    a map that was not read is left alone."""
+    data = torch.arange(1024 * 1024, dtype=torch.int32)  # 4 MiB
+    path = tmp_path / "data.bin"
+    path.write_bytes(data.numpy().tobytes())
+    fmap, other = FileMap(str(path)), FileMap(str(path))
+    try:
+        assert not fmap.release(touched_only=True)  # nothing handed out yet
+        whole = fmap.tensor(0, (data.numel(),), torch.int32)
+        assert int(whole.sum()) == int(data.sum())
+        assert fmap.release()  # all of it
+        assert not fmap.release(touched_only=True)  # the release forgot the range
+        quarter = data.numel() // 4
+        part = fmap.tensor(4 * quarter + 12, (quarter,), torch.int32)  # the second quarter, not page-aligned
+        assert int(part.sum()) == int(data[quarter + 3:2 * quarter + 3].sum())
+        touched = _resident_kib(fmap)
+        assert touched >= 900  # the control: that quarter is resident
+        assert release_pages(touched_only=True) == 1  # this map only: the other handed out nothing
+        assert _resident_kib(fmap) < touched // 4
+        assert torch.equal(part, data[quarter + 3:2 * quarter + 3])
+    finally:
+        fmap.close()
+        other.close()
 
 
 def test_dontneed_is_the_platform_constant():

@@ -168,16 +168,22 @@ class DequantSource:
         # process, not three: DeepSeek-V3 has 46k pairs), looked up through ``names``.
         names = {k: k for k in inner.keys()}
         data, scale = codec.data_suffix, codec.scale_suffix
-        self._pairs: dict[str, tuple[str, str]] = {}
+        # stem -> the scale's name; the data's name is the stem + ``data`` (the stem itself,
+        # the inner source's string, when ``data`` is empty): not a tuple per pair
+        self._data = data
+        self._pairs: dict[str, str] = {}
         for k in inner.keys():
             if k.endswith(scale):
                 s = k[: len(k) - len(scale)]
                 d = names.get(s + data)
                 if d is not None:
-                    self._pairs[d if not data else s] = (d, k)
-        stem_of = {pair[0]: s for s, pair in self._pairs.items()}
-        hidden = {pair[1] for pair in self._pairs.values()}
+                    self._pairs[d if not data else s] = k
+        stem_of = {self._data_name(s): s for s in self._pairs}
+        hidden = set(self._pairs.values())
         self._keys = [stem_of.get(k, k) for k in inner.keys() if k not in hidden]
+
+    def _data_name(self, stem: str) -> str:
+        return stem + self._data if self._data else stem
 
     @property
     def dequantized(self) -> int:
@@ -192,20 +198,20 @@ class DequantSource:
         return list(self._keys)
 
     def info(self, key: str) -> TensorInfo:
-        pair = self._pairs.get(key)
-        if pair is None:
+        scale = self._pairs.get(key)
+        if scale is None:
             return self._inner.info(key)
-        a, b = (self._inner.info(n) for n in pair)
+        a, b = self._inner.info(self._data_name(key)), self._inner.info(scale)
         return TensorInfo(key, tuple(self._codec.shape(tuple(a.shape), tuple(b.shape))), self._dtype)
 
     def load(self, key: str) -> torch.Tensor:
-        pair = self._pairs.get(key)
-        if pair is None:
+        scale = self._pairs.get(key)
+        if scale is None:
             return self._inner.load(key)
-        return self._codec.decode(self._inner.load(pair[0]), self._inner.load(pair[1]), self._dtype)
+        return self._codec.decode(self._inner.load(self._data_name(key)), self._inner.load(scale), self._dtype)
 
     def group(self, key: str) -> str:
-        return self._inner.group(self._pairs[key][0] if key in self._pairs else key)
+        return self._inner.group(self._data_name(key) if key in self._pairs else key)
 
     def close(self) -> None:
         self._inner.close()

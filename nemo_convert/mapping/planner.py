@@ -108,6 +108,7 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
                            unconsumed=unconsumed, unproduced=unproduced)
 
     produced: set[str] = set()
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per distinct output shape
     for t in tasks:
         ins = [source.info(k) for k in t.inputs]
         rule, ctx = rule_of[id(t)]
@@ -118,7 +119,8 @@ def plan_conversion(mapping: Mapping, cfg: dict[str, Any], source: TensorSource,
             raise ShapeError(f"{', '.join(t.inputs)} → {', '.join(t.outputs)}: {exc}") from None
         if len(outs) != len(t.outputs):
             raise MappingError(f"a {t.label} op returned {len(outs)} tensors for {len(t.outputs)} outputs")
-        t.infos = tuple(TensorInfo(n, tuple(o.shape), o.dtype) for n, o in zip(t.outputs, outs))
+        t.infos = tuple(TensorInfo(n, shapes.setdefault(tuple(o.shape), tuple(o.shape)), o.dtype)
+                        for n, o in zip(t.outputs, outs))
         rule.check(ins, t.infos, ctx, direction)
         dup = produced.intersection(t.outputs)
         if dup:
@@ -159,8 +161,13 @@ def nemo_origins(mapping: Mapping, cfg: dict[str, Any]) -> dict[str, Origin]:
 
 
 def _copy_tasks(source: TensorSource, kinds: dict[str, Kind]) -> list[Task]:
-    tasks = [Task((k,), (k,), same, (kinds.get(k, Parallel.REPLICATED),), (source.info(k),),
-                  label="copy", lazy_fn=same) for k in source.keys()]
+    # One tuple for a task's input and output names, one per kind (a task per tensor).
+    one: dict[Any, Any] = {}
+    tasks = []
+    for k in source.keys():
+        names, kind = (k,), (kinds.get(k, Parallel.REPLICATED),)
+        tasks.append(Task(names, names, same, one.setdefault(kind, kind), (source.info(k),), label="copy",
+                          lazy_fn=same))
     groups = {k: source.group(k) for k in source.keys()}
     order = {k: i for i, k in enumerate(source.keys())}
     tasks.sort(key=lambda t: (groups[t.inputs[0]], order[t.inputs[0]]))

@@ -179,6 +179,22 @@ class RegionReader:
         b[: len(data)] = data
         return len(data)
 
+    def readline(self, size: int = -1) -> bytes:
+        """Up to and including the next ``\n`` (at most ``size`` bytes; the pickle readers
+        ask for lines only for text opcodes, so a plain loop)."""
+        out = bytearray()
+        while size < 0 or len(out) < size:
+            chunk = self.read(256 if size < 0 else min(256, size - len(out)))
+            if not chunk:
+                break
+            end = chunk.find(b"\n")
+            if end >= 0:
+                out += chunk[:end + 1]
+                self._pos -= len(chunk) - end - 1
+                break
+            out += chunk
+        return bytes(out)
+
     def seek(self, pos: int, whence: int = 0) -> int:
         if whence == 0:
             new = pos

@@ -113,9 +113,17 @@ class FileMap:
         self._mmap: mmap.mmap | None = (
             mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
         )
-        self._checksums: dict[tuple[int, int], int] = {}  # exact ranges: stored or computed
-        self._records: dict[int, tuple[int, int]] = {}  # end -> (start, CRC) of stored records
-        self._from: dict[int, list[tuple[int, int]]] = {}  # start -> [(end, CRC)] of known ranges
+        # Stored records (one per chunk read: a tensor-count cost) as one int each, end ->
+        # ``start << 32 | CRC``; not also in the two tables of computed ranges, which their
+        # lookups would not need: a record's own range is found here, and records never
+        # overlap, so none is a step of another's chain (:meth:`_chain`).
+        self._records: dict[int, int] = {}
+        self._checksums: dict[tuple[int, int], int] = {}  # exact computed ranges
+        self._from: dict[int, list[tuple[int, int]]] = {}  # start -> [(end, CRC)] of computed ranges
+        # The byte range handed out (tensors, views) since the last release: what
+        # ``release(touched_only=True)`` gives back.
+        self._lo: int | None = None
+        self._hi = 0
         self.address = 0
         if self._mmap is not None:
             probe = torch.frombuffer(self._mmap, dtype=torch.uint8, count=1)
@@ -134,6 +142,7 @@ class FileMap:
             raise InputError(f"{self.path}: tensor bytes [{offset}, {offset + nbytes}) lie outside the file")
         if numel == 0 or self._mmap is None:
             return torch.empty(shape, dtype=dtype)
+        self._touch(offset, offset + nbytes)
         return torch.frombuffer(self._mmap, dtype=dtype, count=numel, offset=offset).view(shape)
 
     def view(self, offset: int, length: int) -> memoryview | None:
@@ -141,12 +150,18 @@ class FileMap:
         there is no map (an empty file) or the range lies outside the file."""
         if self._mmap is None or offset < 0 or length < 0 or offset + length > self.size:
             return None
+        self._touch(offset, offset + length)
         return memoryview(self._mmap)[offset:offset + length]
+
+    def _touch(self, lo: int, hi: int) -> None:
+        if self._lo is None or lo < self._lo:
+            self._lo = lo
+        if hi > self._hi:
+            self._hi = hi
 
     def note_checksum(self, offset: int, length: int, crc32: int) -> None:
         """Record the stored CRC-32 of bytes ``[offset, offset + length)`` (a zip record)."""
-        self._records[offset + length] = (offset, crc32 & 0xFFFFFFFF)
-        self.remember(offset, length, crc32)
+        self._records[offset + length] = offset << 32 | (crc32 & 0xFFFFFFFF)
 
     def remember(self, offset: int, length: int, crc32: int) -> None:
         """Record a CRC-32 computed for bytes ``[offset, offset + length)``."""
@@ -159,14 +174,16 @@ class FileMap:
         known as such, or the tail of a stored record whose head is covered by known
         ranges — CRCs are linear, so ``crc(tail) = crc(record) ^ shift(crc(head), len(tail))``.
         (Slices of a tensor-parallel split: every rank's CRC but the first is derived.)"""
+        record = self._records.get(offset + length)
+        if record is not None and record >> 32 == offset:
+            return record & 0xFFFFFFFF
         known = self._checksums.get((offset, length))
         if known is not None or crc32_combine is None:
             return known
-        record = self._records.get(offset + length)
-        if record is None or record[0] >= offset:
+        if record is None or record >> 32 >= offset:
             return None
-        head = self._chain(record[0], offset)
-        return None if head is None else record[1] ^ crc32_combine(head, 0, length)
+        head = self._chain(record >> 32, offset)
+        return None if head is None else (record & 0xFFFFFFFF) ^ crc32_combine(head, 0, length)
 
     def _chain(self, start: int, end: int) -> int | None:
         """CRC-32 of ``[start, end)`` combined from known ranges that tile it, if they do."""
@@ -189,20 +206,30 @@ class FileMap:
             return None
         return FileOrigin(self._file.fileno(), offset, length, self.path, self)
 
-    def release(self) -> None:
-        """Drop the map's resident pages from this process (``madvise(MADV_DONTNEED)``).
+    def release(self, *, touched_only: bool = False) -> bool:
+        """Drop the map's resident pages from this process (``madvise(MADV_DONTNEED)``);
+        with ``touched_only``, only those of the byte range handed out (:meth:`tensor`,
+        :meth:`view`) since the last release, and nothing when there was none. Returns
+        whether it advised the kernel.
 
         The map is private and only ever read, so its pages are clean copies of the file's
         page cache: dropping them frees nothing the file does not hold, and a tensor still
         viewing the map reads the same bytes again on its next access (a minor fault from
         the page cache). What it saves is the resident set — ``ru_maxrss`` counts mapped file
         pages — which otherwise grows with every input byte read (docs/performance.md,
-        "Memory round")."""
-        if self._mmap is not None and _DONTNEED is not None:
-            try:
-                self._mmap.madvise(_DONTNEED)
-            except (OSError, ValueError):  # advice is best effort
-                pass
+        "Memory round"). The range kept is what keeps a frequent release cheap: the kernel
+        walks only the pages of that range, not a whole shard's."""
+        lo, hi = self._lo, self._hi
+        self._lo, self._hi = None, 0
+        if self._mmap is None or _DONTNEED is None or (touched_only and lo is None):
+            return False
+        start = 0 if lo is None or not touched_only else lo - lo % mmap.PAGESIZE
+        length = self.size - start if not touched_only else min(hi, self.size) - start
+        try:
+            self._mmap.madvise(_DONTNEED, start, length)
+        except (OSError, ValueError):  # advice is best effort
+            return False
+        return True
 
     def close(self) -> None:
         # Tensors may still view the map; dropping our reference lets the GC unmap it
@@ -213,16 +240,16 @@ class FileMap:
         self._file.close()
 
 
-def release_pages() -> int:
-    """:meth:`FileMap.release` every live map; returns how many there were. The engine calls
-    this every few tens of MiB streamed, so mapped inputs already read stop counting in
-    the resident set (they stay in the page cache)."""
+def release_pages(*, touched_only: bool = False) -> int:
+    """:meth:`FileMap.release` every live map (``touched_only``: the range of each that was
+    handed out since its last release); returns how many were advised. The engine calls
+    this every few MiB streamed and when a plan ends, so mapped inputs already read stop
+    counting in the resident set (they stay in the page cache)."""
     with _LOCK:
         maps = [ref() for _, _, ref in _BY_ADDRESS]
     n = 0
     for fmap in maps:
-        if fmap is not None:
-            fmap.release()
+        if fmap is not None and fmap.release(touched_only=touched_only):
             n += 1
     return n
 

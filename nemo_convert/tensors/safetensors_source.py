@@ -7,6 +7,7 @@ with a clear error, and hand out tensors that *view* the mapped file instead of 
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import struct
@@ -28,11 +29,17 @@ class SafetensorsFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self.metadata: dict[str, str] = {}
-        self._infos: dict[str, TensorInfo] = {}
-        self._offsets: dict[str, int] = {}
+        # name -> position in the header; the infos and absolute data offsets by position
+        # (a list and an array('q'), not a second dict with an int object per tensor)
+        self._at: dict[str, int] = {}
+        self._infos: list[TensorInfo] = []
+        self._offsets = array.array("q")
         self._map: FileMap | None = None
         self._keys: list[str] | None = None
+        # One tuple per distinct shape (every expert's tensors share a few), not per tensor.
+        self._shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._parse()
+        del self._shapes
 
     def _parse(self) -> None:
         try:
@@ -63,8 +70,9 @@ class SafetensorsFile:
                     self.metadata = {str(k): str(v) for k, v in entry.items()}
                 continue
             info, begin, end = self._entry(name, entry, data_len)
-            self._infos[name] = info
-            self._offsets[name] = data_start + begin
+            self._at[name] = len(self._infos)  # (a JSON object's names are unique)
+            self._infos.append(info)
+            self._offsets.append(data_start + begin)
             spans.append((begin, end, name))
         spans.sort()
         prev_end, prev_name = 0, ""
@@ -103,7 +111,8 @@ class SafetensorsFile:
             raise InputError(f"{self._bad(name)}: {end - begin} bytes do not hold shape {shape} of {entry['dtype']}")
         if end > data_len:
             raise InputError(f"{self.path}: file is truncated ({name!r} ends at byte {end} of {data_len})")
-        return TensorInfo(name, tuple(shape), dtype), begin, end
+        dims = tuple(shape)
+        return TensorInfo(name, self._shapes.setdefault(dims, dims), dtype), begin, end
 
     def _bad(self, name: str) -> str:
         return f"{self.path}: corrupted safetensors header entry {name!r}"
@@ -111,17 +120,18 @@ class SafetensorsFile:
     # -- TensorSource -------------------------------------------------------------------
     def keys(self) -> list[str]:
         if self._keys is None:  # asked several times per conversion, for every tensor
-            self._keys = sorted(self._infos, key=lambda k: self._offsets[k])
+            self._keys = sorted(self._at, key=lambda k: self._offsets[self._at[k]])
         return list(self._keys)
 
     def info(self, key: str) -> TensorInfo:
-        return self._infos[key]
+        return self._infos[self._at[key]]
 
     def load(self, key: str) -> torch.Tensor:
-        info = self._infos[key]
+        at = self._at[key]
+        info = self._infos[at]
         if self._map is None:
             self._map = FileMap(self.path)
-        return self._map.tensor(self._offsets[key], info.shape, info.dtype)
+        return self._map.tensor(self._offsets[at], info.shape, info.dtype)
 
     def group(self, key: str) -> str:
         return self.path
@@ -158,7 +168,8 @@ class ShardedSafetensors:
                     raise InputError(f"{index_path}: shard name {fname!r} is not a plain file name")
                 files[fname] = SafetensorsFile(os.path.join(folder, fname))
             sf = files[fname]
-            info = sf._infos.get(name)
+            at = sf._at.get(name)
+            info = None if at is None else sf._infos[at]
             if info is None:
                 raise InputError(f"{index_path}: {name!r} is not in {fname}")
             self._where[info.name] = sf  # the shard header's string: the index's copy is dropped

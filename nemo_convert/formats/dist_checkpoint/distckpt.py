@@ -22,7 +22,7 @@ unpickler. The writer is :class:`.distckpt_write.DistCheckpointWriter`, the read
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -221,7 +221,8 @@ def merge_records(records_list: Sequence[DistRecords], error: type[NemoConvertEr
 
 
 def metadata_entries(records: DistRecords, error: type[NemoConvertError]
-                     ) -> tuple[list[tuple[str, tuple[int, ...], Any, list[tuple[Any, ...]]]], list[tuple[Any, ...]]]:
+                     ) -> tuple[list[tuple[str, tuple[int, ...], Any, Sequence[tuple[Any, ...]]]],
+                                list[tuple[Any, ...]]]:
     """The tensors (with their sorted chunks) and objects of merged records, after checking
     that every tensor is tiled exactly by its chunks."""
     by_key: dict[str, list[ChunkRecord]] = {k: [] for k in records.tensors}
@@ -229,11 +230,35 @@ def metadata_entries(records: DistRecords, error: type[NemoConvertError]
         if chunk.key not in by_key:
             raise error(f"chunk of undeclared tensor {chunk.key}")
         by_key[chunk.key].append(chunk)
-    tensors = []
+    tensors: list[tuple[str, tuple[int, ...], Any, Sequence[tuple[Any, ...]]]] = []
     for key, (shape, dtype) in records.tensors.items():
-        chunks = sorted(by_key[key], key=lambda c: c.offsets)
+        chunks = by_key[key]
+        chunks.sort(key=lambda c: c.offsets)
         check_tiling(key, shape, [(c.offsets, c.sizes) for c in chunks], error)
-        tensors.append((key, tuple(shape), dtype,
-                        [(c.offsets, c.sizes, c.relative_path, c.offset, c.length) for c in chunks]))
+        tensors.append((key, tuple(shape), dtype, ChunkEntries(chunks)))
     objects = [(o.key, o.relative_path, o.offset, o.length) for o in records.objects]
     return tensors, objects
+
+
+class ChunkEntries(Sequence[tuple[Any, ...]]):
+    """A tensor's chunk records seen as ``(offsets, sizes, relative_path, offset, length)``
+    tuples, each built when it is read: the ``.metadata`` writers read them a few times,
+    and a tuple held per chunk was ~0.1 KiB per tensor at the metadata's peak."""
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records: list[ChunkRecord]) -> None:
+        self._records = records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [(c.offsets, c.sizes, c.relative_path, c.offset, c.length) for c in self._records[i]]
+        c = self._records[i]
+        return (c.offsets, c.sizes, c.relative_path, c.offset, c.length)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        for c in self._records:
+            yield (c.offsets, c.sizes, c.relative_path, c.offset, c.length)

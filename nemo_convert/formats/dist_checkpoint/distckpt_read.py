@@ -21,9 +21,10 @@ import io
 import json
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from nemo_convert.errors import InputError
 from nemo_convert.formats.dist_checkpoint.distckpt import DCP_METADATA, METADATA_JSON
@@ -88,8 +89,10 @@ class DistCheckpointSource:
         self._mmap = mmap
         self._regions: dict[str, ByteRegion] = {}
         self._maps: dict[str, FileMap] = {}
-        self._layouts: dict[_Chunk, ChunkLayout | None] = {}
-        self._by_start: dict[str, tuple[list[int], list[tuple[int, _Chunk]], int]] = {}
+        # Caches of the chunks read lately (least recently used dropped first): every chunk
+        # and key of a checkpoint cached to the end was a tensor-count cost (~0.2 KiB a chunk).
+        self._layouts: OrderedDict[_Chunk, ChunkLayout | None] = OrderedDict()
+        self._by_start: OrderedDict[str, tuple[list[int], list[tuple[int, _Chunk]], int]] = OrderedDict()
         self.config = self._read_config()
         self._raw: dict[str, tuple[tuple[int, ...], str, list[_Chunk]]] = {}  # dtype by name
         self._objects: dict[str, _Chunk] = {}
@@ -200,22 +203,32 @@ class DistCheckpointSource:
         # Not kept: the unpickled graph is ~10 objects per chunk (50-60 MiB for DeepSeek-V3's
         # 92k), and once indexed the reader needs only ``_raw`` and ``_objects``
         # (:attr:`metadata` reads it again for the callers that ask).
-        md = load_metadata(self._region(DCP_METADATA).read(), self._where)
+        with self._region(DCP_METADATA).open() as f:  # read a frame at a time, not whole (~0.2 KiB a chunk)
+            md = load_metadata(cast(IO[bytes], f), self._where)
         # Looked up by (fqn, offset), what a MetadataIndex is equal and hashed on, without
-        # building one per chunk (a tensor-count cost: DeepSeek-V3 has ~90k chunks).
-        storage = {index._key(): info for index, info in md.storage_data.items()}
-        for key, item in md.state_dict_metadata.items():
+        # building one per chunk (a tensor-count cost: DeepSeek-V3 has ~90k chunks). The
+        # graph is taken apart as it is indexed (each record freed once read), so that it
+        # and the index are never both whole: the set-up's peak was their sum.
+        records, entries, storage = md.storage_data, md.state_dict_metadata, {}
+        del md
+        while records:
+            index, info = records.popitem()
+            storage[index._key()] = info
+        for key in list(entries):
+            item = entries.pop(key)
             if isinstance(item, BytesStorageMetadata):
-                info = storage.get((key, None))
+                info = storage.pop((key, None), None)
                 if info is None:
                     raise InputError(f"{self._where}: .metadata has no storage record for object {key}")
                 self._objects[key] = _Chunk((), (), self._check_path(info.relative_path), info.offset, info.length)
                 continue
             shape = tuple(int(s) for s in item.size)
             chunks = []
+            seen: dict[tuple[int, ...], Any] = {}  # this tensor's records taken (two chunks may name one)
             for c in item.chunks:
                 offs, sizes = tuple(int(x) for x in c.offsets), tuple(int(x) for x in c.sizes)
-                info = storage.get((key, offs))
+                info = storage.pop((key, offs), None) or seen.get(offs)
+                seen[offs] = info
                 if info is None:
                     raise InputError(f"{self._where}: .metadata has no storage record for {key} chunk {list(offs)}")
                 if len(offs) != len(shape) or any(o < 0 or o + s > g for o, s, g in zip(offs, sizes, shape)):
@@ -254,6 +267,13 @@ class DistCheckpointSource:
                 raise InputError(f"{self._where}: two tensors are both presented as {name}")
             views[name] = view
 
+        # An entry's shape and index tuples are shared by the views of every stacked key
+        # (each layer's and expert's view): one object each, not one per view.
+        one: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+        def tup(t: tuple[int, ...]) -> tuple[int, ...]:
+            return one.setdefault(t, t)
+
         for raw, (shape, dtype, _) in self._raw.items():
             name = raw[len(strip_prefix):] if strip_prefix and raw.startswith(strip_prefix) else raw
             m = _STACKED.search(name)
@@ -265,9 +285,9 @@ class DistCheckpointSource:
                 if unstack and x is not None and len(shape) > k:
                     for e in range(shape[k]):
                         put(f"{lname[:x.start()]}{x[1]}experts.local_experts.{e}.{lname[x.end():]}",
-                            _View((_Part(raw, index + (e,)),), shape[k + 1:], dtype))
+                            _View((_Part(raw, tup(index + (e,))),), tup(shape[k + 1:]), dtype))
                 else:
-                    put(lname, _View((_Part(raw, index),), shape[k:], dtype))
+                    put(lname, _View((_Part(raw, tup(index)),), tup(shape[k:]), dtype))
         return self._fuse_gated(views)
 
     def _fuse_gated(self, views: dict[str, _View]) -> dict[str, _View]:
@@ -314,9 +334,15 @@ class DistCheckpointSource:
         offsets, and the longest dim-0 size (cached)."""
         got = self._by_start.get(raw)
         if got is None:
-            ordered = sorted(enumerate(self._raw[raw][2]), key=lambda ic: ic[1].offsets[0])
-            got = self._by_start[raw] = ([c.offsets[0] for _, c in ordered], ordered,
-                                         max((c.sizes[0] for _, c in ordered), default=0))
+            chunks = self._raw[raw][2]
+            ordered = sorted(enumerate(chunks), key=lambda ic: ic[1].offsets[0])
+            got = ([c.offsets[0] for _, c in ordered], ordered, max((c.sizes[0] for _, c in ordered), default=0))
+            if len(chunks) > _SORT_AGAIN:  # a few chunks are sorted again when asked
+                self._by_start[raw] = got
+                if len(self._by_start) > _KEYS_KEPT:
+                    self._by_start.popitem(last=False)
+        else:
+            self._by_start.move_to_end(raw)
         return got
 
     def _lazy_part(self, part: _Part) -> Lazy:
@@ -415,15 +441,27 @@ class DistCheckpointSource:
 
     def _layout(self, raw: str, c: _Chunk, region: ByteRegion) -> ChunkLayout | None:
         """The storage layout of a chunk (cached), or None to fall back to a plain load."""
-        if c not in self._layouts:
-            try:
-                fmap = self._maps.get(region.path)
-                if fmap is None:  # the chunk's storage is viewed on this map too (layout_tensor)
-                    fmap = self._maps[region.path] = FileMap(region.path)
-                self._layouts[c] = read_layout(region, fmap.view(region.offset, region.length))
-            except OSError as exc:
-                raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
-        return self._layouts[c]
+        if c in self._layouts:
+            self._layouts.move_to_end(c)
+            return self._layouts[c]
+        try:
+            fmap = self._maps.get(region.path)
+            if fmap is None:  # the chunk's storage is viewed on this map too (layout_tensor)
+                fmap = self._maps[region.path] = FileMap(region.path)
+            layout = self._layouts[c] = read_layout(region, fmap.view(region.offset, region.length))
+        except OSError as exc:
+            raise InputError(f"{self._where}: cannot read a chunk of {raw} ({exc})") from exc
+        if len(self._layouts) > _CHUNKS_KEPT:
+            self._layouts.popitem(last=False)
+        return layout
+
+
+#: The chunk layouts kept (a chunk holding several tensors' rows is read once for each,
+#: one after another in plan order), the keys whose sorted chunks are kept, and the
+#: chunk count up to which a key's chunks are sorted again rather than kept.
+_CHUNKS_KEPT = 1024
+_KEYS_KEPT = 64
+_SORT_AGAIN = 8
 
 
 def _covers(c: _Chunk, starts: tuple[int, ...], sizes: tuple[int, ...]) -> bool:

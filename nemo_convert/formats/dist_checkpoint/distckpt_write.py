@@ -38,7 +38,7 @@ from nemo_convert.formats.dist_checkpoint.distckpt import (
     format_box,
     merge_records,
 )
-from nemo_convert.formats.dist_checkpoint.dcp_pickle import metadata_bytes
+from nemo_convert.formats.dist_checkpoint.dcp_pickle import write_metadata
 from nemo_convert.formats.io.sink import MemberSink
 from nemo_convert.formats.torch_zip.torch_save import TorchSaveWriter
 
@@ -154,6 +154,9 @@ class DistCheckpointWriter:
         self._data_file = data_file
         self._align = max(1, align)
         self._tensors: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        # The records share the declared key strings and the chunk shapes (a stacked key
+        # has a chunk per layer and expert, all of one shape): not one copy per chunk.
+        self._one: dict[Any, Any] = {}
         self._chunks: list[ChunkRecord] = []
         self._objects: dict[str, bytes] = {}
         self._object_records: list[ObjectRecord] = []
@@ -171,6 +174,7 @@ class DistCheckpointWriter:
             raise ShapeError(f"{key}: negative size in {list(shape)}")
         if key in self._objects:
             raise ShapeError(f"{key} is already an object item")
+        key = self._one.setdefault(key, key)
         prev = self._tensors.setdefault(key, (shape, dtype))
         if prev != (shape, dtype):
             raise ShapeError(f"{key}: declared as {list(prev[0])} {prev[1]}, now as {list(shape)} {dtype}")
@@ -183,8 +187,10 @@ class DistCheckpointWriter:
         if key not in self._tensors:
             raise ShapeError(f"{key}: write_chunk before declare")
         shape, dtype = self._tensors[key]
+        key = self._one[key]
         offs = tuple(int(o) for o in offsets)
         sizes = tuple(tensor.shape)
+        sizes = self._one.setdefault(sizes, sizes)
         if tensor.dtype != dtype:
             raise ShapeError(f"{key}: chunk dtype {tensor.dtype} differs from the declared {dtype}")
         if len(offs) != len(shape) or len(sizes) != len(shape):
@@ -327,6 +333,7 @@ def write_dist_metadata(sink: MemberSink, folder: str, records_list: Sequence[Di
     """
     merged = merge_records(records_list, ShapeError)
     tensors, objects = metadata_entries(merged, ShapeError)
-    sink.add_bytes(_member(folder, DCP_METADATA), metadata_bytes(tensors, objects, DCP_VERSION))
+    with sink.open_member(_member(folder, DCP_METADATA)) as f:  # streamed: not whole in memory
+        write_metadata(f.write, tensors, objects, DCP_VERSION)
     sink.add_bytes(_member(folder, COMMON_PT), _save_bytes({} if common is None else common))
     sink.add_bytes(_member(folder, METADATA_JSON), json.dumps(config or TORCH_DIST_CONFIG).encode())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from json.encoder import encode_basestring_ascii
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -125,12 +126,8 @@ class HFWeightsWriter:
         self._owned = {i for i in range(n) if owned(i)}
         self._writers: dict[int, SafetensorsStreamWriter] = {}
         if write_index:
-            weight_map = {name: self._names[i] for name, i in self._shard_of.items()}
-            total = sum(i.nbytes for i in infos)
-            with open(os.path.join(folder, SAFE_INDEX), "w", encoding="utf-8") as f:
-                json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
-                          f, indent=2)
-                f.write("\n")
+            _write_index(os.path.join(folder, SAFE_INDEX), sum(i.nbytes for i in infos),
+                         {name: self._names[i] for name, i in self._shard_of.items()})
         if not infos and 0 in self._owned:
             SafetensorsStreamWriter(os.path.join(folder, self._names[0]), [], {"format": "pt"}).close()
 
@@ -156,6 +153,27 @@ class HFWeightsWriter:
         if unfinished:
             raise InputError("internal error: HF writer closed before every tensor was written "
                              f"(shards {', '.join(self._names[i] for i in unfinished)})")
+
+
+def _write_index(path: str, total: int, weight_map: dict[str, str]) -> None:
+    """``model.safetensors.index.json``: ``json.dump({"metadata": {"total_size": total},
+    "weight_map": <sorted by name>}, indent=2)`` and a newline, written entry by entry (the
+    sorted copy of the map and the encoder's pieces were ~0.2 KiB per tensor at the set-up's
+    peak of an export; docs/performance.md, "Memory, third round")."""
+    quote = encode_basestring_ascii  # what json.dump escapes strings with (ensure_ascii)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f'{{\n  "metadata": {{\n    "total_size": {int(total)}\n  }},\n  "weight_map": ')
+        if not weight_map:
+            f.write("{}")
+        else:
+            lines = []
+            for k, name in enumerate(sorted(weight_map)):
+                lines.append(f"{',' if k else '{'}\n    {quote(name)}: {quote(weight_map[name])}")
+                if len(lines) == 1024:
+                    f.write("".join(lines))
+                    lines.clear()
+            f.write("".join(lines) + "\n  }")
+        f.write("\n}\n")
 
 
 def json_bytes(obj: Any) -> bytes:

@@ -84,7 +84,7 @@ def split_expert_name(name: str) -> tuple[str, int] | None:
     return f"{m['head']}.experts.{m['rest']}", int(m["e"])
 
 
-def dist_places(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) -> dict[str, DistPlace]:
+def dist_places(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) -> DistPlaces:
     """The dist key and stacked indices of every logical tensor, as Megatron-Core's
     ``sharded_state_dict`` lays them out: per-layer tensors stacked on a leading layer axis
     (``decoder.layers.<rest>`` ``[L, …]``), experts on a further expert axis
@@ -98,24 +98,34 @@ def dist_places(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) ->
         parts = None if info.name.startswith(unstacked) else split_layer_name(info.name)
         if parts:
             per_layer.setdefault(parts[0], {}).setdefault(parts[1], set()).add(parts[2])
-    mixed = {stack for stack, layers in per_layer.items() if len({frozenset(r) for r in layers.values()}) > 1}
-    places: dict[str, DistPlace] = {}
-    for info in infos:
-        parts = None if info.name.startswith(unstacked) else split_layer_name(info.name)
-        if parts and parts[0] not in mixed:
+    mixed = frozenset(stack for stack, layers in per_layer.items() if len({frozenset(r) for r in layers.values()}) > 1)
+    return DistPlaces(unstacked, mixed)
+
+
+class DistPlaces:
+    """:func:`dist_places`' answer: a tensor's :class:`DistPlace` worked out from its name
+    when asked (what stacks are mixed is known), not held per tensor for the writers' life
+    (a place and a table entry per tensor, ~0.1 KiB each; docs/performance.md, "Memory,
+    third round")."""
+
+    __slots__ = ("_mixed", "_unstacked")
+
+    def __init__(self, unstacked: tuple[str, ...], mixed: frozenset[str]) -> None:
+        self._unstacked, self._mixed = unstacked, mixed
+
+    def __getitem__(self, name: str) -> DistPlace:
+        parts = None if name.startswith(self._unstacked) else split_layer_name(name)
+        if parts and parts[0] not in self._mixed:
             stack, i, rest = parts
             expert = split_expert_name(rest)
-            places[info.name] = (DistPlace(f"{stack}.{expert[0]}", (i, expert[1])) if expert
-                                 else DistPlace(f"{stack}.{rest}", (i,)))
-        else:
-            expert = split_expert_name(info.name)
-            places[info.name] = DistPlace(expert[0], (expert[1],)) if expert else DistPlace(info.name, ())
-    return places
+            return DistPlace(f"{stack}.{expert[0]}", (i, expert[1])) if expert else DistPlace(f"{stack}.{rest}", (i,))
+        expert = split_expert_name(name)
+        return DistPlace(expert[0], (expert[1],)) if expert else DistPlace(name, ())
 
 
 #: :func:`dist_layout`'s result: every logical tensor's place, and every dist key's
 #: (counts of its stacked axes, per-entry shape, dtype).
-DistLayout = tuple[dict[str, DistPlace], dict[str, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]]
+DistLayout = tuple[DistPlaces, dict[str, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]]
 
 
 def dist_layout(infos: Sequence[TensorInfo], unstacked: tuple[str, ...] = ()) -> DistLayout:

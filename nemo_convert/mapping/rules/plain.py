@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 from nemo_convert.errors import ShapeError
 from nemo_convert.mapping import ops
 from nemo_convert.mapping.rules.base import Condition, Dim, Kind, Parallel, SpecField
-from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task, same
+from nemo_convert.mapping.rules.protocol import Direction, PlanContext, Rule, Task, TaskFn, same
 from nemo_convert.tensors.base import TensorInfo
 
 
 def _side_kind(kind: Kind, direction: Direction) -> tuple[Kind]:
     """An output's kind: the rule's on the NeMo side, replicated on the HF side."""
     return (kind if direction == "to_nemo" else Parallel.REPLICATED,)
+
+
+def _transpose(ts: Sequence[Any]) -> tuple[Any, ...]:
+    return (ops.transpose_2d(ts[0]),)
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ class Transposed(Rule):
     shape: tuple[Dim, ...] | None = None
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
-        return [Task((src,), (dst,), lambda ts: (ops.transpose_2d(ts[0]),), _side_kind(self.parallel, direction),
+        return [Task((src,), (dst,), _transpose, _side_kind(self.parallel, direction),
                      label="transpose") for src, dst in ctx.pairs(self.hf, self.nemo, direction)]
 
     def check(self, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], ctx: PlanContext,
@@ -117,6 +121,7 @@ class Offset(Rule):
 
     def tasks(self, ctx: PlanContext, direction: Direction) -> list[Task]:
         delta = self.value if direction == "to_nemo" else -self.value
-        return [Task((src,), (dst,), lambda ts: (ops.add_scalar(ts[0], delta),),
+        add: TaskFn = lambda ts: (ops.add_scalar(ts[0], delta),)  # noqa: E731  (one for every task)
+        return [Task((src,), (dst,), add,
                      _side_kind(self.parallel, direction), label="offset")
                 for src, dst in ctx.pairs(self.hf, self.nemo, direction)]
