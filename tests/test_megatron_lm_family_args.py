@@ -87,6 +87,9 @@ def test_family_runs_read_inertly_translate_and_are_claimed(name: str) -> None:
     ({"position_embedding_type": "learned_absolute"}, "position_embedding_type='learned_absolute'"),
     ({"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm=True"),
     ({"use_legacy_models": True, "openai_gelu": True}, "openai_gelu=True"),
+    ({"qk_l2_norm": True}, "qk_l2_norm=True"),
+    ({"use_mup": True}, "use_mup=True"),
+    ({"moe_mlp_glu_interleave_size": 32}, "moe_mlp_glu_interleave_size=32"),
 ])
 def test_family_run_variants_not_computed_are_refused_by_name(over: dict[str, Any], words: str) -> None:
     with pytest.raises(NemoConvertError, match=words):

@@ -250,6 +250,9 @@ MOE_FIELDS: tuple[Field, ...] = (
 MOE_NEUTRAL: dict[str, Any] = {
     "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
     "moe_router_topk_scaling_factor": None, "moe_router_num_groups": None, "moe_router_group_topk": None,
+    # block-interleaved GLU halves in the expert weights (core_v0.19.0 transformer_config.py lines
+    # 708-711, 969-975): another split of linear_fc1 than the one the mappings read
+    "moe_mlp_glu_interleave_size": None, "moe_shared_expert_glu_interleave_size": None,
     **{k: v for k, v in UNMODELLED.items() if k.startswith("moe_")},
 }
 #: MoE fields a provider without shared experts (Qwen3-MoE's) must leave neutral.
@@ -280,10 +283,16 @@ PROVIDER_DEFAULTS: dict[str, Any] = {"position_embedding_type": "learned_absolut
 #: Fields (TransformerConfig / provider fields, and Megatron-LM arguments) that change the
 #: math and that no family here handles: refused unless they hold this neutral value
 #: (those no spec field models are the spec's :data:`nemo_convert.spec.UNMODELLED`).
+#: ``qk_l2_norm`` is Llama 4's L2-normalised queries and keys (core_v0.16.1
+#: ``transformer_config.py``, "llama 4-style qk L2 norm"); ``use_mup`` Megatron-Core's maximal
+#: update parametrisation, which scales the embedding, the logits and the attention scores
+#: (core_v0.19.0 ``transformer_config.py`` lines 414-460, ``mup_embedding_mult``,
+#: ``mup_output_mult``, ``mup_attn_scale_power``).
 NEUTRAL: dict[str, Any] = {
     "num_moe_experts": None, "num_experts": None, "multi_latent_attention": False, "rotary_interleaved": False,
     "apply_residual_connection_post_layernorm": False, "glu_linear_offset": 0.0,
     "activation_func_clamp_value": None, "window_attn_skip_freq": None, "mtp_num_layers": None, "openai_gelu": False,
+    "qk_l2_norm": False, "use_mup": False,
     **{k: v for k, v in UNMODELLED.items() if not k.startswith("moe_")},
 }
 
