@@ -181,3 +181,124 @@ def test_nemotron_run_without_its_norms_or_rotary_fraction_is_not_the_model(
         return
     api.export_hf(mlm, back)
     assert (logits(back) - logits(src)).abs().max() > 1.0
+
+
+# ------------------------------------------------------------------ a run Megatron-Core saved
+def _mcore_worker(root: str, name: str) -> None:  # runs in a subprocess (Megatron's global state)
+    """Megatron-Core 0.16.1 builds the ``GPTModel`` of run ``name``'s args as
+    ``core_transformer_config_from_args`` does (core_v0.16.1 ``arguments.py`` lines 1306-1370:
+    every ``TransformerConfig`` field the args have, by name; the MLP of the activation
+    switches; ``num_query_groups`` with ``--group-query-attention``) and ``gpt_builders.py``
+    (lines 99-108: the vocabulary, positions, tying, RoPE type, fraction and base), with random
+    weights; saves ``{'model', 'args', …}`` with ``dist_checkpointing.save`` as a Megatron-LM
+    training checkpoint, and its logits. CPU shims: fp32 and no fused kernels; the local spec's
+    torch norm refuses zero-centred gamma (``torch_norm.py`` line 27), so the model is built
+    without it and, once saved, runs with 1 + w in memory — what Transformer Engine's
+    zero-centred norm computes from the stored w."""
+    import argparse
+    import contextlib
+    import dataclasses
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import torch.distributed as dist
+    import torch.nn.functional as fn
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.activations import squared_relu
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import random as tp_random
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    tp_random.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root}/pg", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    with open(os.path.join(DATA, f"{name}.common.pt"), "rb") as f:
+        args: argparse.Namespace = torch.load(f, weights_only=False)["args"]
+    args.bf16, args.params_dtype = False, torch.float32  # this run's command line: fp32 (CPU)
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    kw = {k: v for k, v in vars(args).items() if k in fields}
+    kw.update(num_query_groups=args.num_query_groups if args.group_query_attention else None,
+              num_moe_experts=args.num_experts)
+    if args.swiglu:
+        kw.update(activation_func=fn.silu, gated_linear_unit=True)
+    if args.squared_relu:
+        kw.update(activation_func=squared_relu)
+    zero_centred = bool(kw.pop("layernorm_zero_centered_gamma", False))
+    kw.update(params_dtype=torch.float32, pipeline_dtype=torch.float32, use_cpu_initialization=True,
+              bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
+              persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
+              attention_softmax_in_fp32=True, deallocate_pipeline_outputs=True)
+    cfg = TransformerConfig(**kw)
+    model = GPTModel(cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization=args.normalization,
+                                                                         qk_layernorm=args.qk_layernorm),
+                     vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
+                     position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+                     rotary_base=args.rotary_base,
+                     share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+                     parallel_output=False).eval()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    ckpt = f"{root}/mlm/iter_0000100"
+    os.makedirs(ckpt)
+    dist_checkpointing.save({"model": model.sharded_state_dict(), "args": args, "checkpoint_version": 3.0,
+                             "iteration": 100}, ckpt)
+    with open(f"{root}/mlm/latest_checkpointed_iteration.txt", "w") as f:
+        f.write("100")
+    if zero_centred:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith(("layernorm.weight", "layer_norm_weight")):
+                    p.add_(1.0)
+    from test_family_matrix import IDS
+
+    n = IDS.shape[1]
+    mask = torch.triu(torch.ones(1, 1, n, n, dtype=torch.bool), diagonal=1)
+    with torch.no_grad():
+        logits = model(IDS, torch.arange(n)[None], mask)
+    torch.save(logits, f"{root}/mcore_logits.pt")
+    dist.destroy_process_group()
+    print("MCORE-WORKER OK")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["core_v0.16.1+nemotron4", "core_v0.16.1+qwen2"])
+def test_run_megatron_core_saved_exports_with_its_logits(tmp_path: Any, name: str) -> None:
+    """A Megatron-LM checkpoint Megatron-Core itself saved under the run's args exports to an HF
+    model whose logits are Megatron-Core's."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("megatron.core") is None:
+        pytest.skip("needs megatron.core")
+    from test_family_matrix import IDS, logits
+
+    root = str(tmp_path)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.path.dirname(os.path.abspath(__file__)),
+                                                       os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), root, name], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0 and "MCORE-WORKER OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    mlm = f"{root}/mlm"
+    assert api.inspect_checkpoint(mlm)["family"] == MODES[name.partition("+")[2]]
+    back = f"{root}/back"
+    api.export_hf(mlm, back)
+    mcore = torch.load(f"{root}/mcore_logits.pt")
+    got = logits(back, IDS)
+    mcore = mcore if mcore.shape == got.shape else mcore.transpose(0, 1)
+    delta = (got - mcore).abs().max().item()
+    print(f"{name}: max|dlogit| HF export vs Megatron-Core = {delta:.3g}")
+    assert delta < 1e-4, delta
+
+
+if __name__ == "__main__":
+    import sys
+
+    _mcore_worker(sys.argv[1], sys.argv[2])
