@@ -47,13 +47,12 @@ def _refuse_non_neutral(values: dict[str, Any], where: str, hybrid: bool = False
             raise UnsupportedError(f"{where}: {k}={v!r} changes the model's math and is not supported")
 
 
-def _moe_nemo(cfg: dict[str, Any], values: dict[str, Any], side: str, where: str) -> None:
-    """The MoE fields of a provider / Megatron-LM ``args`` with experts into ``cfg``."""
-    experts = values.get("num_moe_experts" if side == "provider" else "num_experts")
-    if not experts:
+def _moe_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
+    """The MoE fields of a provider section with experts into ``cfg``."""
+    if not values.get("num_moe_experts"):
         return
     for f in MOE_FIELDS:
-        value = values.get(str(getattr(f, side)), f.default)
+        value = values.get(str(f.provider), f.default)
         if f.nemo == "moe_ffn_hidden_size" and value is None:
             value = cfg["ffn_hidden_size"]
         if value is not None:
@@ -147,14 +146,13 @@ def _mla_rope(values: dict[str, Any], where: str) -> dict[str, Any]:
                                     for k, v in yarn.items()}}
 
 
-def _common_nemo(values: dict[str, Any], side: str, hybrid: bool = False) -> dict[str, Any]:
+def _common_nemo(values: dict[str, Any], hybrid: bool = False) -> dict[str, Any]:
     cfg: dict[str, Any] = {"mcore_gpt": True, "target": NEMO_GPT_TARGET}
     for f in FIELDS:
-        name = getattr(f, side)
+        name = f.provider
         if name is None:
             continue
-        default = PROVIDER_DEFAULTS.get(name, f.default) if side == "provider" else f.default
-        value = values.get(name, default)
+        value = values.get(name, PROVIDER_DEFAULTS.get(name, f.default))
         cfg[f.nemo] = f.kind(value) if value is not None else None
     if cfg.get("position_embedding_type") == "yarn":
         cfg.update(yarn_nemo(values, "the model section"))
@@ -220,7 +218,7 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
     _refuse_non_neutral(model, where, hybrid=hybrid)
     if pf is not None:
         _refuse_unfixed(model, pf, where)
-    cfg = _common_nemo(model, "provider", hybrid=hybrid)
+    cfg = _common_nemo(model, hybrid=hybrid)
     cfg.update(declared)
     heads = int(model["num_attention_heads"])
     cfg["num_query_groups"] = int(model.get("num_query_groups") or heads)
@@ -243,7 +241,7 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
         raise UnsupportedError(f"{where}: layernorm_zero_centered_gamma without GemmaModelProvider's embedding "
                                f"scaling ({target or 'no _target_'}) is not a model any family here runs")
     _sliding_window_record(cfg)
-    _moe_nemo(cfg, model, "provider", where)
+    _moe_nemo(cfg, model, where)
     if hybrid:
         hybrid_nemo(cfg, model, where)
     if is_gpt_oss(model):
