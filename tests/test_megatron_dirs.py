@@ -745,16 +745,19 @@ def test_family_refusals_by_name(family_models, tmp_path) -> None:
 def test_args_table_dense_families() -> None:
     """Megatron-LM arguments of the dense families (core_v0.16.1 arguments.py: --add-qkv-bias,
     --qk-layernorm, --window-size, --kv-channels) read into the NeMo fields their families
-    claim; zero-centred norms (--apply-layernorm-1p) have no embedding scaling there."""
+    claim; zero-centred RMSNorm (--apply-layernorm-1p up to core_v0.15.3) is Gemma's, whose embedding
+    scaling Megatron-LM's GPT model does not have."""
     qwen2 = args_to_nemo(vars(megatron_lm_args(add_qkv_bias=True)), "x")
     assert qwen2["qkv_bias"] is True and qwen2["bias"] is False
     qwen3 = args_to_nemo(vars(megatron_lm_args(qk_layernorm=True, kv_channels=32)), "x")
     assert qwen3["qk_layernorm"] is True and qwen3["kv_channels"] == 32
     mistral = args_to_nemo(vars(megatron_lm_args(window_size=(3, 0))), "x")
     assert mistral["window_size"] == [3, 0] and mistral["nemo_convert"]["sliding_window"] == 4
-    for over, words in ((dict(layernorm_zero_centered_gamma=True), "layernorm_zero_centered_gamma=True"),
-                        (dict(apply_layernorm_1p=True), "apply_layernorm_1p"),
-                        (dict(openai_gelu=True), "openai_gelu")):
+    # --openai-gelu is read by the legacy models only: a Megatron-Core run's MLP is as without it
+    assert args_to_nemo(vars(megatron_lm_args(openai_gelu=True)), "x") == args_to_nemo(vars(megatron_lm_args()), "x")
+    for over, words in ((dict(layernorm_zero_centered_gamma=True), "layernorm_zero_centered_gamma without"),
+                        (dict(apply_layernorm_1p=True), "layernorm_zero_centered_gamma without"),
+                        (dict(openai_gelu=True, use_legacy_models=True), "openai_gelu=True")):
         with pytest.raises(UnsupportedError, match=words):
             args_to_nemo(vars(megatron_lm_args(**over)), "x")
 

@@ -33,8 +33,10 @@ from tiny_models import hf_tensors, read_json
 DATA = os.path.join(os.path.dirname(__file__), "data", "megatron_lm_args")
 with open(os.path.join(DATA, "index.json")) as _f:
     INDEX: dict[str, Any] = json.load(_f)
-#: The GPT runs' fixtures (the hybrid runs', ``+hybrid*``, are tests/test_megatron_lm_hybrid_args.py's).
-GPT = sorted(n for n in INDEX if "+hybrid" not in n)
+#: The tiny Llama's GPT runs' fixtures (the hybrid runs', ``+hybrid*``, are
+#: tests/test_megatron_lm_hybrid_args.py's; the other families', ``+nemotron4`` / ``+qwen2`` /
+#: ``+mistral``, tests/test_megatron_lm_family_args.py's).
+GPT = sorted(n for n in INDEX if "+hybrid" not in n and n.partition("+")[2] not in ("nemotron4", "qwen2", "mistral"))
 #: Every release tag read (the brief's range: Megatron-Core 0.8 to 0.19).
 TAGS = ("core_r0.8.0", "core_r0.9.0", "core_r0.10.0", "core_r0.11.0", "core_v0.12.3", "core_v0.13.1",
         "core_v0.14.0", "core_v0.15.3", "core_v0.16.1", "core_v0.17.1", "core_v0.18.2", "core_v0.19.0")

@@ -182,7 +182,7 @@ def _cfg(**over: Any) -> dict[str, Any]:
     ({"squared_relu": False, "swiglu": True}, "gated_linear_unit=True"),
     ({"squared_relu": False}, "activation_func='gelu'"),
     ({"fp32_residual_connection": True}, "fp32_residual_connection=True"),
-    ({"quick_geglu": True}, "quick_geglu=True"),
+    ({"squared_relu": False, "quick_geglu": True}, "gated_linear_unit=True"),
     ({"model_type": "ModelType(2)"}, r"model_type=ModelType\(2\)"),
 ])
 def test_what_the_family_does_not_compute_is_refused_by_name(over: dict[str, Any], words: str) -> None:

@@ -8,7 +8,10 @@ Megatron-LM core_v0.16.1 builds its transformer arguments from the fields of
 ``core_transformer_config_from_args`` (lines 1306–1370: ``swiglu`` → gated SiLU,
 ``group_query_attention`` gates ``num_query_groups``, ``num_experts`` →
 ``num_moe_experts``); the few arguments of its own are in the "network size" group
-(lines 1630–1697). Megatron-Bridge's ``LlamaBridge.provider_bridge``
+(lines 1630–1697). A run's ``args`` are therefore renamed into the provider section that
+``TransformerConfig`` is (:func:`~nemo_convert.formats.megatron.megatron_lm_args.run_section`)
+and read by this table's provider column: the table has two columns, NeMo and provider.
+Megatron-Bridge's ``LlamaBridge.provider_bridge``
 (``src/megatron/bridge/models/llama/llama_bridge.py``) derives a ``GPTModelProvider`` from
 an HF config through the base bridge's field table plus RMSNorm, gated linear unit, RoPE,
 ``rotary_percent`` 1.0 and, for ``rope_type: llama3``, ``rope_scaling`` with
@@ -139,14 +142,15 @@ Getter = Callable[[ModelSpec, dict[str, Any]], Any]
 
 @dataclass(frozen=True)
 class Field:
-    """One field under its three names (None: that side has no such field), the type its
-    value is read as and what it means when absent (``default``); ``of`` is the value
-    written to a provider: read from the :class:`~nemo_convert.spec.ModelSpec` (and, for
-    the training knobs that are not math, from the NeMo config as it is)."""
+    """One field under its NeMo and provider names (None: the provider has no such field; a
+    Megatron-LM run's args are renamed into a provider section first,
+    :func:`~nemo_convert.formats.megatron.megatron_lm_args.run_section`), the type its value is
+    read as and what it means when absent (``default``); ``of`` is the value written to a
+    provider: read from the :class:`~nemo_convert.spec.ModelSpec` (and, for the training knobs
+    that are not math, from the NeMo config as it is)."""
 
     nemo: str
     provider: str | None
-    megatron_lm: str | None
     kind: Callable[[Any], Any]
     default: Any = None
     of: Getter | None = None
@@ -186,30 +190,30 @@ def _window(s: ModelSpec, cfg: dict[str, Any]) -> list[int] | None:
 
 #: Fields that pass through unchanged (renamed only).
 FIELDS: tuple[Field, ...] = (
-    Field("num_layers", "num_layers", "num_layers", int, of=lambda s, c: s.geometry.layers),
-    Field("hidden_size", "hidden_size", "hidden_size", int, of=lambda s, c: s.geometry.hidden),
-    Field("ffn_hidden_size", "ffn_hidden_size", "ffn_hidden_size", int, of=lambda s, c: s.geometry.ffn),
-    Field("num_attention_heads", "num_attention_heads", "num_attention_heads", int, of=lambda s, c: s.geometry.heads),
-    Field("kv_channels", "kv_channels", "kv_channels", int, of=lambda s, c: s.geometry.head_dim),
-    Field("max_position_embeddings", "seq_length", "max_position_embeddings", int,
+    Field("num_layers", "num_layers", int, of=lambda s, c: s.geometry.layers),
+    Field("hidden_size", "hidden_size", int, of=lambda s, c: s.geometry.hidden),
+    Field("ffn_hidden_size", "ffn_hidden_size", int, of=lambda s, c: s.geometry.ffn),
+    Field("num_attention_heads", "num_attention_heads", int, of=lambda s, c: s.geometry.heads),
+    Field("kv_channels", "kv_channels", int, of=lambda s, c: s.geometry.head_dim),
+    Field("max_position_embeddings", "seq_length", int,
           of=lambda s, c: s.geometry.max_positions),
-    Field("init_method_std", "init_method_std", "init_method_std", float, 0.02,
+    Field("init_method_std", "init_method_std", float, 0.02,
           of=_passthrough("init_method_std", 0.02)),
-    Field("layernorm_epsilon", "layernorm_epsilon", "layernorm_epsilon", float, 1e-5, of=lambda s, c: s.norm.eps),
-    Field("rotary_base", "rotary_base", "rotary_base", float, 10000.0, of=lambda s, c: _rope(s).theta),
-    Field("rotary_percentage", "rotary_percent", "rotary_percent", float, 1.0, of=lambda s, c: _rope(s).fraction),
-    Field("position_embedding_type", "position_embedding_type", "position_embedding_type", str, "rope",
+    Field("layernorm_epsilon", "layernorm_epsilon", float, 1e-5, of=lambda s, c: s.norm.eps),
+    Field("rotary_base", "rotary_base", float, 10000.0, of=lambda s, c: _rope(s).theta),
+    Field("rotary_percentage", "rotary_percent", float, 1.0, of=lambda s, c: _rope(s).fraction),
+    Field("position_embedding_type", "position_embedding_type", str, "rope",
           of=lambda s, c: s.positions),
-    Field("bias", "add_bias_linear", "add_bias_linear", bool, True, of=_linear_bias),  # TransformerConfig's default
-    Field("qkv_bias", "add_qkv_bias", "add_qkv_bias", bool, False, of=lambda s, c: s.attention.qkv_bias),
-    Field("qk_layernorm", "qk_layernorm", "qk_layernorm", bool, False, of=lambda s, c: s.attention.qk_norm),
-    Field("layernorm_zero_centered_gamma", "layernorm_zero_centered_gamma", "layernorm_zero_centered_gamma",
+    Field("bias", "add_bias_linear", bool, True, of=_linear_bias),  # TransformerConfig's default
+    Field("qkv_bias", "add_qkv_bias", bool, False, of=lambda s, c: s.attention.qkv_bias),
+    Field("qk_layernorm", "qk_layernorm", bool, False, of=lambda s, c: s.attention.qk_norm),
+    Field("layernorm_zero_centered_gamma", "layernorm_zero_centered_gamma",
           bool, False, of=lambda s, c: s.norm.zero_centred),
-    Field("window_size", "window_size", "window_size", lambda v: [int(x) for x in v], of=_window),
-    Field("seq_len_interpolation_factor", "seq_len_interpolation_factor", "rotary_seq_len_interpolation_factor",
+    Field("window_size", "window_size", lambda v: [int(x) for x in v], of=_window),
+    Field("seq_len_interpolation_factor", "seq_len_interpolation_factor",
           _float_or_none, of=lambda s, c: _rope(s).interpolation),
-    Field("hidden_dropout", "hidden_dropout", "hidden_dropout", float, 0.0, of=_passthrough("hidden_dropout", 0.0)),
-    Field("attention_dropout", "attention_dropout", "attention_dropout", float, 0.0,
+    Field("hidden_dropout", "hidden_dropout", float, 0.0, of=_passthrough("hidden_dropout", 0.0)),
+    Field("attention_dropout", "attention_dropout", float, 0.0,
           of=_passthrough("attention_dropout", 0.0)),
 )
 
@@ -233,15 +237,15 @@ def _pattern(s: ModelSpec, cfg: dict[str, Any]) -> Any:
 
 
 MOE_FIELDS: tuple[Field, ...] = (
-    Field("num_moe_experts", "num_moe_experts", "num_experts", int, of=lambda s, c: _moe(s).experts),
-    Field("moe_router_topk", "moe_router_topk", "moe_router_topk", int, 2, of=lambda s, c: _moe(s).topk),
-    Field("moe_ffn_hidden_size", "moe_ffn_hidden_size", "moe_ffn_hidden_size", int, of=lambda s, c: _moe(s).ffn),
-    Field("moe_router_pre_softmax", "moe_router_pre_softmax", "moe_router_pre_softmax", bool, False,
+    Field("num_moe_experts", "num_moe_experts", int, of=lambda s, c: _moe(s).experts),
+    Field("moe_router_topk", "moe_router_topk", int, 2, of=lambda s, c: _moe(s).topk),
+    Field("moe_ffn_hidden_size", "moe_ffn_hidden_size", int, of=lambda s, c: _moe(s).ffn),
+    Field("moe_router_pre_softmax", "moe_router_pre_softmax", bool, False,
           of=lambda s, c: _moe(s).pre_softmax),
-    Field("moe_layer_freq", "moe_layer_freq", "moe_layer_freq", _freq, 1, of=_pattern),
-    Field("moe_shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
-          "moe_shared_expert_intermediate_size", int, of=lambda s, c: _moe(s).shared_ffn or None),
-    Field("moe_shared_expert_gate", "moe_shared_expert_gate", "moe_shared_expert_gate", bool, False,
+    Field("moe_layer_freq", "moe_layer_freq", _freq, 1, of=_pattern),
+    Field("moe_shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", int,
+          of=lambda s, c: _moe(s).shared_ffn or None),
+    Field("moe_shared_expert_gate", "moe_shared_expert_gate", bool, False,
           of=lambda s, c: _moe(s).shared_gate),
 )
 #: MoE routing that changes the math and that no readable family here expresses (DeepSeek's
@@ -250,6 +254,9 @@ MOE_FIELDS: tuple[Field, ...] = (
 MOE_NEUTRAL: dict[str, Any] = {
     "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
     "moe_router_topk_scaling_factor": None, "moe_router_num_groups": None, "moe_router_group_topk": None,
+    # block-interleaved GLU halves in the expert weights (core_v0.19.0 transformer_config.py lines
+    # 708-711, 969-975): another split of linear_fc1 than the one the mappings read
+    "moe_mlp_glu_interleave_size": None, "moe_shared_expert_glu_interleave_size": None,
     **{k: v for k, v in UNMODELLED.items() if k.startswith("moe_")},
 }
 #: MoE fields a provider without shared experts (Qwen3-MoE's) must leave neutral.
@@ -280,10 +287,16 @@ PROVIDER_DEFAULTS: dict[str, Any] = {"position_embedding_type": "learned_absolut
 #: Fields (TransformerConfig / provider fields, and Megatron-LM arguments) that change the
 #: math and that no family here handles: refused unless they hold this neutral value
 #: (those no spec field models are the spec's :data:`nemo_convert.spec.UNMODELLED`).
+#: ``qk_l2_norm`` is Llama 4's L2-normalised queries and keys (core_v0.16.1
+#: ``transformer_config.py``, "llama 4-style qk L2 norm"); ``use_mup`` Megatron-Core's maximal
+#: update parametrisation, which scales the embedding, the logits and the attention scores
+#: (core_v0.19.0 ``transformer_config.py`` lines 414-460, ``mup_embedding_mult``,
+#: ``mup_output_mult``, ``mup_attn_scale_power``).
 NEUTRAL: dict[str, Any] = {
     "num_moe_experts": None, "num_experts": None, "multi_latent_attention": False, "rotary_interleaved": False,
     "apply_residual_connection_post_layernorm": False, "glu_linear_offset": 0.0,
     "activation_func_clamp_value": None, "window_attn_skip_freq": None, "mtp_num_layers": None, "openai_gelu": False,
+    "qk_l2_norm": False, "use_mup": False,
     **{k: v for k, v in UNMODELLED.items() if not k.startswith("moe_")},
 }
 

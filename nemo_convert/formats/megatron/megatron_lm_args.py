@@ -32,12 +32,16 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_convert.errors import ConfigError, UnsupportedError
+from nemo_convert.formats.megatron.provider_gpt_oss import QUICK_GELU
 from nemo_convert.formats.megatron.providers import (
     SILU,
     SQUARED_RELU,
     ProviderFamily,
     ProviderTable,
 )
+
+#: TransformerConfig's default MLP function (Megatron-Core 0.16.1 ``transformer_config.py``).
+GELU = "torch.nn.functional.gelu"
 
 #: Megatron-Core's own stack specs of a hybrid model, as ``--spec`` names them (module,
 #: function): core_v0.16.1 ``megatron/core/models/mamba/mamba_layer_specs.py``
@@ -178,32 +182,68 @@ def hybrid_family_provider(providers: ProviderTable, where: str) -> ProviderFami
     return mine[0]
 
 
-def hybrid_section(args: dict[str, Any], where: str, target: str) -> dict[str, Any]:
-    """A hybrid run's args renamed into a ``target`` provider section (module docstring): the
-    fields ``core_transformer_config_from_args`` derives (the MLP function from ``squared_relu``
-    / ``swiglu``, lines 1332-1344; ``num_query_groups`` only with ``group_query_attention``,
-    lines 1348-1351; ``num_experts`` as ``num_moe_experts``, line 1327) and what the builder
-    passes (``max_position_embeddings`` as the sequence length, the tying, the pattern); the
-    rest under their own names, the harmless ones (:data:`HYBRID_HARMLESS`) dropped."""
-    section = {k: v for k, v in args.items() if k not in HYBRID_HARMLESS and k not in HYBRID_MARKERS and k != "spec"}
+#: What a Megatron-LM run's MLP is, by its activation switches (core_v0.16.1
+#: ``megatron/training/arguments.py`` ``core_transformer_config_from_args`` lines 1332-1344):
+#: ``--swiglu`` is gated SiLU; then ``--squared-relu`` makes it squared ReLU (ungated), else
+#: ``--quick-geglu`` gated quick-GeLU (Megatron-Core's ``quick_gelu``), each asserting not
+#: ``--swiglu`` (so with both, squared ReLU wins); none of them leaves TransformerConfig's
+#: ``F.gelu`` (erf GeLU, made the tanh kernel by ``bias_activation_fusion``, which is
+#: ``--bias-swiglu-fusion`` for ``--swiglu`` and ``--bias-gelu-fusion`` otherwise).
+ACTIVATION_SWITCHES = ("swiglu", "squared_relu", "quick_geglu")
+
+
+def _activation(args: dict[str, Any], where: str) -> dict[str, Any]:
+    """The provider's ``activation_func`` / ``gated_linear_unit`` / ``bias_activation_fusion``
+    of a run's switches (:data:`ACTIVATION_SWITCHES`, in Megatron-LM's order)."""
+    swiglu = bool(args.get("swiglu"))
+    other = next((k for k in ACTIVATION_SWITCHES[1:] if args.get(k)), None)
+    if swiglu and other:
+        raise UnsupportedError(f"{where}: swiglu and {other} are both set (Megatron-LM asserts not)")
+    fn, gated = ((SQUARED_RELU, False) if other == "squared_relu" else (QUICK_GELU, True) if other else
+                 (SILU, True) if swiglu else (GELU, False))
+    fused = args.get("bias_swiglu_fusion", True) if swiglu else args.get("bias_gelu_fusion", True)
+    return {"activation_func": fn, "gated_linear_unit": gated, "bias_activation_fusion": bool(fused)}
+
+
+def run_section(args: dict[str, Any], where: str, target: str) -> dict[str, Any]:
+    """A Megatron-LM run's args renamed into a ``target`` provider section: the fields
+    ``core_transformer_config_from_args`` derives (core_v0.16.1 ``arguments.py`` lines
+    1306-1370: every ``TransformerConfig`` field under its own name; the MLP of
+    :data:`ACTIVATION_SWITCHES`; ``num_query_groups`` only with ``group_query_attention``,
+    lines 1348-1351; ``num_experts`` as ``num_moe_experts``, line 1327; up to core_v0.15.3,
+    ``layernorm_zero_centered_gamma = args.apply_layernorm_1p``, its ``arguments.py`` line 1249 —
+    from core_v0.16.1 the flag is TransformerConfig's own ``--layernorm-zero-centered-gamma``)
+    and what the model builder passes (core_v0.16.1 ``gpt_builders.py`` lines 99-108:
+    ``max_sequence_length = max_position_embeddings``, the tying, ``position_embedding_type``,
+    ``rotary_percent``, ``rotary_base``, ``rope_scaling = use_rope_scaling``); the rest under
+    their own names, the harmless ones (:data:`HYBRID_HARMLESS`) dropped. ``--openai-gelu`` is
+    read by Megatron-LM's legacy models only (core_v0.16.1 ``megatron/legacy/model/
+    transformer.py`` lines 132-133; neither ``core_transformer_config_from_args`` nor
+    Megatron-Core reads it): in a Megatron-Core run (``use_legacy_models`` false) it changes
+    nothing and is dropped; a legacy run keeps it, to be refused by name."""
+    section = {k: v for k, v in args.items() if k not in HYBRID_HARMLESS and k not in HYBRID_MARKERS
+               and k not in ACTIVATION_SWITCHES and k != "spec"}
     if section.get("layernorm_epsilon") is None and args.get("norm_epsilon") is not None:
         section["layernorm_epsilon"] = args["norm_epsilon"]  # older Megatron-LM spelling
-    if args.get("squared_relu") and args.get("swiglu"):
-        raise UnsupportedError(f"{where}: squared_relu and swiglu are both set (Megatron-LM asserts not)")
-    fn, gated = (SQUARED_RELU, False) if args.get("squared_relu") else (SILU, True) if args.get("swiglu") else \
-        ("torch.nn.functional.gelu", False)
-    section.pop("squared_relu", None)
+    if section.pop("apply_layernorm_1p", False):
+        section["layernorm_zero_centered_gamma"] = True
+    if not args.get("use_legacy_models"):
+        section.pop("openai_gelu", None)
     heads = int(args["num_attention_heads"])
     section.update({
-        "_target_": target, "activation_func": fn, "gated_linear_unit": gated,
-        "bias_activation_fusion": bool(args.get("bias_swiglu_fusion" if args.get("swiglu") else "bias_gelu_fusion")),
+        "_target_": target, **_activation(args, where),
         "num_query_groups": int(args.get("num_query_groups") or heads) if args.get("group_query_attention") else heads,
         "num_moe_experts": section.pop("num_experts", None),
         "seq_length": args.get("max_position_embeddings"),
         "seq_len_interpolation_factor": section.pop("rotary_seq_len_interpolation_factor", None),
         "share_embeddings_and_output_weights": not bool(args.get("untie_embeddings_and_output_weights", False)),
         "rope_scaling": bool(section.pop("use_rope_scaling", False)),
-        "hybrid_layer_pattern": run_pattern(args, where),
-        "is_hybrid_model": True,
     })
     return section
+
+
+def hybrid_section(args: dict[str, Any], where: str, target: str) -> dict[str, Any]:
+    """A hybrid run's args as a ``target`` provider section (module docstring): the run's
+    section (:func:`run_section`) with the layer pattern the builder passes."""
+    return {**run_section(args, where, target), "hybrid_layer_pattern": run_pattern(args, where),
+            "is_hybrid_model": True}

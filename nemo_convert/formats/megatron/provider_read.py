@@ -14,11 +14,12 @@ from nemo_convert.errors import ConfigError, UnsupportedError
 from nemo_convert.formats.megatron.megatron_config import (DECODER_MODEL_TYPE, DEEPSEEK_ROUTING, EXPERT_COUNTS, FIELDS,
                                                           FIXED_ABSENT, MLA_FIELDS, MLA_YARN, MOE_FIELDS, MOE_NEUTRAL,
                                                           NEMO_GPT_TARGET, NEUTRAL, NORMALIZATIONS, PROVIDER_DEFAULTS)
-from nemo_convert.formats.megatron.megatron_lm_args import hybrid_family_provider, hybrid_section, is_hybrid_run
+from nemo_convert.formats.megatron.megatron_lm_args import (hybrid_family_provider, hybrid_section, is_hybrid_run,
+                                                            run_section)
 from nemo_convert.formats.megatron.provider_flags import (NEMO_HYBRID_PATTERN, declared_nemo, declared_read, hybrid_nemo,
                                                          target_of)
 from nemo_convert.formats.megatron.provider_gpt_oss import GPT_OSS_FIELDS, gpt_oss_nemo, is_gpt_oss, yarn_nemo
-from nemo_convert.formats.megatron.providers import HYBRID_PROVIDER, MLA_CLASS_DEFAULTS, ProviderFamily, ProviderTable
+from nemo_convert.formats.megatron.providers import GPT_PROVIDER, HYBRID_PROVIDER, MLA_CLASS_DEFAULTS, ProviderFamily, ProviderTable
 from nemo_convert.spec import (LLAMA3_DEFAULTS, MLA_PLAIN, Llama3Scaling, dtype_name_of_flags, mcore_activation,
                                precision_of_dtype_name, window_keys)
 from nemo_convert.spec.activations import NEMO_ACTIVATION_FIELDS
@@ -46,13 +47,12 @@ def _refuse_non_neutral(values: dict[str, Any], where: str, hybrid: bool = False
             raise UnsupportedError(f"{where}: {k}={v!r} changes the model's math and is not supported")
 
 
-def _moe_nemo(cfg: dict[str, Any], values: dict[str, Any], side: str, where: str) -> None:
-    """The MoE fields of a provider / Megatron-LM ``args`` with experts into ``cfg``."""
-    experts = values.get("num_moe_experts" if side == "provider" else "num_experts")
-    if not experts:
+def _moe_nemo(cfg: dict[str, Any], values: dict[str, Any], where: str) -> None:
+    """The MoE fields of a provider section with experts into ``cfg``."""
+    if not values.get("num_moe_experts"):
         return
     for f in MOE_FIELDS:
-        value = values.get(str(getattr(f, side)), f.default)
+        value = values.get(str(f.provider), f.default)
         if f.nemo == "moe_ffn_hidden_size" and value is None:
             value = cfg["ffn_hidden_size"]
         if value is not None:
@@ -146,14 +146,13 @@ def _mla_rope(values: dict[str, Any], where: str) -> dict[str, Any]:
                                     for k, v in yarn.items()}}
 
 
-def _common_nemo(values: dict[str, Any], side: str, hybrid: bool = False) -> dict[str, Any]:
+def _common_nemo(values: dict[str, Any], hybrid: bool = False) -> dict[str, Any]:
     cfg: dict[str, Any] = {"mcore_gpt": True, "target": NEMO_GPT_TARGET}
     for f in FIELDS:
-        name = getattr(f, side)
+        name = f.provider
         if name is None:
             continue
-        default = PROVIDER_DEFAULTS.get(name, f.default) if side == "provider" else f.default
-        value = values.get(name, default)
+        value = values.get(name, PROVIDER_DEFAULTS.get(name, f.default))
         cfg[f.nemo] = f.kind(value) if value is not None else None
     if cfg.get("position_embedding_type") == "yarn":
         cfg.update(yarn_nemo(values, "the model section"))
@@ -219,7 +218,7 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
     _refuse_non_neutral(model, where, hybrid=hybrid)
     if pf is not None:
         _refuse_unfixed(model, pf, where)
-    cfg = _common_nemo(model, "provider", hybrid=hybrid)
+    cfg = _common_nemo(model, hybrid=hybrid)
     cfg.update(declared)
     heads = int(model["num_attention_heads"])
     cfg["num_query_groups"] = int(model.get("num_query_groups") or heads)
@@ -242,7 +241,7 @@ def provider_to_nemo(model: dict[str, Any], where: str, providers: ProviderTable
         raise UnsupportedError(f"{where}: layernorm_zero_centered_gamma without GemmaModelProvider's embedding "
                                f"scaling ({target or 'no _target_'}) is not a model any family here runs")
     _sliding_window_record(cfg)
-    _moe_nemo(cfg, model, "provider", where)
+    _moe_nemo(cfg, model, where)
     if hybrid:
         hybrid_nemo(cfg, model, where)
     if is_gpt_oss(model):
@@ -313,48 +312,25 @@ def _activation(gated: bool, fn: str, fused: bool, where: str) -> dict[str, Any]
 
 
 def args_to_nemo(args: dict[str, Any], where: str, providers: ProviderTable | None = None) -> dict[str, Any]:
-    """NeMo 1 config fields from a Megatron-LM ``args`` namespace (as a plain dict). A hybrid
-    run's (:func:`~nemo_convert.formats.megatron.megatron_lm_args.is_hybrid_run`) is read as the
-    provider section of the hybrid family that ``providers`` (the registry's) declares."""
+    """NeMo 1 config fields from a Megatron-LM ``args`` namespace (as a plain dict), read as the
+    provider section the run's ``TransformerConfig`` is
+    (:func:`~nemo_convert.formats.megatron.megatron_lm_args.run_section`) by
+    :func:`provider_to_nemo`: one translation for both. A GPT run's section is of the generic
+    ``GPTModelProvider`` (``pretrain_gpt.py`` builds Megatron-Core's ``GPTModel`` from it, whatever
+    the family: the family is then picked by its own claim); a hybrid run's
+    (:func:`~nemo_convert.formats.megatron.megatron_lm_args.is_hybrid_run`) is of the hybrid
+    family that ``providers`` (the registry's) declares."""
     missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if args.get(k) is None]
     if missing:
         raise ConfigError(f"{where}: args lacks {', '.join(missing)}")
-    if is_hybrid_run(args, f"{where}: args"):
-        model_type = args.get("model_type")
-        if model_type is not None and model_type != DECODER_MODEL_TYPE:
-            raise UnsupportedError(f"{where}: args: model_type={model_type} is not the decoder-only model type "
-                                   f"({DECODER_MODEL_TYPE}) pretrain_mamba.py trains")
-        table = providers if providers is not None else ProviderTable()  # none: no family declares one
-        pf = hybrid_family_provider(table, f"{where}: args")
-        return provider_to_nemo(hybrid_section(args, f"{where}: args", pf.target), f"{where}: args", table)
-    _refuse_non_neutral(args, f"{where}: args")
+    table = providers if providers is not None else ProviderTable()  # none: no family declares one
+    hybrid = is_hybrid_run(args, f"{where}: args")
     model_type = args.get("model_type")
     if model_type is not None and model_type != DECODER_MODEL_TYPE:
-        raise UnsupportedError(f"{where}: args: model_type={model_type} is not a decoder-only GPT model "
-                               f"({DECODER_MODEL_TYPE}); only those are read")
-    if args.get("layernorm_zero_centered_gamma"):
-        raise UnsupportedError(f"{where}: args: layernorm_zero_centered_gamma=True (Gemma's norms) without the "
-                               "embedding scaling Megatron-LM's GPT model does not have is not supported")
-    if args.get("layernorm_epsilon") is None and args.get("norm_epsilon") is not None:
-        args = {**args, "layernorm_epsilon": args["norm_epsilon"]}  # older Megatron-LM spelling
-    cfg = _common_nemo(args, "megatron_lm")
-    heads = int(args["num_attention_heads"])
-    cfg["num_query_groups"] = int(args.get("num_query_groups") or heads) if args.get("group_query_attention") \
-        else heads
-    if cfg.get("kv_channels") is None:
-        cfg["kv_channels"] = int(args["hidden_size"]) // heads
-    if cfg.get("ffn_hidden_size") is None:
-        cfg["ffn_hidden_size"] = 4 * int(args["hidden_size"])
-    norm = str(args.get("normalization") or "LayerNorm")
-    cfg["normalization"] = {v: k for k, v in NORMALIZATIONS.items()}.get(norm) or _refuse(where, "normalization", norm)
-    # core_transformer_config_from_args: --swiglu is gated SiLU, else GeLU fused as --bias-gelu-fusion says
-    cfg.update(_activation(True, "silu", False, where) if args.get("swiglu") else
-               _activation(False, "gelu", bool(args.get("bias_gelu_fusion", True)), where))
-    cfg["share_embeddings_and_output_weights"] = not bool(args.get("untie_embeddings_and_output_weights", False))
-    cfg["precision"] = precision_of_dtype_name(dtype_name_of_flags(args.get("bf16"), args.get("fp16"),
-                                                                   str(args.get("params_dtype"))))
-    cfg["make_vocab_size_divisible_by"] = int(args.get("make_vocab_size_divisible_by") or 128)
-    _apply_rope_scaling(cfg, args.get("use_rope_scaling"), args.get("rope_scaling_factor"))
-    _sliding_window_record(cfg)
-    _moe_nemo(cfg, args, "megatron_lm", where)
-    return cfg
+        raise UnsupportedError(f"{where}: args: model_type={model_type} is not " + (
+            f"the decoder-only model type ({DECODER_MODEL_TYPE}) pretrain_mamba.py trains" if hybrid else
+            f"a decoder-only GPT model ({DECODER_MODEL_TYPE}); only those are read"))
+    if hybrid:
+        pf = hybrid_family_provider(table, f"{where}: args")
+        return provider_to_nemo(hybrid_section(args, f"{where}: args", pf.target), f"{where}: args", table)
+    return provider_to_nemo(run_section(args, f"{where}: args", GPT_PROVIDER), f"{where}: args", table)

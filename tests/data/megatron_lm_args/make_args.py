@@ -98,6 +98,53 @@ HYBRID_MOE_FLAGS = [
 ]
 
 
+#: GPT runs of the families other than Llama (``<tag>+<mode>``), each the tiny model of
+#: ``tests/test_family_matrix.py``'s ``make_model`` for that family (hidden 64, FFN 96, 2
+#: layers, 4 heads in 2 groups, 64 positions, vocabulary 128, untied) as Megatron-LM trains it:
+#:
+#: * ``nemotron4``: in the style of NVIDIA's Nemotron-4 / Minitron Megatron-LM runs — squared
+#:   ReLU, LayerNorm with zero-centred gamma, half-rotary RoPE, head size 32 (the tiny
+#:   Nemotron's ``head_dim``), no biases (Megatron-Bridge's Nemotron: ``PROVIDER_MODEL_OVERRIDES``
+#:   in tests/test_megatron_dirs.py). The zero-centred gamma is ``--apply-layernorm-1p`` in every
+#:   release: up to core_v0.15.3 its own argument (``core_transformer_config_from_args``:
+#:   ``layernorm_zero_centered_gamma = args.apply_layernorm_1p``, core_v0.15.3 ``arguments.py``
+#:   line 1249), from core_v0.16.1 the CLI name of TransformerConfig's ``layernorm_zero_centered_gamma``
+#:   (core_v0.16.1 ``transformer_config.py`` lines 155-157, ``argparse_meta`` ``arg_names``);
+#: * ``qwen2``: gated SiLU, RMSNorm (eps 1e-6), q/k/v biases only (``--add-qkv-bias`` with
+#:   ``--disable-bias-linear``);
+#: * ``mistral``: gated SiLU, RMSNorm (eps 1e-6), no biases, a 4-token sliding window
+#:   (``--window-size 3,0``: Megatron's ``[W-1, 0]``).
+GPT_MODE_FLAGS: dict[str, list[str]] = {
+    "nemotron4": ["--squared-relu", "--apply-layernorm-1p", "--normalization", "LayerNorm", "--norm-epsilon", "1e-5",
+                  "--rotary-percent", "0.5", "--kv-channels", "32", "--disable-bias-linear"],
+    "qwen2": ["--swiglu", "--normalization", "RMSNorm", "--norm-epsilon", "1e-6", "--add-qkv-bias",
+              "--disable-bias-linear", "--kv-channels", "16"],
+    "mistral": ["--swiglu", "--normalization", "RMSNorm", "--norm-epsilon", "1e-6", "--window-size", "3,0",
+                "--disable-bias-linear", "--kv-channels", "16"],
+}
+#: What every GPT mode shares (the tiny models' sizes and a pretraining run's knobs).
+GPT_MODE_BASE = [
+    "--use-mcore-models", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "96",
+    "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
+    "--seq-length", "64", "--max-position-embeddings", "64", "--position-embedding-type", "rope",
+    "--rotary-base", "10000", "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--init-method-std", "0.02",
+    "--untie-embeddings-and-output-weights", "--micro-batch-size", "1", "--global-batch-size", "8",
+    "--train-iters", "100", "--lr", "3e-4", "--min-lr", "3e-5", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
+    "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--bf16",
+    "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1", "--use-distributed-optimizer",
+    "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "/data/tokenizer", "--vocab-size", "128",
+    "--make-vocab-size-divisible-by", "128", "--data-path", "/data/corpus_text_document", "--split", "99,1,0",
+    "--log-interval", "1", "--eval-iters", "1", "--eval-interval", "100", "--save", "/ckpt",
+    "--save-interval", "100", "--ckpt-format", "torch_dist", "--transformer-impl", "local",
+]
+
+
+def _gpt_mode_flags(mode: str) -> list[str]:
+    """:data:`GPT_MODE_BASE` with :data:`GPT_MODE_FLAGS` ``[mode]`` (parsed strictly: a flag the
+    release does not know fails rather than being dropped)."""
+    return GPT_MODE_BASE + GPT_MODE_FLAGS[mode]
+
+
 def _hybrid_flags(moe: bool) -> list[str]:
     """:data:`HYBRID_FLAGS` for the tag on ``PYTHONPATH``: ``--hybrid-layer-pattern`` and the
     hybrid stack spec where the release has them (core_v0.19), else ``--hybrid-override-pattern``
@@ -129,7 +176,8 @@ def pickle_globals(path: str) -> list[str]:
 
 def main(tag: str, out: str, *extra: str) -> None:
     """``extra``: more flags; the file is then ``<tag>+<first extra flag>.common.pt``. A first
-    extra of ``hybrid`` or ``hybrid-moe`` is no flag: the run is then the hybrid one
+    extra of ``nemotron4``, ``qwen2`` or ``mistral`` is no flag: the run is then that family's
+    GPT run (:func:`_gpt_mode_flags`). A first extra of ``hybrid`` or ``hybrid-moe`` is no flag: the run is then the hybrid one
     (:func:`_hybrid_flags`, ``pretrain_mamba.py``'s ``model_type``, the same
     ``ModelType.encoder_or_decoder``: core_v0.16.1 ``pretrain_mamba.py`` line 363, core_v0.19.0
     ``pretrain_hybrid.py`` line 472)."""
@@ -139,18 +187,19 @@ def main(tag: str, out: str, *extra: str) -> None:
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # shim: no GPU here
     os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")  # as the examples set it
     kind = extra[0] if extra and extra[0] in ("hybrid", "hybrid-moe") else None
-    flags = _hybrid_flags(kind == "hybrid-moe") if kind else FLAGS
-    sys.argv = ["pretrain_mamba.py" if kind else "pretrain_gpt.py", *flags, *extra[1 if kind else 0:]]
+    mode = extra[0] if extra and extra[0] in GPT_MODE_FLAGS else None
+    flags = _hybrid_flags(kind == "hybrid-moe") if kind else _gpt_mode_flags(mode) if mode else FLAGS
+    sys.argv = ["pretrain_mamba.py" if kind else "pretrain_gpt.py", *flags, *extra[1 if kind or mode else 0:]]
     from megatron.training import arguments
 
-    args = arguments.parse_args(ignore_unknown_args=True)
+    args = arguments.parse_args(ignore_unknown_args=not mode)
     arguments.validate_args(args, {})
     try:
         from megatron.core.enums import ModelType
     except ImportError:  # older layout
         from megatron.core.models.enums import ModelType  # type: ignore[no-redef]
     args.model_type = ModelType.encoder_or_decoder
-    args.padded_vocab_size = 256 if kind else 384  # the vocabulary rounded up to 128 x TP
+    args.padded_vocab_size = 256 if kind else 128 if mode else 384  # the vocabulary rounded up to 128 x TP
     args.iteration = 100
     args.num_floating_point_operations_so_far = 0.0
     args.consumed_train_samples = 800
@@ -165,8 +214,11 @@ def main(tag: str, out: str, *extra: str) -> None:
     path = os.path.join(out, f"{name}.common.pt")
     torch.save(state, path)
     index_path = os.path.join(out, "index.json")
-    index = json.load(open(index_path)) if os.path.exists(index_path) else {}
-    index[name] = {"flags": (flags if kind else []) + list(extra[1 if kind else 0:]), "commit": os.environ.get("MEGATRON_LM_COMMIT", ""), "attributes": len(vars(args)),
+    index: dict = {}
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            index = json.load(f)
+    index[name] = {"flags": (flags if kind or mode else []) + list(extra[1 if kind or mode else 0:]), "commit": os.environ.get("MEGATRON_LM_COMMIT", ""), "attributes": len(vars(args)),
                   "globals": pickle_globals(path)}
     with open(index_path, "w") as f:
         json.dump(dict(sorted(index.items())), f, indent=1)
