@@ -96,15 +96,18 @@ def megatron_bridge_dir(tmp_path_factory: Any) -> tuple[str, str]:
     return src, mb
 
 
-def _megatron_lm_dir(mb: str, out: str, common: str | bytes) -> str:
-    """The Megatron-Bridge directory as Megatron-LM lays it out, ``common.pt`` = ``common``
-    (a fixture's bytes, or a path)."""
+def megatron_lm_dir(mb: str, out: str, common: str | bytes | dict[str, Any]) -> str:
+    """The Megatron-Bridge directory as Megatron-LM lays it out, ``common.pt`` = ``common``:
+    a fixture's bytes, its path, or (a dict) the common state holding those args."""
     it = os.path.join(out, "iter_0000100")
     shutil.copytree(os.path.join(mb, "iter_0000000"), it)
     for name in ("run_config.yaml", "train_state.pt", "nemo_convert.json"):
         os.remove(os.path.join(it, name))
     shutil.rmtree(os.path.join(it, "tokenizer"), ignore_errors=True)
-    if isinstance(common, bytes):
+    if isinstance(common, dict):
+        torch.save({"args": argparse.Namespace(**common), "checkpoint_version": 3.0, "iteration": 100},
+                   os.path.join(it, "common.pt"))
+    elif isinstance(common, bytes):
         with open(os.path.join(it, "common.pt"), "wb") as f:
             f.write(common)
     else:
@@ -114,17 +117,22 @@ def _megatron_lm_dir(mb: str, out: str, common: str | bytes) -> str:
     return out
 
 
+def exports_to_source(cli: Any, src: str, mlm: str, back: str) -> dict[str, Any]:
+    """``export`` of the Megatron-LM directory ``mlm`` to ``back`` (no ``--trust-pickle``):
+    it succeeds and its tensors equal the HF source's; returns its ``config.json``."""
+    code, _, err = cli("export", mlm, "-o", back, "-q")
+    assert code == 0, err
+    a, b = hf_tensors(src), hf_tensors(back)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    return read_json(os.path.join(back, "config.json"))
+
+
 @pytest.mark.parametrize("name", GPT)
 def test_megatron_lm_directory_with_real_args_exports(megatron_bridge_dir: tuple[str, str], tmp_path: Any,
                                                       cli: Any, name: str) -> None:
     src, mb = megatron_bridge_dir
-    mlm = _megatron_lm_dir(mb, str(tmp_path / "mlm"), os.path.join(DATA, f"{name}.common.pt"))
-    back = str(tmp_path / "back")
-    code, _, err = cli("export", mlm, "-o", back, "-q")  # no --trust-pickle
-    assert code == 0, err
-    a, b = hf_tensors(src), hf_tensors(back)
-    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
-    cfg = read_json(os.path.join(back, "config.json"))
+    mlm = megatron_lm_dir(mb, str(tmp_path / "mlm"), os.path.join(DATA, f"{name}.common.pt"))
+    cfg = exports_to_source(cli, src, mlm, str(tmp_path / "back"))
     assert (cfg["vocab_size"], cfg["num_key_value_heads"], cfg["intermediate_size"]) == (320, 2, 96)
 
 
@@ -166,7 +174,7 @@ def test_args_with_a_class_not_allowed_is_refused_by_name(megatron_bridge_dir: t
     _, mb = megatron_bridge_dir
     path = str(tmp_path / "common.pt")
     _save_naming({"args": _args(attention_mask_type=_Foreign.two), "iteration": 100}, path, global_name)
-    mlm = _megatron_lm_dir(mb, str(tmp_path / "mlm"), path)
+    mlm = megatron_lm_dir(mb, str(tmp_path / "mlm"), path)
     code, _, err = cli("export", mlm, "-o", str(tmp_path / "never"))
     assert code == 2 and f"refuses to load global '{global_name}'" in err, err
     assert len(err.strip().splitlines()) == 1 and "--trust-pickle" in err

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any
 
 import pytest
 import torch
-from tiny_models import hf_tensors
+from test_megatron_lm_args import exports_to_source, megatron_lm_dir
 
 from nemo_convert import api
 from nemo_convert.errors import NemoConvertError
@@ -119,26 +118,6 @@ def family_bridge_dirs(tmp_path_factory: Any) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _megatron_lm_dir(mb: str, out: str, args: dict[str, Any] | None, fixture: str | None = None) -> str:
-    """The Megatron-Bridge directory as Megatron-LM lays it out, ``common.pt`` a fixture's file
-    or (``args``) the common state holding those args."""
-    it = os.path.join(out, "iter_0000100")
-    shutil.copytree(os.path.join(mb, "iter_0000000"), it)
-    for name in ("run_config.yaml", "train_state.pt", "nemo_convert.json"):
-        os.remove(os.path.join(it, name))
-    shutil.rmtree(os.path.join(it, "tokenizer"), ignore_errors=True)
-    if fixture is not None:
-        shutil.copyfile(fixture, os.path.join(it, "common.pt"))
-    else:
-        import argparse
-
-        torch.save({"args": argparse.Namespace(**(args or {})), "checkpoint_version": 3.0, "iteration": 100},
-                   os.path.join(it, "common.pt"))
-    with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
-        f.write("100")
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RUNS)
 def test_family_run_directory_exports_bit_exact(family_bridge_dirs: dict[str, tuple[str, str]], tmp_path: Any,
@@ -147,13 +126,10 @@ def test_family_run_directory_exports_bit_exact(family_bridge_dirs: dict[str, tu
 
     family = MODES[name.partition("+")[2]]
     src, mb = family_bridge_dirs[family]
-    mlm = _megatron_lm_dir(mb, str(tmp_path / "mlm"), None, os.path.join(DATA, f"{name}.common.pt"))
+    mlm = megatron_lm_dir(mb, str(tmp_path / "mlm"), os.path.join(DATA, f"{name}.common.pt"))
     assert api.inspect_checkpoint(mlm)["family"] == family
     back = str(tmp_path / "back")
-    code, _, err = cli("export", mlm, "-o", back, "-q")  # no --trust-pickle
-    assert code == 0, err
-    a, b = hf_tensors(src), hf_tensors(back)
-    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    exports_to_source(cli, src, mlm, back)
     assert torch.equal(logits(back), logits(src))
 
 
@@ -173,7 +149,7 @@ def test_nemotron_run_without_its_norms_or_rotary_fraction_is_not_the_model(
 
     src, mb = family_bridge_dirs["nemotron"]
     args = {k: v for k, v in {**_args("core_v0.15.3+nemotron4"), **over}.items() if k != "model_type"}
-    mlm = _megatron_lm_dir(mb, str(tmp_path / "mlm"), args)
+    mlm = megatron_lm_dir(mb, str(tmp_path / "mlm"), args)
     back = str(tmp_path / "back")
     if refused is not None:
         with pytest.raises(NemoConvertError, match=refused):

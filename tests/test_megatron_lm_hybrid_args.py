@@ -13,14 +13,13 @@ A wrong pattern or a Mamba size dropped from the command line fails.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 from typing import Any
 
 import pytest
 import torch
-from test_megatron_lm_args import DATA, INDEX, _megatron_lm_dir
+from test_megatron_lm_args import DATA, INDEX, exports_to_source, megatron_lm_dir
 from tiny_models import hf_tensors, read_json
 
 from nemo_convert import api
@@ -123,23 +122,13 @@ def bridge_dirs(tmp_path_factory: Any) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _save_args(args: dict[str, Any], path: str) -> str:
-    torch.save({"args": argparse.Namespace(**args), "checkpoint_version": 3.0, "iteration": 100}, path)
-    return path
-
-
 @pytest.mark.slow  # makes transformers models
 @pytest.mark.parametrize("name", HYBRID)
 def test_megatron_lm_directory_with_real_hybrid_args_exports(bridge_dirs: dict[str, tuple[str, str]], tmp_path: Any,
                                                              cli: Any, name: str) -> None:
     src, mb = bridge_dirs[MODEL[name]]
-    mlm = _megatron_lm_dir(mb, str(tmp_path / "mlm"), os.path.join(DATA, f"{name}.common.pt"))
-    back = str(tmp_path / "back")
-    code, _, err = cli("export", mlm, "-o", back, "-q")  # no --trust-pickle
-    assert code == 0, err
-    a, b = hf_tensors(src), hf_tensors(back)
-    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
-    cfg = read_json(os.path.join(back, "config.json"))
+    mlm = megatron_lm_dir(mb, str(tmp_path / "mlm"), os.path.join(DATA, f"{name}.common.pt"))
+    cfg = exports_to_source(cli, src, mlm, str(tmp_path / "back"))
     assert cfg["architectures"] == ["NemotronHForCausalLM"]
     assert (cfg["hybrid_override_pattern"], cfg["ssm_state_size"], cfg["vocab_size"]) == (
         WANT[MODEL[name]]["hybrid_override_pattern"], 16, 256)
@@ -158,7 +147,7 @@ def test_a_wrong_pattern_or_a_dropped_mamba_size_fails(bridge_dirs: dict[str, tu
     """Negative controls: the directory's weights under args that do not describe them."""
     _, mb = bridge_dirs["nemotron_h_8b"]
     args = {**_read("core_v0.16.1+hybrid"), **change}
-    mlm = _megatron_lm_dir(mb, str(tmp_path / "mlm"), _save_args(args, str(tmp_path / "common.pt")))
+    mlm = megatron_lm_dir(mb, str(tmp_path / "mlm"), args)
     with pytest.raises(NemoConvertError, match=words):
         api.export_hf(mlm, str(tmp_path / "back"))
     assert not os.path.exists(tmp_path / "back")
