@@ -22,6 +22,7 @@ from nemo_convert.errors import InputError
 from nemo_convert.mapping.planner import Plan
 from nemo_convert.tensors.base import TensorInfo, TensorSource
 from nemo_convert.tensors.file_map import release_pages
+from nemo_convert.tensors.heap import release_heap
 from nemo_convert.tensors.pieces import Pieces, materialize
 
 #: ``sink(name, tensor)``: a ``torch.Tensor``, or :class:`Pieces` for a lazy plan (the writers that
@@ -162,6 +163,7 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
     lazy = lazy and not plan.check_finite and writer is None
     load_lazy = getattr(source, "load_lazy", None) or source.load
     streamed = 0
+    release_heap()  # what planning built and dropped is not carried through the write
     try:
         for task in plan.tasks:
             deferred = lazy and task.lazy_fn is not None
@@ -198,6 +200,7 @@ def run_plan(plan: Plan, source: TensorSource, sink: Sink, *, progress: Progress
             writer.finish()
             writer = None
         release_pages(touched_only=True)  # what the writers do next (metadata, closing) reads no input
+        release_heap()
     finally:
         if writer is not None:  # failing: stop the writer without waiting for the queue
             writer.error = writer.error or InputError("conversion stopped")
