@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from test_megatron_lm_args import DATA, INDEX, exports_to_source, megatron_lm_dir
-from tiny_models import hf_tensors, read_json
+from tiny_models import read_json
 
 from nemo_convert import api
 from nemo_convert.errors import NemoConvertError, UnsupportedError
@@ -243,7 +243,7 @@ def test_megatron_lm_run_saved_by_megatron_core_exports_to_hf(tmp_path: Any, mon
     (``{'model': sharded_state_dict(), 'args': ...}`` through ``dist_checkpointing.save``, the
     args a real run's); that directory exports to the HF source (fp32: the bf16 source widened)."""
     pytest.importorskip("megatron.core")
-    from test_nemotron_h_megatron import _ok, _run
+    from test_nemotron_h_megatron import _ok, _run, exports_widened_source
 
     monkeypatch.setenv("NEMOTRON_H_MLM_ARGS", os.path.join(DATA, f"{fixture}.common.pt"))
     saved = str(tmp_path / "mlm")
@@ -252,10 +252,7 @@ def test_megatron_lm_run_saved_by_megatron_core_exports_to_hf(tmp_path: Any, mon
     assert sorted(os.listdir(saved)) == ["iter_0000100", "latest_checkpointed_iteration.txt"]
     back = str(tmp_path / "back")
     api.export_hf(saved, back)
-    src, got = hf_tensors(str(tmp_path / "hf")), hf_tensors(back)
-    assert set(src) == set(got), set(src) ^ set(got)
-    for k, v in src.items():
-        assert got[k].dtype == torch.float32 and torch.equal(got[k], v.float()), k
+    exports_widened_source(str(tmp_path / "hf"), back)
     cfg = read_json(os.path.join(back, "config.json"))
     assert cfg["hybrid_override_pattern"] == WANT[name]["hybrid_override_pattern"]
     shutil.rmtree(back)

@@ -323,6 +323,18 @@ def _run(tmp_path: Any, name: str, tp: int = 1, ep: int = 1, save_to: str = "",
                            save_to], env=env, capture_output=True, text=True, timeout=900, check=False)
 
 
+def exports_widened_source(hf: str, back: str) -> None:
+    """``back`` (an export of what Megatron-Core saved in fp32) holds the HF source ``hf``'s
+    tensors, each its bf16 value widened to fp32, and no other."""
+    import torch
+    from tiny_models import hf_tensors
+
+    src, got = hf_tensors(hf), hf_tensors(back)
+    assert set(src) == set(got), set(src) ^ set(got)
+    for k, v in src.items():
+        assert got[k].dtype == torch.float32 and torch.equal(got[k], v.float()), k
+
+
 def _ok(proc: subprocess.CompletedProcess[str]) -> None:
     assert proc.returncode == 0 and "MCORE-PARITY OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
     print(*[ln for ln in proc.stdout.splitlines() if ln.startswith("MCORE")], sep="\n")
@@ -353,8 +365,7 @@ def test_what_megatron_core_saves_at_tp2_exports_to_hf(tmp_path: Any) -> None:
     parameters are fp32 here: the bf16 source's values, widened)."""
     import shutil
 
-    import torch
-    from tiny_models import hf_tensors, read_json
+    from tiny_models import read_json
 
     from nemo_convert import api
 
@@ -367,10 +378,7 @@ def test_what_megatron_core_saves_at_tp2_exports_to_hf(tmp_path: Any) -> None:
     shutil.copytree(saved, weights)
     back = str(tmp_path / "back")
     api.export_hf(nemo, back)
-    src, got = hf_tensors(str(tmp_path / "hf")), hf_tensors(back)
-    assert set(src) == set(got), set(src) ^ set(got)
-    for k, v in src.items():
-        assert got[k].dtype == torch.float32 and torch.equal(got[k], v.float()), k
+    exports_widened_source(str(tmp_path / "hf"), back)
     assert read_json(os.path.join(back, "config.json")) == read_json(os.path.join(str(tmp_path / "hf"), "config.json"))
 
 
